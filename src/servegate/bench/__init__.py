@@ -1,0 +1,1 @@
+"""Measurements and probes against a running OpenAI-compatible server."""

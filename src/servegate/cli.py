@@ -1,0 +1,171 @@
+"""Command line: ``servegate …`` and its shorthand ``release …``.
+
+One top-level handler turns every ServegateError into its message and exit code,
+Ctrl-C into 130, and anything unexpected into 70 with a traceback file to attach to a
+bug report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from servegate import __version__
+from servegate import config as config_mod
+from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ServegateError
+from servegate.output import Output
+from servegate.pipeline.git import scrub_git_env
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=Path("servegate.toml"),
+        metavar="PATH",
+        help="config file (default: ./servegate.toml)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    parser.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+
+
+def _release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("promote", help="deploy, verify and mark a SHA; roll back on failure")
+    p.add_argument("sha", help="the commit to release (on the configured branch)")
+    p.add_argument(
+        "--allow-non-ff",
+        action="store_true",
+        help="allow a SHA that is not a descendant of the live release",
+    )
+    _common(p)
+    p = sub.add_parser("rollback", help="make the previous (or a given) release live again")
+    p.add_argument("--to", metavar="SHA", help="an earlier release of this host")
+    _common(p)
+    p = sub.add_parser("status", help="the live and previous release and the service's state")
+    _common(p)
+    p = sub.add_parser("history", help="every promote and rollback on this host")
+    p.add_argument("-n", type=int, default=20, help="show the last N (0: all)")
+    _common(p)
+    p = sub.add_parser("verify", help="prove the live service runs the live release's checkout")
+    _common(p)
+
+
+def release_parser(prog: str = "release") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="servegate releases")
+    sub = parser.add_subparsers(dest="release_command", required=True, metavar="COMMAND")
+    _release_commands(sub)
+    return parser
+
+
+def servegate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="servegate", description="Git-centric release pipeline for LLM serving stacks"
+    )
+    parser.add_argument("--version", action="version", version=f"servegate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    rel = sub.add_parser("release", help="promote, rollback, status, history, verify")
+    rsub = rel.add_subparsers(dest="release_command", required=True, metavar="COMMAND")
+    _release_commands(rsub)
+    cfg = sub.add_parser("config", help="config file tools")
+    csub = cfg.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    _common(csub.add_parser("check", help="validate a config file"))
+    demo = sub.add_parser("demo", help="promote, promote, fail and roll back on a local sandbox")
+    demo.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("demo-sandbox"),
+        help="sandbox directory (default: ./demo-sandbox)",
+    )
+    demo.add_argument(
+        "--keep-running", action="store_true", help="leave the demo service running at the end"
+    )
+    demo.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    demo.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace, out: Output) -> int:
+    if args.command == "demo":
+        from servegate.commands import demo
+
+        return demo.run(out, args.workdir, keep_running=args.keep_running)
+    cfg = config_mod.load(args.config, os.environ)
+    if args.command == "config":
+        from servegate.commands import config_check
+
+        return config_check.run(cfg, out)
+    from servegate.commands import history, promote, rollback, status, verify
+
+    handlers: dict[str, Callable[[], int]] = {
+        "promote": lambda: promote.run(cfg, out, args.sha, args.allow_non_ff),
+        "rollback": lambda: rollback.run(cfg, out, args.to),
+        "status": lambda: status.run(cfg, out),
+        "history": lambda: history.run(cfg, out, args.n),
+        "verify": lambda: verify.run(cfg, out),
+    }
+    return handlers[args.release_command]()
+
+
+def _crash_log(command: str) -> Path:
+    fd, name = tempfile.mkstemp(
+        prefix=f"servegate-crash-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".log"
+    )
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"servegate {__version__}\ncommand: {command}\npython: {sys.version}\n\n")
+        handle.write(traceback.format_exc())
+    return Path(name)
+
+
+def run(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, default_command: str = ""
+) -> int:
+    args = parser.parse_args(argv)
+    if default_command:
+        args.command = default_command
+    scrub_git_env(os.environ)
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(message)s",
+        stream=sys.stderr,
+    )
+    name = " ".join(
+        filter(
+            None,
+            [
+                args.command,
+                getattr(args, "release_command", None),
+                getattr(args, "config_command", None),
+            ],
+        )
+    )
+    out = Output(json_mode=getattr(args, "json", False), command=name)
+    try:
+        return _dispatch(args, out)
+    except ServegateError as err:
+        return out.error(err)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception as exc:
+        log = _crash_log(name)
+        print(
+            f"servegate hit an unexpected error: {exc!r}\n"
+            f"  the traceback is in {log} — please attach it to a bug report",
+            file=sys.stderr,
+        )
+        return INTERNAL_ERROR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(servegate_parser(), argv)
+
+
+def release_main(argv: Sequence[str] | None = None) -> int:
+    return run(release_parser(), argv, default_command="release")

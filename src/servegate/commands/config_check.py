@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from servegate.config import Config
+from servegate.output import Output
+from servegate.release.gate import build_checks
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return list(value)
+    if hasattr(value, "items"):
+        return dict(value.items())
+    return value
+
+
+def run(cfg: Config, out: Output) -> int:
+    checks = [c.name for c in build_checks(cfg)]
+    if out.json_mode:
+        return out.emit(_plain(cfg))
+    out.line(f"{cfg.path}: OK")
+    out.line(f"  stack    {cfg.stack.remote} ({cfg.stack.branch})")
+    out.line(f"  host     {cfg.host.root} ({cfg.host.strategy}, keep {cfg.host.keep_releases})")
+    out.line(f"  service  {cfg.service.unit} via {cfg.service.manager} on port {cfg.service.port}")
+    out.line(f"  gate     {', '.join(checks)}")
+    return 0

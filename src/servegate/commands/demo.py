@@ -1,0 +1,83 @@
+"""``servegate demo``: promote two good commits and a bad one on a local sandbox."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from servegate import config as config_mod
+from servegate.demo import sandbox, scenario, vllm_env
+from servegate.engine.managers.supervisor import Supervisor
+from servegate.output import Output
+from servegate.release.context import Context
+from servegate.release.promote import Outcome, promote
+
+STEPS = (
+    ("promote a good commit", scenario.good_first, "released"),
+    ("promote a second good commit", scenario.good_second, "released"),
+    ("promote a bad commit", scenario.bad_shared_kernels, "rolled_back"),
+)
+
+
+def _row(step: str, outcome: Outcome, subject: str) -> list[str]:
+    back = outcome.rollback.get("sha") if outcome.rollback else None
+    what = outcome.tag if outcome.verdict == "released" else outcome.reason[:70]
+    if back:
+        what += f" → back on {str(back)[:12]}"
+    startup = next((s["seconds"] for s in outcome.stages if s["name"] == "healthy"), 0.0)
+    return [
+        step,
+        outcome.sha[:12],
+        subject[:40],
+        outcome.verdict,
+        f"{outcome.seconds:.0f}s",
+        f"{startup:.0f}s",
+        what,
+    ]
+
+
+def run(out: Output, workdir: Path, keep_running: bool) -> int:
+    environ = dict(os.environ)
+    reporter = out.reporter()
+    vllm_env.require_hipcc(environ)
+    python = vllm_env.ensure(environ, reporter)
+    reporter.note(f"building the sandbox in {workdir} (bare origin, host root, tiny model) …")
+    sb = sandbox.create(workdir, python)
+    cfg = config_mod.load(sb.config, environ)
+    rows: list[list[str]] = []
+    results: list[dict[str, Any]] = []
+    exit_code = 0
+    start = time.monotonic()
+    try:
+        for step, make_commit, expected in STEPS:
+            sha = make_commit(sb)
+            reporter.note(f"\n== {step}: release promote {sha[:12]}")
+            ctx = Context.create(cfg, reporter, environ)
+            outcome = promote(ctx, sha)
+            rows.append(_row(step, outcome, ctx.deployer.repo.subject(sha)))
+            results.append({"step": step, "expected": expected, **outcome.as_dict()})
+            if outcome.verdict != expected:
+                exit_code = outcome.exit_code or 1
+                break
+    finally:
+        if not keep_running:
+            Supervisor(cfg).shutdown_daemon()
+    if out.json_mode:
+        return out.emit(
+            {"sandbox": str(sb.root), "config": str(sb.config), "steps": results}, exit_code
+        )
+    out.table(
+        f"servegate demo — {time.monotonic() - start:.0f}s",
+        ["step", "sha", "commit", "verdict", "total", "start-up", "tag / reason"],
+        rows,
+    )
+    out.line(f"sandbox: {sb.root}   config: {sb.config}")
+    if keep_running:
+        out.line(
+            f"the service still runs: try `release status --config {sb.config}` "
+            f"and `release verify --config {sb.config}`"
+        )
+    out.line(f"history: `release history --config {sb.config}`")
+    return exit_code

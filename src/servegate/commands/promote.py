@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import os
+
+from servegate.config import Config
+from servegate.errors import RollbackFailed, ServegateError
+from servegate.output import Output
+from servegate.release.context import Context
+from servegate.release.promote import Outcome, promote
+
+
+def show(out: Output, outcome: Outcome) -> None:
+    rows = [
+        [s["name"], s["status"], f"{s['seconds']:.2f}", s["detail"][:70]] for s in outcome.stages
+    ]
+    out.table(f"release promote {outcome.sha[:12]}", ["stage", "status", "seconds", "detail"], rows)
+    if outcome.verdict == "released":
+        out.line(f"released {outcome.sha} as {outcome.tag} in {outcome.seconds:.1f}s")
+    elif outcome.verdict == "rolled_back":
+        back = outcome.rollback.get("sha") or "nothing"
+        out.line(f"NOT released: {outcome.reason}")
+        out.line(f"rolled back to {str(back)[:12]}: serving again, verified")
+    else:
+        out.line(f"NOT released: {outcome.reason}")
+        out.line(f"ROLLBACK FAILED: {outcome.rollback.get('reason', '')}")
+
+
+def run(cfg: Config, out: Output, sha: str, allow_non_ff: bool) -> int:
+    ctx = Context.create(cfg, out.reporter(), os.environ)
+    try:
+        outcome = promote(ctx, sha, allow_non_ff=allow_non_ff)
+    except ServegateError as err:
+        if out.json_mode:
+            return out.emit({"stages": ctx.runner.as_list()}, err.exit_code, err)
+        return out.error(err)
+    if out.json_mode:
+        return out.emit(outcome.as_dict(), outcome.exit_code)
+    show(out, outcome)
+    if outcome.verdict == "failed":
+        out.error(
+            RollbackFailed(
+                outcome.rollback.get("reason", ""),
+                hint=f"see `release status`; logs are under {cfg.host_root}/logs",
+            )
+        )
+    return outcome.exit_code

@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from typing import Any
+
+from servegate.config import Config
+from servegate.engine import openai
+from servegate.engine.managers import make_manager
+from servegate.output import Output
+from servegate.release.state import Entry, HostState
+
+
+def _entry(e: Entry | None) -> dict[str, Any] | None:
+    if e is None:
+        return None
+    return {
+        "sha": e.sha,
+        "tag": e.tag,
+        "at": e.at,
+        "verdict": e.verdict,
+        "release_dir": e.release_dir,
+    }
+
+
+def run(cfg: Config, out: Output) -> int:
+    state = HostState.load(cfg.host_root / "state.json")
+    manager = make_manager(cfg)
+    svc = manager.state()
+    healthy, why = openai.health(openai.Endpoint(f"http://{cfg.service.host}:{cfg.service.port}"))
+    result = {
+        "current": _entry(state.current),
+        "previous": _entry(state.previous),
+        "service": {
+            "manager": manager.name,
+            "unit": cfg.service.unit,
+            "state": svc.raw,
+            "pid": svc.pid,
+            "healthy": healthy,
+            "why_not": why,
+        },
+        "last_attempt": _entry(state.history[-1]) if state.history else None,
+    }
+    if out.json_mode:
+        return out.emit(result)
+    cur, prev = state.current, state.previous
+    out.line(f"live release: {cur.sha if cur else '(none)'}  {cur.tag if cur else ''}")
+    out.line(f"previous:     {prev.sha if prev else '(none)'}")
+    out.line(
+        f"service:      {cfg.service.unit} via {manager.name}: {svc.raw}, pid {svc.pid}, "
+        + ("healthy" if healthy else f"NOT healthy ({why})")
+    )
+    last = state.history[-1] if state.history else None
+    if last is not None and last.verdict == "rolled_back":
+        out.line(f"last attempt: {last.sha[:12]} rolled back at {last.at}: {last.reason}")
+    return 0

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from servegate.config import Config
+from servegate.errors import NothingToDo, ServegateError
+from servegate.output import Output
+from servegate.pipeline.stages import QuietReporter
+from servegate.release import service
+from servegate.release.context import Context
+
+
+def run(cfg: Config, out: Output) -> int:
+    ctx = Context.create(cfg, QuietReporter(), os.environ)
+    current = ctx.state.current
+    if current is None:
+        return out.error(
+            NothingToDo(
+                "no release is recorded on this host", hint="run `release promote <sha>` first"
+            )
+        )
+    evidence = service.Evidence()
+    try:
+        report = service.prove(
+            ctx, current.sha, Path(current.release_dir), current.artifacts, evidence
+        )
+    except ServegateError as err:
+        if out.json_mode:
+            return out.emit(evidence.provenance, err.exit_code, err)
+        return out.error(err)
+    if out.json_mode:
+        return out.emit(report.as_dict())
+    rows = [[str(p["pid"]), str(p["ppid"]), p["cwd"], p["cmdline"][:60]] for p in report.processes]
+    out.table(f"live service runs {current.sha[:12]}", ["pid", "ppid", "cwd", "command"], rows)
+    for ext in report.extensions:
+        out.line(f"  pid {ext['pid']} maps {ext['path']} sha256 {ext['sha256'][:16]}… ✓")
+    for name, origin in report.modules.items():
+        out.line(f"  module {name} → {origin} ✓")
+    out.line(f"provenance OK: {len(report.processes)} process(es) run {current.release_dir}")
+    return 0

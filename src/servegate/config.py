@@ -1,0 +1,246 @@
+"""servegate.toml → frozen, typed objects.
+
+Every section is a dataclass; the loader walks the type hints, so a key that is not a
+field is rejected (with a "did you mean"), and a field without a default is required.
+``$VAR`` / ``${VAR}`` in path-like values expand from the environment mapping passed in.
+Placeholders ``{release}``, ``{port}``, ``{sha}``, ``{short}``, ``{host_root}`` in the
+service and build settings are filled per release (see :func:`fill`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import string
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from servegate.errors import ConfigError
+
+Strategy = Literal["worktree", "in-place"]
+Manager = Literal["supervisor", "systemd-user"]
+
+
+@dataclass(frozen=True)
+class Stack:
+    #: URL or path of the stack's Git remote; the only way code reaches the host
+    remote: str
+    #: releases must be commits on this branch of the remote
+    branch: str = "main"
+
+
+@dataclass(frozen=True)
+class Host:
+    #: everything servegate keeps on the host lives under this directory
+    root: str
+    #: ``worktree``: releases/<sha> per release + ``current`` symlink; ``in-place``: one checkout
+    strategy: Strategy = "worktree"
+    #: release worktrees kept (the live and previous release are always kept)
+    keep_releases: int = 5
+
+
+@dataclass(frozen=True)
+class Build:
+    #: argv run in the new release directory while the old release still serves; empty: none
+    command: tuple[str, ...] = ()
+    #: globs (relative to the release) of what the build produces; hashed into the record
+    artifacts: tuple[str, ...] = ()
+    timeout: float = 3600.0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Service:
+    #: argv of the server, e.g. ``[".../python", "-m", "vllm.entrypoints.openai.api_server", ...]``
+    command: tuple[str, ...]
+    port: int
+    #: ``supervisor`` (works anywhere) or ``systemd-user`` (a user unit)
+    manager: Manager = "supervisor"
+    unit: str = "servegate-stack"
+    #: address the health checks and probes talk to
+    host: str = "127.0.0.1"
+    startup_timeout: float = 900.0
+    stop_timeout: float = 120.0
+    #: restarts the manager may make within ``start_limit_interval`` seconds
+    start_limit_burst: int = 3
+    start_limit_interval: int = 600
+    memory_max: str = ""
+    memory_swap_max: str = ""
+    #: model name for probes; empty: the first model /v1/models lists
+    model: str = ""
+    #: name of the environment variable holding the API key the server expects (never recorded)
+    api_key_env: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    #: interpreter every process of the service must run; empty: ``service.command[0]``
+    interpreter: str = ""
+    #: names of ``service.env`` variables checked in every process; empty list: all of them
+    env: tuple[str, ...] = ()
+    #: globs (relative to the release) of extensions the live processes must map
+    extensions: tuple[str, ...] = ()
+    #: Python modules the service's interpreter must resolve inside the release
+    modules: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Probes:
+    smoke: bool = True
+    smoke_prompt: str = "Say hello in one short sentence."
+    smoke_max_tokens: int = 16
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class Gate:
+    #: gate checks run after the probes, in order; ``smoke`` is built in
+    checks: tuple[str, ...] = ("smoke",)
+
+
+@dataclass(frozen=True)
+class Release:
+    #: annotated tag name; placeholders {date} {time} {short} {sha} {n}
+    tag: str = "release/{date}-{time}-{short}"
+    push: bool = True
+    identity_name: str = "servegate"
+    identity_email: str = "servegate@localhost"
+
+
+@dataclass(frozen=True)
+class Config:
+    stack: Stack
+    host: Host
+    service: Service
+    build: Build = field(default_factory=Build)
+    provenance: Provenance = field(default_factory=Provenance)
+    probes: Probes = field(default_factory=Probes)
+    gate: Gate = field(default_factory=Gate)
+    release: Release = field(default_factory=Release)
+    path: str = ""
+
+    @property
+    def host_root(self) -> Path:
+        return Path(self.host.root)
+
+    @property
+    def interpreter(self) -> str:
+        return self.provenance.interpreter or self.service.command[0]
+
+
+def _suggest(key: str, choices: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
+    return f" — did you mean {close[0]!r}?" if close else ""
+
+
+def _expand(value: str, environ: Mapping[str, str], where: str) -> str:
+    if "$" not in value:
+        return value
+    try:
+        return string.Template(value).substitute(environ)
+    except KeyError as exc:
+        raise ConfigError(
+            f"{where} uses ${exc.args[0]}, which is not set in the environment",
+            hint=f"export {exc.args[0]} or write the value out",
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}", hint="write a literal $ as $$") from None
+
+
+def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, e.g. [{where}]")
+        return _build(tp, value, where, environ)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            allowed = ", ".join(repr(a) for a in typing.get_args(tp))
+            raise ConfigError(
+                f"{where} = {value!r} is not one of {allowed}"
+                + _suggest(str(value), [str(a) for a in typing.get_args(tp)])
+            )
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            raise ConfigError(f"{where} must be a list of strings, e.g. [{value!r}]")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where} must be a list of strings")
+        return tuple(value)
+    if origin in (Mapping, dict) or tp is Mapping:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ConfigError(f'{where} must be a table of strings, e.g. KEY = "value"')
+        return types.MappingProxyType(dict(value))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (str, int, float, bool) and type(value) is tp:
+        return _expand(value, environ, where) if tp is str else value
+    raise ConfigError(f"{where} must be of type {getattr(tp, '__name__', tp)}, not {value!r}")
+
+
+def _build(
+    cls: type[Any], data: Mapping[str, Any], section: str, environ: Mapping[str, str]
+) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
+    prefix = f"{section}." if section else ""
+    for key in data:
+        if key not in fields:
+            place = f"[{section}]" if section else "the top level"
+            raise ConfigError(
+                f"unknown key {key!r} in {place}" + _suggest(key, fields),
+                hint="see docs/config.md for every key",
+            )
+    kwargs: dict[str, Any] = {}
+    for name, fld in fields.items():
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], f"{prefix}{name}", environ)
+        elif fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
+            place = f"section [{section}]" if section else f"a [{name}] section"
+            what = f"key {name!r} in {place}" if section else place
+            raise ConfigError(f"missing required {what}", hint="see docs/config.md")
+    return cls(**kwargs)
+
+
+def _validate(cfg: Config) -> None:
+    if not cfg.service.command:
+        raise ConfigError("service.command is empty", hint="give the server's argv as a list")
+    if not 0 < cfg.service.port < 65536:
+        raise ConfigError(f"service.port = {cfg.service.port} is not a TCP port")
+    if cfg.host.keep_releases < 2:
+        raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
+
+
+def parse(text: str, *, path: str = "<string>", environ: Mapping[str, str]) -> Config:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    cfg: Config = _build(Config, data, "", environ)
+    cfg = dataclasses.replace(cfg, path=path)
+    _validate(cfg)
+    return cfg
+
+
+def load(path: Path, environ: Mapping[str, str]) -> Config:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {path} not found",
+            hint="pass --config PATH or create servegate.toml (see docs/config.md)",
+        ) from None
+    return parse(text, path=str(path), environ=environ)
+
+
+def fill(value: str, **places: str) -> str:
+    """Replace ``{name}`` placeholders by name only, so JSON arguments keep their braces."""
+    for name, replacement in places.items():
+        value = value.replace("{" + name + "}", replacement)
+    return value

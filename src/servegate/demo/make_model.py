@@ -1,0 +1,70 @@
+"""Make a tiny Llama-architecture model on disk: random weights, a byte-level BPE
+tokenizer trained here on local text, and a chat template. Nothing is downloaded.
+
+Run with the serving environment's interpreter: ``python make_model.py OUT_DIR``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import sysconfig
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def corpus() -> list[str]:
+    """Local text: the standard library's own Python sources."""
+    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:150]
+    texts = []
+    for name in files:
+        with open(name, encoding="utf-8", errors="replace") as handle:
+            texts.append(handle.read())
+    return texts
+
+
+def main(out: str) -> None:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<|begin|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|begin|>", eos_token="<|end|>", pad_token="<|end|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        torch_dtype="float32",
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    print(f"tiny model written to {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,166 @@
+"""The demo's sandbox: a bare "origin" of the demo stack, a host root, a tiny model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from servegate.errors import ConfigError
+from servegate.pipeline import proc
+from servegate.pipeline.git import Identity, commit_all, init_repo, push_branch
+
+MARKER = ".servegate-demo"
+AUTHOR = Identity("Demo Developer", "dev@demo.invalid")
+STACK = resources.files("servegate.demo") / "stack"
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    root: Path
+    python: Path
+    port: int
+
+    @property
+    def origin(self) -> Path:
+        return self.root / "origin.git"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def model(self) -> Path:
+        return self.root / "model"
+
+    @property
+    def host_root(self) -> Path:
+        return self.root / "host"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "servegate.toml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _copy_tree(src: resources.abc.Traversable, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.name == "__pycache__":
+            continue
+        if item.is_dir():
+            _copy_tree(item, dest / item.name)
+        else:
+            (dest / item.name).write_bytes(item.read_bytes())
+
+
+def config_text(sb: Sandbox) -> str:
+    q = json.dumps
+    command = [
+        str(sb.python),
+        "-m",
+        "demo_stack.serve",
+        "--model",
+        str(sb.model),
+        "--served-model-name",
+        "demo",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--max-model-len",
+        "4096",
+        "--gpu-memory-utilization",
+        "0.3",
+    ]
+    return f"""# servegate config of the demo sandbox (see docs/config.md)
+[stack]
+remote = {q(str(sb.origin))}
+branch = "main"
+
+[host]
+root = {q(str(sb.host_root))}
+strategy = "worktree"
+keep_releases = 3
+
+[build]
+command = ["bash", "build.sh"]
+artifacts = ["build/*.so"]
+timeout = 600
+env = {{ GPU_ARCHS = "gfx1030" }}
+
+[service]
+manager = "supervisor"
+unit = "demo-stack"
+port = {sb.port}
+startup_timeout = 600
+stop_timeout = 60
+model = "demo"
+command = {q(command)}
+
+[service.env]
+PYTHONPATH = "{{release}}"
+HF_HUB_OFFLINE = "1"
+TRANSFORMERS_OFFLINE = "1"
+VLLM_CPU_KVCACHE_SPACE = "1"
+TOKENIZERS_PARALLELISM = "false"
+
+[provenance]
+extensions = ["build/*.so"]
+modules = ["demo_stack"]
+
+[probes]
+smoke_prompt = "Say hello."
+smoke_max_tokens = 16
+
+[release]
+tag = "demo/{{date}}-{{time}}-{{short}}"
+identity_name = "servegate demo"
+identity_email = "servegate@demo.invalid"
+"""
+
+
+def create(root: Path, python: Path) -> Sandbox:
+    """A fresh sandbox at ``root`` (an earlier demo sandbox there is replaced)."""
+    if root.exists():
+        if not (root / MARKER).exists():
+            raise ConfigError(
+                f"{root} exists and is not a servegate demo sandbox",
+                hint="pass --workdir with a new or earlier demo directory",
+            )
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / MARKER).write_text("servegate demo sandbox\n")
+    sb = Sandbox(root.resolve(), python, free_port())
+    init_repo(sb.origin, bare=True)
+    init_repo(sb.work).create_remote("origin", str(sb.origin))
+    _copy_tree(STACK, sb.work)
+    sb.config.write_text(config_text(sb))
+    maker = resources.files("servegate.demo") / "make_model.py"
+    proc.run(
+        [str(python), "-c", maker.read_text(), str(sb.model)],
+        timeout=600,
+        log_path=root / "make-model.log",
+    )
+    return sb
+
+
+def commit(sb: Sandbox, message: str, edits: list[tuple[str, str, str]] | None = None) -> str:
+    """Apply ``edits`` ((path, old, new) text replacements), commit and push to origin."""
+    for rel, old, new in edits or []:
+        path = sb.work / rel
+        text = path.read_text()
+        if old not in text:
+            raise ValueError(f"{rel} does not contain {old!r}")
+        path.write_text(text.replace(old, new, 1))
+    sha = commit_all(sb.work, message, AUTHOR)
+    push_branch(sb.work)
+    return sha

@@ -1,0 +1,53 @@
+"""The demo's three commits: two good ones and one whose server fails its check."""
+
+from __future__ import annotations
+
+from servegate.demo.sandbox import Sandbox, commit
+
+SHARED_COPY = '''
+
+def shared_copy(path: Path) -> Path:
+    """One copy of the kernels for every checkout on the box, to skip rebuilds."""
+    cache = Path(tempfile.gettempdir()) / "demo_stack-kernels"
+    cache.mkdir(exist_ok=True)
+    tmp = cache / f".{path.name}.{os.getpid()}"
+    shutil.copy2(path, tmp)
+    os.replace(tmp, cache / path.name)
+    return cache / path.name
+
+
+if __name__ == "__main__":'''
+
+
+def good_first(sb: Sandbox) -> str:
+    return commit(sb, "demo stack: gfx1030 kernels v1 and the vLLM launcher")
+
+
+def good_second(sb: Sandbox) -> str:
+    return commit(
+        sb,
+        "kernels v2: unroll scale_add",
+        [
+            ("demo_stack/__init__.py", "KERNELS_VERSION = 1", "KERNELS_VERSION = 2"),
+            (
+                "kernels/demo_kernels.hip",
+                "  int i = blockIdx",
+                "#pragma unroll\n  int i = blockIdx",
+            ),
+        ],
+    )
+
+
+def bad_shared_kernels(sb: Sandbox) -> str:
+    """Healthy and answering — but it maps a copy of its kernels from outside the release,
+    the way a stale extension reaches a live service. Provenance must catch it."""
+    serve = "demo_stack/serve.py"
+    return commit(
+        sb,
+        "launcher: load kernels from a shared cache",
+        [
+            (serve, "import sys\n", "import os\nimport shutil\nimport sys\nimport tempfile\n"),
+            (serve, '\n\nif __name__ == "__main__":', SHARED_COPY),
+            (serve, "load_kernels(LIBRARY)", "load_kernels(shared_copy(LIBRARY))"),
+        ],
+    )

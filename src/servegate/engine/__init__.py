@@ -1,0 +1,1 @@
+"""The serving engine as a service: launch spec, service managers, health, provenance."""

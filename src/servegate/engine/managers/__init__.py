@@ -1,0 +1,69 @@
+"""Service managers behind one Protocol: where the service gets (re)started."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from servegate.config import Config
+from servegate.engine.launch import LaunchSpec
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """What the manager says about the service right now."""
+
+    #: the manager's own word for it (RUNNING, BACKOFF, active/activating, ...)
+    raw: str
+    pid: int | None
+    #: the process exited (and was not merely stopped by us)
+    exited: bool
+    exit_status: int | None
+    #: restarts the manager made since the last start we asked for
+    restarts: int
+    #: the manager gave up restarting it
+    gave_up: bool
+
+
+class ServiceManager(Protocol):
+    name: str
+
+    def install(self, spec: LaunchSpec) -> Path:
+        """Render the unit/program for ``spec``; returns the file written."""
+        ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def state(self) -> ServiceState: ...
+
+    def main_pid(self) -> int | None: ...
+
+    def last_log_line(self) -> str: ...
+
+    def log_tail(self, lines: int) -> str: ...
+
+
+def make_manager(cfg: Config) -> ServiceManager:
+    if cfg.service.manager == "systemd-user":
+        from servegate.engine.managers.systemd import SystemdUser
+
+        return SystemdUser(cfg)
+    from servegate.engine.managers.supervisor import Supervisor
+
+    return Supervisor(cfg)
+
+
+def read_tail(path: Path, lines: int, since: int = 0) -> str:
+    """The last ``lines`` lines of a log file after byte offset ``since``, reading only its end."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(since if since <= size else 0, size - 64 * 1024))
+            data = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(data.rstrip("\n").splitlines()[-lines:])

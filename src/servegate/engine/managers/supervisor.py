@@ -1,0 +1,226 @@
+"""supervisord, run by servegate under the host root, driven through its XML-RPC socket."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import sys
+import time
+import xmlrpc.client
+from pathlib import Path
+from typing import Any, cast
+
+from servegate.config import Config
+from servegate.engine.launch import LaunchSpec
+from servegate.engine.managers import ServiceState, read_tail
+from servegate.errors import ServiceFailed
+from servegate.pipeline import proc
+
+#: supervisord's process states that mean "the process ended by itself"
+EXITED_STATES = {"EXITED", "BACKOFF", "FATAL", "UNKNOWN"}
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost")
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(self.path)
+        self.sock = sock
+
+
+class _UnixTransport(xmlrpc.client.Transport):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def make_connection(self, host: Any) -> http.client.HTTPConnection:
+        return _UnixConnection(self.path)
+
+
+def _escape(value: str) -> str:
+    """supervisord expands %(name)s in its config: a literal % is written %%."""
+    return value.replace("%", "%%")
+
+
+def _env_line(env: dict[str, str]) -> str:
+    items = []
+    for key, value in env.items():
+        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+        items.append(f'{key}="{_escape(quoted)}"')
+    return ",".join(items)
+
+
+class Supervisor:
+    name = "supervisor"
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.unit = cfg.service.unit
+        self.dir = cfg.host_root / "supervisor"
+        self.conf = self.dir / "supervisord.conf"
+        self.socket = self.dir / "supervisor.sock"
+        self.program_conf = self.dir / "programs" / f"{self.unit}.conf"
+        self.log = cfg.host_root / "logs" / f"{self.unit}.log"
+        self._first_pid: int | None = None
+        self._restarts = 0
+        self._log_offset = 0
+
+    # -- supervisord itself -------------------------------------------------
+    def _rpc(self) -> Any:
+        return xmlrpc.client.ServerProxy(
+            "http://localhost", transport=_UnixTransport(str(self.socket))
+        )
+
+    def _running(self) -> bool:
+        try:
+            return bool(self._rpc().supervisor.getState()["statename"] == "RUNNING")
+        except (OSError, xmlrpc.client.Error):
+            return False
+
+    def _write_daemon_conf(self) -> None:
+        (self.dir / "programs").mkdir(parents=True, exist_ok=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(
+            "[unix_http_server]\n"
+            f"file={self.socket}\nchmod=0700\n\n"
+            "[supervisord]\n"
+            f"pidfile={self.dir / 'supervisord.pid'}\n"
+            f"logfile={self.dir / 'supervisord.log'}\n"
+            f"childlogdir={self.log.parent}\n"
+            f"directory={self.cfg.host_root}\n\n"
+            "[rpcinterface:supervisor]\n"
+            "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n\n"
+            "[supervisorctl]\n"
+            f"serverurl=unix://{self.socket}\n\n"
+            "[include]\n"
+            f"files = {self.dir / 'programs'}/*.conf\n"
+        )
+
+    def ensure_daemon(self) -> None:
+        """Start supervisord under the host root unless it already runs there."""
+        if self._running():
+            return
+        self._write_daemon_conf()
+        # a clean environment: the service must get its variables from the config only
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(Path.home())}
+        proc.run(
+            [sys.executable, "-m", "supervisor.supervisord", "-c", str(self.conf)],
+            env=env,
+            timeout=30,
+        )
+        deadline = time.monotonic() + 15
+        while not self._running():
+            if time.monotonic() > deadline:
+                raise ServiceFailed(
+                    f"supervisord did not come up on {self.socket}",
+                    hint=f"read {self.dir / 'supervisord.log'}",
+                )
+            time.sleep(0.1)
+
+    def shutdown_daemon(self) -> None:
+        if self._running():
+            self._rpc().supervisor.shutdown()
+            deadline = time.monotonic() + 30
+            while self.socket.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    # -- the program ----------------------------------------------------------
+    def install(self, spec: LaunchSpec) -> Path:
+        self.ensure_daemon()
+        svc = self.cfg.service
+        lines = [
+            f"[program:{self.unit}]",
+            f"command={_escape(proc.quote(spec.argv))}",
+            f"directory={_escape(str(spec.cwd))}",
+            "autostart=false",
+            "autorestart=unexpected",
+            "exitcodes=0",
+            "startsecs=1",
+            f"startretries={svc.start_limit_burst}",
+            "stopsignal=TERM",
+            f"stopwaitsecs={int(svc.stop_timeout)}",
+            "stopasgroup=true",
+            "killasgroup=true",
+            "redirect_stderr=true",
+            f"stdout_logfile={self.log}",
+            "stdout_logfile_maxbytes=50MB",
+            "stdout_logfile_backups=3",
+        ]
+        if spec.env:
+            lines.append(f"environment={_env_line(dict(spec.env))}")
+        self.program_conf.parent.mkdir(parents=True, exist_ok=True)
+        self.program_conf.write_text("\n".join(lines) + "\n")
+        self._reload()
+        return self.program_conf
+
+    def _reload(self) -> None:
+        rpc = self._rpc()
+        added, changed, removed = rpc.supervisor.reloadConfig()[0]
+        for group in changed + removed:
+            self._stop_quietly(group)
+            rpc.supervisor.removeProcessGroup(group)
+        for group in added + changed:
+            rpc.supervisor.addProcessGroup(group)
+
+    def _stop_quietly(self, name: str) -> None:
+        try:
+            self._rpc().supervisor.stopProcess(name, True)
+        except xmlrpc.client.Fault as fault:
+            if "NOT_RUNNING" not in fault.faultString and "BAD_NAME" not in fault.faultString:
+                raise
+
+    def _info(self) -> dict[str, Any] | None:
+        try:
+            return cast(dict[str, Any], self._rpc().supervisor.getProcessInfo(self.unit))
+        except xmlrpc.client.Fault:
+            return None
+        except OSError:
+            return None
+
+    def start(self) -> None:
+        self._first_pid = None
+        self._restarts = 0
+        self._log_offset = self.log.stat().st_size if self.log.exists() else 0
+        try:
+            self._rpc().supervisor.startProcess(self.unit, False)
+        except xmlrpc.client.Fault as fault:
+            if "ALREADY_STARTED" not in fault.faultString:
+                raise ServiceFailed(
+                    f"supervisord refused to start {self.unit}: {fault.faultString}"
+                ) from None
+
+    def stop(self) -> None:
+        if self._running() and self._info() is not None:
+            self._stop_quietly(self.unit)
+
+    def state(self) -> ServiceState:
+        info = self._info()
+        if info is None:
+            return ServiceState("NOT INSTALLED", None, False, None, 0, False)
+        name = str(info["statename"])
+        pid = int(info["pid"]) or None
+        if pid is not None:
+            if self._first_pid is None:
+                self._first_pid = pid
+            elif pid != self._first_pid:
+                self._restarts += 1
+                self._first_pid = pid
+        exited = name in EXITED_STATES
+        status = int(info["exitstatus"]) if exited else None
+        return ServiceState(name, pid, exited, status, self._restarts, name == "FATAL")
+
+    def main_pid(self) -> int | None:
+        info = self._info()
+        if info is None or info["statename"] not in ("RUNNING", "STARTING"):
+            return None
+        return int(info["pid"]) or None
+
+    def last_log_line(self) -> str:
+        return read_tail(self.log, 1, self._log_offset)
+
+    def log_tail(self, lines: int) -> str:
+        return read_tail(self.log, lines, self._log_offset)

@@ -1,0 +1,120 @@
+"""A systemd user unit: rendered from the launch spec, driven with ``systemctl --user``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from servegate.config import Config
+from servegate.engine.launch import LaunchSpec
+from servegate.engine.managers import ServiceState
+from servegate.pipeline import proc
+
+
+def quote_arg(value: str) -> str:
+    """One ExecStart/Environment word: C-style double quotes; % and $ doubled."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def render_unit(cfg: Config, spec: LaunchSpec) -> str:
+    svc = cfg.service
+    lines = [
+        "[Unit]",
+        f"Description=servegate: {svc.unit} at {spec.sha[:12]}",
+        f"StartLimitIntervalSec={svc.start_limit_interval}",
+        f"StartLimitBurst={svc.start_limit_burst}",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"WorkingDirectory={spec.cwd}",
+    ]
+    lines += [f"Environment={quote_arg(f'{k}={v}')}" for k, v in spec.env.items()]
+    lines += [
+        "ExecStart=" + " ".join(quote_arg(a) for a in spec.argv),
+        "Restart=on-failure",
+        "RestartSec=5",
+        f"TimeoutStopSec={int(svc.stop_timeout)}",
+        "KillMode=control-group",
+    ]
+    if svc.memory_max:
+        lines.append(f"MemoryMax={svc.memory_max}")
+    if svc.memory_swap_max:
+        lines.append(f"MemorySwapMax={svc.memory_swap_max}")
+    lines += ["", "[Install]", "WantedBy=default.target", ""]
+    return "\n".join(lines)
+
+
+def unit_dir(environ: dict[str, str] | None = None) -> Path:
+    env = environ if environ is not None else dict(os.environ)
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", str(Path.home()))) / ".config")
+    return Path(base) / "systemd" / "user"
+
+
+class SystemdUser:
+    name = "systemd-user"
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.unit = f"{cfg.service.unit}.service"
+        self.path = unit_dir() / self.unit
+        self._restarts_at_start = 0
+
+    def _ctl(self, *args: str) -> proc.Result:
+        return proc.run(["systemctl", "--user", *args], timeout=self.cfg.service.stop_timeout + 30)
+
+    def install(self, spec: LaunchSpec) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(render_unit(self.cfg, spec))
+        self._ctl("daemon-reload")
+        return self.path
+
+    def _show(self) -> dict[str, str]:
+        out = self._ctl(
+            "show",
+            self.unit,
+            "-p",
+            "MainPID",
+            "-p",
+            "NRestarts",
+            "-p",
+            "ActiveState",
+            "-p",
+            "SubState",
+            "-p",
+            "ExecMainStatus",
+            "-p",
+            "Result",
+        ).output
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def start(self) -> None:
+        self._ctl("reset-failed", self.unit)
+        self._restarts_at_start = int(self._show().get("NRestarts", "0") or 0)
+        self._ctl("start", "--no-block", self.unit)
+
+    def stop(self) -> None:
+        self._ctl("stop", self.unit)
+
+    def state(self) -> ServiceState:
+        props = self._show()
+        active, sub = props.get("ActiveState", ""), props.get("SubState", "")
+        pid = int(props.get("MainPID", "0") or 0) or None
+        restarts = int(props.get("NRestarts", "0") or 0) - self._restarts_at_start
+        exited = active == "failed" or (sub in ("auto-restart", "dead", "exited") and pid is None)
+        status = int(props.get("ExecMainStatus", "0") or 0) if exited else None
+        return ServiceState(f"{active}/{sub}", pid, exited, status, restarts, active == "failed")
+
+    def main_pid(self) -> int | None:
+        return self.state().pid
+
+    def last_log_line(self) -> str:
+        return self.log_tail(1)
+
+    def log_tail(self, lines: int) -> str:
+        out = proc.run(
+            ["journalctl", "--user", "-u", self.unit, "-n", str(lines), "-o", "cat", "--no-pager"],
+            check=False,
+            timeout=30,
+        )
+        return out.output.strip() if out.ok else ""

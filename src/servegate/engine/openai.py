@@ -1,0 +1,62 @@
+"""The few OpenAI-compatible endpoints promote needs: health, models, one chat completion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    api_key: str = ""
+
+    def client(self, timeout: float) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+
+def health(endpoint: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:
+    """(healthy, why not): ``/health`` answers 200 and ``/v1/models`` lists a model."""
+    try:
+        with endpoint.client(timeout) as client:
+            resp = client.get("/health")
+            if resp.status_code != 200:
+                return False, f"/health answered {resp.status_code}"
+            models = client.get("/v1/models")
+            if models.status_code != 200:
+                return False, f"/v1/models answered {models.status_code}"
+            if not model_ids(models.json()):
+                return False, "/v1/models lists no model"
+    except (httpx.HTTPError, ValueError) as exc:
+        return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return True, ""
+
+
+def model_ids(payload: Any) -> list[str]:
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return [str(m["id"]) for m in data or [] if isinstance(m, dict) and "id" in m]
+
+
+def first_model(endpoint: Endpoint, timeout: float = 10.0) -> str:
+    with endpoint.client(timeout) as client:
+        ids = model_ids(client.get("/v1/models").json())
+    return ids[0] if ids else ""
+
+
+def chat(
+    endpoint: Endpoint, model: str, prompt: str, max_tokens: int, timeout: float
+) -> dict[str, Any]:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    with endpoint.client(timeout) as client:
+        resp = client.post("/v1/chat/completions", json=body)
+        resp.raise_for_status()
+        result: dict[str, Any] = resp.json()
+    return result

@@ -1,0 +1,343 @@
+"""Proof that the live service runs the release's checkout, read from /proc.
+
+For the service's main PID and every descendant (a vLLM server is an API process, an
+EngineCore and its workers): the working directory, the executable, the configured
+environment variables, the extension libraries mapped into memory (by path and by the
+SHA-256 of the mapped file itself), and where the service's interpreter resolves the
+configured Python packages. Any difference is a finding with expected and found.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servegate.engine import ports
+from servegate.pipeline import proc
+from servegate.pipeline.hashing import sha256_file
+
+RESOLVE_SCRIPT = """
+import importlib.util, json, sys
+out = {}
+for name in sys.argv[1:]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception as exc:
+        out[name] = None
+        continue
+    if spec is None:
+        out[name] = None
+    elif spec.origin and spec.origin not in ("built-in", "frozen", "namespace"):
+        out[name] = spec.origin
+    else:
+        out[name] = next(iter(spec.submodule_search_locations or []), None)
+print(json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class Mapped:
+    path: str
+    span: str  # "start-end" as in /proc/PID/maps, the name under /proc/PID/map_files
+    deleted: bool
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    cmdline: str
+    cwd: str
+    exe: str
+    environ: Mapping[str, str]
+    mapped: tuple[Mapped, ...]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    release_dir: Path
+    interpreter: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    extensions: tuple[str, ...] = ()
+    #: path relative to the release → SHA-256 recorded when it was built
+    artifact_hashes: Mapping[str, str] = field(default_factory=dict)
+    modules: tuple[str, ...] = ()
+    #: directory holding every release; a mapping from another release in it is a finding
+    releases_root: Path | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    expected: str
+    found: str
+    pid: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "pid": self.pid,
+            "expected": self.expected,
+            "found": self.found,
+        }
+
+    def line(self) -> str:
+        where = f"pid {self.pid}: " if self.pid else ""
+        return f"{where}{self.check}\n      expected: {self.expected}\n      found:    {self.found}"
+
+
+@dataclass
+class Report:
+    processes: list[dict[str, Any]] = field(default_factory=list)
+    extensions: list[dict[str, Any]] = field(default_factory=list)
+    modules: dict[str, str | None] = field(default_factory=dict)
+    listeners: list[int] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "processes": self.processes,
+            "extensions": self.extensions,
+            "modules": self.modules,
+            "listeners": self.listeners,
+            "findings": [f.as_dict() for f in self.findings],
+        }
+
+    def explain(self) -> str:
+        return "\n".join(f"  - {f.line()}" for f in self.findings)
+
+
+# -- reading /proc ----------------------------------------------------------------
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it, parents first."""
+    children = _children_map()
+    order, queue = [], [root]
+    while queue:
+        pid = queue.pop(0)
+        order.append(pid)
+        queue.extend(sorted(children.get(pid, [])))
+    return order
+
+
+def _maps(pid: int) -> tuple[Mapped, ...]:
+    seen: dict[str, Mapped] = {}
+    for row in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        cols = row.split(maxsplit=5)
+        if len(cols) < 6 or not cols[5].startswith("/"):
+            continue
+        path = cols[5]
+        deleted = path.endswith(" (deleted)")
+        path = path.removesuffix(" (deleted)")
+        seen.setdefault(path, Mapped(path, cols[0], deleted))
+    return tuple(seen.values())
+
+
+def read_process(pid: int) -> ProcInfo | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        raw_env = Path(f"/proc/{pid}/environ").read_bytes()
+        environ = dict(
+            part.decode(errors="replace").split("=", 1)
+            for part in raw_env.split(b"\0")
+            if b"=" in part
+        )
+        return ProcInfo(
+            pid=pid,
+            ppid=int(stat.rsplit(")", 1)[1].split()[1]),
+            cmdline=ports.cmdline(pid),
+            cwd=os.readlink(f"/proc/{pid}/cwd"),
+            exe=os.readlink(f"/proc/{pid}/exe"),
+            environ=environ,
+            mapped=_maps(pid),
+        )
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # it ended while we looked
+
+
+def mapped_sha256(pid: int, mapped: Mapped) -> str:
+    """Hash what is mapped, not what the path holds now: /proc/PID/map_files reaches the
+    mapped inode itself (root only); otherwise fall back to the path."""
+    try:
+        return sha256_file(f"/proc/{pid}/map_files/{mapped.span}")
+    except OSError:
+        return sha256_file(mapped.path)
+
+
+def _inside(path: str, directory: Path) -> bool:
+    real = os.path.realpath(path)
+    base = os.path.realpath(directory)
+    return real == base or real.startswith(base + os.sep)
+
+
+# -- the checks -----------------------------------------------------------------------
+
+
+def _check_process(info: ProcInfo, exp: Expectation, report: Report) -> None:
+    def bad(check: str, expected: str, found: str) -> None:
+        report.findings.append(Finding(check, expected, found, info.pid))
+
+    if not _inside(info.cwd, exp.release_dir):
+        bad("working directory", f"inside {exp.release_dir}", info.cwd)
+    want_exe = os.path.realpath(exp.interpreter)
+    if os.path.realpath(info.exe) != want_exe:
+        bad("executable", f"{exp.interpreter} (→ {want_exe})", info.exe)
+    for key, value in exp.env.items():
+        found = info.environ.get(key)
+        if found != value:
+            bad(f"environment {key}", value, "<unset>" if found is None else found)
+    if exp.releases_root is not None:
+        for m in info.mapped:
+            if _inside(m.path, exp.releases_root) and not _inside(m.path, exp.release_dir):
+                bad("mapped file from another release", f"inside {exp.release_dir}", m.path)
+
+
+def _check_extensions(infos: list[ProcInfo], exp: Expectation, report: Report) -> None:
+    for pattern in exp.extensions:
+        files = sorted(exp.release_dir.glob(pattern))
+        if not files:
+            report.findings.append(
+                Finding(
+                    f"extension {pattern}", f"a built file in {exp.release_dir}", "no such file"
+                )
+            )
+        name_glob = Path(pattern).name
+        for info in infos:
+            for m in info.mapped:
+                if fnmatch.fnmatch(Path(m.path).name, name_glob) and not _inside(
+                    m.path, exp.release_dir
+                ):
+                    report.findings.append(
+                        Finding(
+                            f"extension {Path(m.path).name} mapped from outside the release",
+                            f"{exp.release_dir}/{pattern}",
+                            m.path,
+                            info.pid,
+                        )
+                    )
+        for file in files:
+            _check_one_extension(file, infos, exp, report)
+
+
+def _check_one_extension(
+    file: Path, infos: list[ProcInfo], exp: Expectation, report: Report
+) -> None:
+    rel = str(file.relative_to(exp.release_dir))
+    want = exp.artifact_hashes.get(rel) or sha256_file(file)
+    real = os.path.realpath(file)
+    hits = [(i, m) for i in infos for m in i.mapped if os.path.realpath(m.path) == real]
+    if not hits:
+        report.findings.append(
+            Finding(
+                f"extension {rel}",
+                f"mapped by a process of the service ({real})",
+                "not mapped by any process",
+            )
+        )
+        return
+    for info, m in hits:
+        got = mapped_sha256(info.pid, m)
+        report.extensions.append(
+            {"pid": info.pid, "path": m.path, "sha256": got, "expected_sha256": want}
+        )
+        if got != want:
+            report.findings.append(
+                Finding(
+                    f"extension {rel} content",
+                    f"sha256 {want}",
+                    f"sha256 {got}{' (deleted on disk)' if m.deleted else ''}",
+                    info.pid,
+                )
+            )
+
+
+def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
+    if not exp.modules:
+        return
+    result = proc.run(
+        [exp.interpreter, "-c", RESOLVE_SCRIPT, *exp.modules],
+        cwd=main.cwd,
+        env=dict(main.environ),
+        timeout=60,
+        check=False,
+    )
+    try:
+        origins: dict[str, str | None] = json.loads(result.output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        report.findings.append(
+            Finding("module resolution", "a JSON answer", proc.tail(result.output, 5))
+        )
+        return
+    report.modules = origins
+    for name, origin in origins.items():
+        if origin is None or not _inside(origin, exp.release_dir):
+            report.findings.append(
+                Finding(
+                    f"module {name}",
+                    f"resolved inside {exp.release_dir}",
+                    origin or "not importable",
+                )
+            )
+
+
+def verify(main_pid: int | None, exp: Expectation) -> Report:
+    report = Report()
+    if main_pid is None:
+        report.findings.append(Finding("service process", "a running main process", "none"))
+        return report
+    infos = [i for i in map(read_process, descendants(main_pid)) if i is not None]
+    if not infos:
+        report.findings.append(Finding("service process", f"pid {main_pid} running", "gone"))
+        return report
+    for info in infos:
+        report.processes.append(
+            {
+                "pid": info.pid,
+                "ppid": info.ppid,
+                "cmdline": info.cmdline[:300],
+                "cwd": info.cwd,
+                "exe": info.exe,
+                "env": {k: info.environ.get(k) for k in exp.env},
+            }
+        )
+        _check_process(info, exp, report)
+    _check_extensions(infos, exp, report)
+    _check_modules(infos[0], exp, report)
+    if exp.port is not None:
+        pids = {i.pid for i in infos}
+        owners = ports.listeners(exp.port)
+        report.listeners = sorted(owners)
+        if not owners or not owners <= pids:
+            found = ", ".join(f"{p} ({ports.cmdline(p)[:80]})" for p in sorted(owners)) or "nobody"
+            report.findings.append(
+                Finding(
+                    f"port {exp.port} listener", f"a process of the service ({sorted(pids)})", found
+                )
+            )
+    return report

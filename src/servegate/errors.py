@@ -1,0 +1,121 @@
+"""Every failure class servegate reports, each with its documented exit code.
+
+The table in docs/exit-codes.md is checked against this module by the test suite.
+"""
+
+from __future__ import annotations
+
+
+class ServegateError(Exception):
+    """Base class: ``str(err)`` is the message, ``hint`` says what to do about it."""
+
+    exit_code = 1
+    title = "error"
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def render(self) -> str:
+        text = f"{self.title}: {self}"
+        if self.hint:
+            text += f"\n  what to do: {self.hint}"
+        return text
+
+
+class ConfigError(ServegateError):
+    """The config file or a command-line argument is wrong."""
+
+    exit_code = 2
+    title = "config error"
+
+
+class GitRefusal(ServegateError):
+    """The requested SHA can't be deployed: unknown, not on the branch, not a fast-forward,
+    or the checkout is not clean."""
+
+    exit_code = 3
+    title = "refused"
+
+
+class LockHeld(ServegateError):
+    """Another promote or rollback holds the host lock."""
+
+    exit_code = 4
+    title = "host busy"
+
+
+class BuildFailed(ServegateError):
+    """The stack's build command failed or produced no artifacts; nothing live was touched."""
+
+    exit_code = 5
+    title = "build failed"
+
+
+class PreflightFailed(ServegateError):
+    """The host is not ready for a restart (for example the service port is taken by
+    another process); nothing live was touched."""
+
+    exit_code = 6
+    title = "preflight failed"
+
+
+class ServiceFailed(ServegateError):
+    """The service did not start, did not become healthy in time, or crash-looped."""
+
+    exit_code = 7
+    title = "service failed"
+
+
+class ProvenanceMismatch(ServegateError):
+    """A live process does not run the release's checkout."""
+
+    exit_code = 8
+    title = "provenance mismatch"
+
+
+class GateFailed(ServegateError):
+    """A probe or the release gate failed."""
+
+    exit_code = 9
+    title = "gate failed"
+
+
+class RollbackFailed(ServegateError):
+    """The automatic or requested rollback did not leave a verified service running."""
+
+    exit_code = 10
+    title = "ROLLBACK FAILED"
+
+
+class CommandFailed(ServegateError):
+    """A subprocess failed; its text shows the command, the exit code and the output."""
+
+    exit_code = 11
+    title = "command failed"
+
+
+class NothingToDo(ServegateError):
+    """The request needs state that does not exist yet (no release recorded, no previous
+    release to roll back to)."""
+
+    exit_code = 12
+    title = "nothing to do"
+
+
+INTERNAL_ERROR = 70
+INTERRUPTED = 130
+
+ALL_ERRORS: tuple[type[ServegateError], ...] = (
+    ConfigError,
+    GitRefusal,
+    LockHeld,
+    BuildFailed,
+    PreflightFailed,
+    ServiceFailed,
+    ProvenanceMismatch,
+    GateFailed,
+    RollbackFailed,
+    CommandFailed,
+    NothingToDo,
+)

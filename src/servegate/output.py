@@ -1,0 +1,63 @@
+"""What commands print: tables for people, one versioned JSON document for machines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from servegate.errors import ServegateError
+from servegate.pipeline.stages import ConsoleReporter, QuietReporter, Reporter
+
+SCHEMA = 1
+
+
+@dataclass
+class Output:
+    json_mode: bool
+    command: str
+    console: Console = field(default_factory=lambda: Console(highlight=False))
+    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+
+    def reporter(self) -> Reporter:
+        return QuietReporter() if self.json_mode else ConsoleReporter(self.err)
+
+    def emit(self, result: Any, exit_code: int = 0, error: ServegateError | None = None) -> int:
+        """In JSON mode print the envelope; people get their tables from the command."""
+        if self.json_mode:
+            doc: dict[str, Any] = {
+                "schema": SCHEMA,
+                "command": self.command,
+                "ok": exit_code == 0,
+                "exit_code": exit_code,
+                "result": result,
+            }
+            if error is not None:
+                doc["error"] = {
+                    "class": type(error).__name__,
+                    "message": str(error),
+                    "hint": error.hint,
+                }
+            sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+        return exit_code
+
+    def error(self, err: ServegateError) -> int:
+        if self.json_mode:
+            return self.emit(None, err.exit_code, err)
+        self.err.print(f"[red]{err.render()}[/]", markup=True, soft_wrap=True)
+        return err.exit_code
+
+    def table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
+        table = Table(title=title, title_justify="left")
+        for col in columns:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*row)
+        self.console.print(table)
+
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False, soft_wrap=True)

@@ -1,0 +1,250 @@
+"""All git work, through GitPython, in one place.
+
+The host keeps one bare clone of the stack's remote (``repo.git`` under the host root);
+each release is a worktree of it. ``InPlaceCheckout`` covers the other strategy, a plain
+clone that is switched and fast-forwarded where it stands.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import git
+
+from servegate.errors import CommandFailed, GitRefusal
+
+NOTES_REF = "refs/notes/servegate"
+SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
+#: variables a git hook or a parent git command leaks; they would redirect our git calls
+LEAKY = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_PREFIX")
+
+
+def scrub_git_env(environ: MutableMapping[str, str]) -> None:
+    for key in [k for k in environ if k in LEAKY or k.startswith("GIT_ALTERNATE")]:
+        del environ[key]
+
+
+def _fail(action: str, exc: git.GitCommandError) -> CommandFailed:
+    detail = (exc.stderr or exc.stdout or "").strip().removeprefix("stderr:").strip(" '\n")
+    return CommandFailed(f"git {action} failed: {detail}")
+
+
+@contextmanager
+def _git_errors(action: str) -> Iterator[None]:
+    try:
+        yield
+    except git.GitCommandError as exc:
+        raise _fail(action, exc) from exc
+
+
+def check_sha_syntax(sha: str) -> str:
+    if not SHA_RE.match(sha):
+        raise GitRefusal(
+            f"{sha!r} is not a commit SHA",
+            hint="pass a full 40-character SHA or an unambiguous prefix (`git rev-parse`)",
+        )
+    return sha.lower()
+
+
+class Identity:
+    """Who tags and notes are made by; git refuses both without one."""
+
+    def __init__(self, name: str, email: str) -> None:
+        self.env = {
+            "GIT_AUTHOR_NAME": name,
+            "GIT_AUTHOR_EMAIL": email,
+            "GIT_COMMITTER_NAME": name,
+            "GIT_COMMITTER_EMAIL": email,
+        }
+
+
+class StackRepo:
+    """A local repository of the stack with its remote ``origin``: the checks and records
+    shared by both deploy strategies."""
+
+    repo: git.Repo
+
+    def __init__(self, path: Path, remote_url: str, branch: str) -> None:
+        self.path = path
+        self.remote_url = remote_url
+        self.branch = branch
+
+    @property
+    def branch_ref(self) -> str:
+        return f"refs/remotes/origin/{self.branch}"
+
+    def fetch(self) -> None:
+        """Fetch every branch (to tell "not on the branch" from "unknown") and the notes."""
+        with _git_errors(f"fetch from {self.remote_url}"):
+            self.repo.git.fetch(
+                "--prune", "origin", "+refs/heads/*:refs/remotes/origin/*", "--no-tags"
+            )
+            if self.repo.git.ls_remote("origin", NOTES_REF):
+                self.repo.git.fetch("origin", f"+{NOTES_REF}:{NOTES_REF}")
+        if not self._exists(self.branch_ref):
+            raise GitRefusal(
+                f"branch {self.branch!r} does not exist on {self.remote_url}",
+                hint="fix [stack] branch in the config, or push the branch",
+            )
+
+    def _exists(self, rev: str) -> bool:
+        try:
+            self.repo.git.rev_parse("--verify", "--quiet", f"{rev}^{{commit}}")
+        except git.GitCommandError:
+            return False
+        return True
+
+    def resolve(self, sha: str) -> str:
+        sha = check_sha_syntax(sha)
+        try:
+            full = str(self.repo.git.rev_parse("--verify", "--quiet", f"{sha}^{{commit}}"))
+        except git.GitCommandError:
+            raise GitRefusal(
+                f"commit {sha} does not exist on {self.remote_url} (after fetching every branch)",
+                hint="push the commit to the configured branch first, or check the SHA for typos",
+            ) from None
+        return full
+
+    def tip(self) -> str:
+        return str(self.repo.git.rev_parse(self.branch_ref))
+
+    def require_on_branch(self, sha: str) -> None:
+        if not self.is_ancestor(sha, self.branch_ref):
+            raise GitRefusal(
+                f"commit {sha[:12]} is not on branch {self.branch!r} of {self.remote_url}",
+                hint=f"merge it into {self.branch!r} first; only commits on the configured "
+                "branch are released",
+            )
+
+    def is_ancestor(self, ancestor: str, descendant: str) -> bool:
+        return bool(self.repo.is_ancestor(self.repo.commit(ancestor), self.repo.commit(descendant)))
+
+    def subject(self, sha: str) -> str:
+        return str(self.repo.commit(sha).summary)
+
+    def tag(self, name: str, sha: str, message: str, identity: Identity) -> None:
+        with _git_errors(f"tag {name}"), self.repo.git.custom_environment(**identity.env):
+            self.repo.git.tag("-a", "-f", name, sha, "-m", message)
+
+    def append_note(self, sha: str, text: str, identity: Identity) -> None:
+        with _git_errors("notes append"), self.repo.git.custom_environment(**identity.env):
+            self.repo.git.notes("--ref", NOTES_REF, "append", "-m", text, sha)
+
+    def notes(self, sha: str) -> str:
+        try:
+            return str(self.repo.git.notes("--ref", NOTES_REF, "show", sha))
+        except git.GitCommandError:
+            return ""
+
+    def push(self, refs: list[str]) -> None:
+        with _git_errors(f"push to {self.remote_url}"):
+            self.repo.git.push("origin", *refs)
+
+
+class HostRepo(StackRepo):
+    """The bare clone under the host root that every release worktree comes from."""
+
+    def __init__(self, path: Path, remote_url: str, branch: str) -> None:
+        super().__init__(path, remote_url, branch)
+        self.repo = self._open()
+
+    def _open(self) -> git.Repo:
+        with _git_errors("init"):
+            if not (self.path / "HEAD").exists():
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                repo = git.Repo.init(self.path, bare=True)
+                repo.create_remote("origin", self.remote_url)
+                return repo
+            repo = git.Repo(self.path)
+            if repo.remote("origin").url != self.remote_url:
+                repo.remote("origin").set_url(self.remote_url)
+            return repo
+
+    def add_worktree(self, path: Path, sha: str) -> None:
+        with _git_errors(f"worktree add {path}"):
+            self.repo.git.worktree("prune")
+            self.repo.git.worktree("add", "--detach", "--force", str(path), sha)
+
+    def remove_worktree(self, path: Path) -> None:
+        with _git_errors(f"worktree remove {path}"):
+            self.repo.git.worktree("remove", "--force", str(path))
+
+
+def worktree_head(path: Path) -> str:
+    return str(git.Repo(path).head.commit.hexsha)
+
+
+def dirty_files(path: Path) -> list[str]:
+    """``git status --porcelain --untracked-files=no``, one entry a line."""
+    out = git.Repo(path).git.status("--porcelain", "--untracked-files=no")
+    return [line for line in str(out).splitlines() if line.strip()]
+
+
+class InPlaceCheckout(StackRepo):
+    """A plain clone that the service runs from directly (the seeds' "in-place" way)."""
+
+    def __init__(self, path: Path, remote_url: str, branch: str) -> None:
+        super().__init__(path, remote_url, branch)
+        with _git_errors(f"clone {remote_url}"):
+            if not (path / ".git").exists():
+                git.Repo.clone_from(remote_url, path, branch=branch)
+        self.repo = git.Repo(path)
+
+    def require_clean(self) -> None:
+        dirty = dirty_files(self.path)
+        if dirty:
+            shown = "\n".join(f"    {line}" for line in dirty[:20])
+            raise GitRefusal(
+                f"the in-place checkout {self.path} has uncommitted changes:\n{shown}",
+                hint="commit and push them through Git, or discard them "
+                "(`git -C PATH checkout -- .`); servegate only deploys what is in Git",
+            )
+
+    def pull_to(self, expected: str) -> None:
+        """The seed's exact steps: switch, pull --ff-only, HEAD must equal ``expected``."""
+        with _git_errors(f"switch/pull {self.branch}"):
+            self.repo.git.switch(self.branch)
+            self.repo.git.pull("--ff-only", "origin", self.branch)
+        head = self.head()
+        if head != expected:
+            raise GitRefusal(
+                f"after `git pull --ff-only` HEAD is {head[:12]}, not the expected {expected[:12]}",
+                hint=f"in-place deploys release the tip of {self.branch!r}; promote the tip, or "
+                "use the worktree strategy to release an older commit",
+            )
+
+    def detach_to(self, sha: str) -> None:
+        with _git_errors(f"switch --detach {sha[:12]}"):
+            self.repo.git.switch("--detach", sha)
+
+    def head(self) -> str:
+        return str(self.repo.head.commit.hexsha)
+
+
+def environ_without_git() -> dict[str, str]:
+    env = dict(os.environ)
+    scrub_git_env(env)
+    return env
+
+
+def init_repo(path: Path, bare: bool = False, branch: str = "main") -> git.Repo:
+    path.mkdir(parents=True, exist_ok=True)
+    return git.Repo.init(path, bare=bare, initial_branch=branch)
+
+
+def commit_all(path: Path, message: str, identity: Identity) -> str:
+    """Stage everything in the work tree of ``path`` and commit it; returns the SHA."""
+    repo = git.Repo(path)
+    with repo.git.custom_environment(**identity.env):
+        repo.git.add("--all")
+        repo.git.commit("--quiet", "--allow-empty", "-m", message)
+    return str(repo.head.commit.hexsha)
+
+
+def push_branch(path: Path, branch: str = "main") -> None:
+    with _git_errors(f"push {branch}"):
+        git.Repo(path).git.push("--quiet", "origin", f"HEAD:refs/heads/{branch}")

@@ -1,0 +1,1 @@
+"""Promote, rollback, the gate, release records and the host's release state."""

@@ -1,0 +1,63 @@
+"""What one promote or rollback works with, made once from the config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from servegate.config import Config
+from servegate.engine import openai, provenance
+from servegate.engine.launch import LaunchSpec, launch_spec
+from servegate.engine.managers import ServiceManager, make_manager
+from servegate.pipeline.stages import Reporter, StageRunner
+from servegate.release.deploy import Deployer, make_deployer
+from servegate.release.state import HostState
+
+
+@dataclass
+class Context:
+    cfg: Config
+    reporter: Reporter
+    manager: ServiceManager
+    deployer: Deployer
+    state: HostState
+    endpoint: openai.Endpoint
+    runner: StageRunner
+
+    @classmethod
+    def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:
+        api_key = environ.get(cfg.service.api_key_env, "") if cfg.service.api_key_env else ""
+        return cls(
+            cfg=cfg,
+            reporter=reporter,
+            manager=make_manager(cfg),
+            deployer=make_deployer(cfg),
+            state=HostState.load(cfg.host_root / "state.json"),
+            endpoint=openai.Endpoint(f"http://{cfg.service.host}:{cfg.service.port}", api_key),
+            runner=StageRunner(reporter),
+        )
+
+    @property
+    def lock_path(self) -> Path:
+        return self.cfg.host_root / "servegate.lock"
+
+    def log_path(self, sha: str, what: str) -> Path:
+        return self.cfg.host_root / "logs" / f"{sha[:12]}-{what}.log"
+
+    def spec(self, release_dir: Path, sha: str) -> LaunchSpec:
+        return launch_spec(self.cfg, release_dir, sha)
+
+    def expectation(self, spec: LaunchSpec, artifacts: Mapping[str, str]) -> provenance.Expectation:
+        names = self.cfg.provenance.env or tuple(spec.env)
+        return provenance.Expectation(
+            release_dir=Path(os.path.realpath(spec.cwd)),
+            interpreter=self.cfg.interpreter.replace("{release}", str(spec.cwd)),
+            env={k: spec.env.get(k, "") for k in names},
+            extensions=self.cfg.provenance.extensions,
+            artifact_hashes=artifacts,
+            modules=self.cfg.provenance.modules,
+            releases_root=self.deployer.releases_root,
+            port=self.cfg.service.port,
+        )

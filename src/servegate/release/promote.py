@@ -1,0 +1,232 @@
+"""``release promote <sha>``: the whole flow, with automatic rollback after the switch."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servegate.engine.launch import placeholders
+from servegate.errors import (
+    GateFailed,
+    GitRefusal,
+    ProvenanceMismatch,
+    RollbackFailed,
+    ServegateError,
+    ServiceFailed,
+)
+from servegate.kernels.build import BuildResult, run_build
+from servegate.pipeline.lock import HostLock
+from servegate.release import record as rec
+from servegate.release import service
+from servegate.release.context import Context
+from servegate.release.rollback import restore_after_failure
+from servegate.release.state import Entry
+
+#: failures after the old service was stopped: each one triggers the rollback
+AFTER_SWITCH = (ServiceFailed, ProvenanceMismatch, GateFailed)
+
+
+@dataclass
+class Outcome:
+    sha: str
+    verdict: str  # released | rolled_back | failed
+    exit_code: int
+    reason: str = ""
+    tag: str = ""
+    record: dict[str, Any] = field(default_factory=dict)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    rollback: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sha": self.sha,
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "tag": self.tag,
+            "seconds": round(self.seconds, 3),
+            "stages": self.stages,
+            "rollback": self.rollback,
+            "record": self.record,
+        }
+
+
+def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
+    ctx.deployer.preflight()
+    repo = ctx.deployer.repo
+    repo.fetch()
+    sha = repo.resolve(requested)
+    repo.require_on_branch(sha)
+    live = ctx.state.current
+    if live is not None and not allow_non_ff and not repo.is_ancestor(live.sha, sha):
+        raise GitRefusal(
+            f"{sha[:12]} is not a fast-forward of the live release {live.sha[:12]}",
+            hint="promote a descendant of the live release, or pass --allow-non-ff to "
+            "deploy it anyway (`release rollback` returns to an earlier release)",
+        )
+    service.check_port_free(ctx)
+    return sha
+
+
+def promote(ctx: Context, requested: str, allow_non_ff: bool = False) -> Outcome:
+    start = time.monotonic()
+    with HostLock(ctx.lock_path, f"release promote {requested}"):
+        return _promote(ctx, requested, allow_non_ff, start)
+
+
+def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> Outcome:
+    runner = ctx.runner
+    with runner.stage("preflight") as st:
+        sha = preflight(ctx, requested, allow_non_ff)
+        st.detail = f"{sha[:12]} {ctx.deployer.repo.subject(sha)[:60]}"
+    with runner.stage("fetch") as st:
+        release_dir = ctx.deployer.prepare(sha)
+        st.detail = str(release_dir)
+    with runner.stage("build") as st:
+        built = run_build(
+            ctx.cfg,
+            release_dir,
+            placeholders(ctx.cfg, release_dir, sha),
+            ctx.log_path(sha, "build"),
+        )
+        st.detail = f"{len(built.artifacts)} artifact(s) hashed"
+    previous = ctx.state.current
+    evidence = service.Evidence()
+    try:
+        with runner.stage("switch") as st:
+            service.switch(ctx, sha, release_dir, evidence)
+            st.detail = f"{ctx.manager.name} restarted {ctx.cfg.service.unit}"
+        with runner.stage("healthy") as st:
+            service.healthy(ctx, evidence)
+            st.detail = f"start-up {evidence.startup_seconds:.1f}s"
+        with runner.stage("provenance") as st:
+            report = service.prove(ctx, sha, release_dir, built.artifacts, evidence)
+            st.detail = f"{len(report.processes)} process(es), {len(report.extensions)} mapping(s)"
+        with runner.stage("gate") as st:
+            decision = service.gate(ctx, sha, release_dir, evidence)
+            st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
+    except AFTER_SWITCH as exc:
+        return _roll_back(ctx, sha, release_dir, built, evidence, exc, start)
+    with runner.stage("record") as st:
+        outcome = _record_release(ctx, sha, release_dir, built, evidence, previous, start)
+        st.detail = outcome.tag
+    outcome.stages = runner.as_list()
+    outcome.seconds = time.monotonic() - start
+    return outcome
+
+
+def _record_release(
+    ctx: Context,
+    sha: str,
+    release_dir: Path,
+    built: BuildResult,
+    evidence: service.Evidence,
+    previous: Entry | None,
+    start: float,
+) -> Outcome:
+    when = rec.now()
+    tag = rec.tag_name(ctx.cfg.release.tag, sha, when, ctx.state.release_count() + 1)
+    record = _record(
+        ctx, sha, previous.sha if previous else None, "released", built, evidence, start
+    )
+    record["tag"] = tag
+    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, tag)
+    if not record["publish"]["pushed"]:
+        ctx.reporter.note(f"warning: the record was not pushed: {record['publish']['error']}")
+    entry = Entry(
+        sha,
+        str(release_dir),
+        "released",
+        when.isoformat(timespec="seconds"),
+        tag,
+        "",
+        evidence.startup_seconds,
+        dict(built.artifacts),
+    )
+    state = ctx.state
+    state.previous = previous if previous is None or previous.sha != sha else state.previous
+    state.current = entry
+    state.history.append(entry)
+    state.save()
+    ctx.deployer.prune(state.protected(ctx.cfg.host.keep_releases))
+    return Outcome(sha, "released", 0, tag=tag, record=record)
+
+
+def _record(
+    ctx: Context,
+    sha: str,
+    previous: str | None,
+    verdict: str,
+    built: BuildResult,
+    evidence: service.Evidence,
+    start: float,
+) -> dict[str, Any]:
+    record = rec.base_record(ctx.cfg, sha, previous, verdict)
+    record.update(
+        {
+            "stages": ctx.runner.as_list(),
+            "total_seconds": round(time.monotonic() - start, 3),
+            "startup_seconds": round(evidence.startup_seconds, 3),
+            "artifacts": dict(built.artifacts),
+            "build_log": built.log,
+            "launch": evidence.launch,
+            "service_manager": ctx.manager.name,
+            "service_pid": evidence.service_pid,
+            "provenance": evidence.provenance,
+            "gate": evidence.gate,
+        }
+    )
+    return record
+
+
+def _roll_back(
+    ctx: Context,
+    sha: str,
+    release_dir: Path,
+    built: BuildResult,
+    evidence: service.Evidence,
+    exc: ServegateError,
+    start: float,
+) -> Outcome:
+    reason = str(exc).splitlines()[0]
+    ctx.reporter.note(f"{exc.render()}\nrolling back …")
+    previous = ctx.state.current
+    record = _record(
+        ctx, sha, previous.sha if previous else None, "rolled_back", built, evidence, start
+    )
+    record["reason"] = str(exc)
+    rollback = restore_after_failure(ctx, failed_sha=sha)
+    record["rollback"] = rollback
+    record["stages"] = ctx.runner.as_list()
+    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
+    when = rec.now().isoformat(timespec="seconds")
+    ctx.state.history.append(
+        Entry(
+            sha,
+            str(release_dir),
+            "rolled_back",
+            when,
+            "",
+            reason,
+            evidence.startup_seconds,
+            dict(built.artifacts),
+        )
+    )
+    ctx.state.save()
+    outcome = Outcome(
+        sha,
+        "rolled_back",
+        exc.exit_code,
+        reason=reason,
+        record=record,
+        rollback=rollback,
+        stages=ctx.runner.as_list(),
+        seconds=time.monotonic() - start,
+    )
+    if not rollback["ok"]:
+        outcome.verdict = "failed"
+        outcome.exit_code = RollbackFailed.exit_code
+    return outcome

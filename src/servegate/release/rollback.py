@@ -1,0 +1,139 @@
+"""Putting an earlier release back: after a failed promote, or on request."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from servegate.engine.launch import placeholders
+from servegate.errors import NothingToDo, RollbackFailed, ServegateError
+from servegate.kernels.build import run_build
+from servegate.pipeline.lock import HostLock
+from servegate.release import record as rec
+from servegate.release import service
+from servegate.release.context import Context
+from servegate.release.state import Entry
+
+WHAT_TO_DO = (
+    "the service is NOT serving a verified release. Read the service log under "
+    "{root}/logs, then run `release rollback --to <good sha>` (see `release history`), "
+    "or start the last good release by hand"
+)
+
+
+def restore(ctx: Context, target: Entry) -> dict[str, Any]:
+    """Switch the service to ``target``, wait until healthy, verify provenance, smoke probe.
+
+    Returns the evidence; ``ok`` is False (with ``reason``) when any step failed.
+    """
+    start = time.monotonic()
+    runner = ctx.runner
+    evidence = service.Evidence()
+    try:
+        with runner.stage("rb switch") as st:
+            release_dir = ctx.deployer.restore(target.sha)
+            artifacts = dict(target.artifacts)
+            if ctx.deployer.rebuilds_on_restore:
+                places = placeholders(ctx.cfg, release_dir, target.sha)
+                artifacts = dict(
+                    run_build(
+                        ctx.cfg, release_dir, places, ctx.log_path(target.sha, "build")
+                    ).artifacts
+                )
+            service.switch(ctx, target.sha, release_dir, evidence)
+            st.detail = f"back to {target.sha[:12]}"
+        with runner.stage("rb healthy") as st:
+            service.healthy(ctx, evidence)
+            st.detail = f"start-up {evidence.startup_seconds:.1f}s"
+        with runner.stage("rb provenance"):
+            service.prove(ctx, target.sha, release_dir, artifacts, evidence)
+        with runner.stage("rb smoke"):
+            service.gate(ctx, target.sha, release_dir, evidence, smoke_only=True)
+    except ServegateError as exc:
+        return {
+            "ok": False,
+            "sha": target.sha,
+            "reason": str(exc),
+            "seconds": round(time.monotonic() - start, 3),
+        }
+    return {
+        "ok": True,
+        "sha": target.sha,
+        "release_dir": str(release_dir),
+        "startup_seconds": round(evidence.startup_seconds, 3),
+        "seconds": round(time.monotonic() - start, 3),
+        "provenance_ok": evidence.provenance.get("ok", False),
+        "gate": evidence.gate,
+    }
+
+
+def restore_after_failure(ctx: Context, failed_sha: str) -> dict[str, Any]:
+    target = ctx.state.current
+    if target is None or target.sha == failed_sha:
+        ctx.manager.stop()
+        reason = "no earlier release is recorded on this host; the service was stopped"
+        ctx.reporter.note(f"rollback: {reason}")
+        return {"ok": False, "sha": None, "reason": reason}
+    result = restore(ctx, target)
+    if result["ok"]:
+        ctx.reporter.note(f"rolled back: {target.sha[:12]} is serving again and verified")
+    else:
+        ctx.reporter.note(
+            f"ROLLBACK FAILED: {result['reason']}\n" + WHAT_TO_DO.format(root=ctx.cfg.host_root)
+        )
+    return result
+
+
+def pick_target(ctx: Context, to: str | None) -> Entry:
+    if to:
+        target = ctx.state.released(to)
+        if target is None:
+            raise NothingToDo(
+                f"{to} was never released on this host",
+                hint="`release history` lists the releases this host can go back to",
+            )
+        return target
+    if ctx.state.previous is None:
+        raise NothingToDo(
+            "there is no previous release to roll back to",
+            hint="`release history` lists releases; use --to SHA to pick one",
+        )
+    return ctx.state.previous
+
+
+def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
+    """``release rollback [--to SHA]``: make an earlier release live again, verified."""
+    with HostLock(ctx.lock_path, f"release rollback {to or ''}".strip()):
+        target = pick_target(ctx, to)
+        current = ctx.state.current
+        if current is not None and current.sha == target.sha:
+            raise NothingToDo(f"{target.sha[:12]} is already the live release")
+        with ctx.runner.stage("preflight"):
+            service.check_port_free(ctx)
+        result = restore(ctx, target)
+        if not result["ok"]:
+            raise RollbackFailed(result["reason"], hint=WHAT_TO_DO.format(root=ctx.cfg.host_root))
+        with ctx.runner.stage("record"):
+            record = rec.base_record(
+                ctx.cfg, target.sha, current.sha if current else None, "rollback"
+            )
+            record.update({"stages": ctx.runner.as_list(), "rollback": result})
+            record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
+            when = rec.now().isoformat(timespec="seconds")
+            entry = Entry(
+                target.sha,
+                result["release_dir"],
+                "rollback",
+                when,
+                target.tag,
+                f"requested (from {current.sha[:12] if current else 'nothing'})",
+                result["startup_seconds"],
+                dict(target.artifacts),
+            )
+            ctx.state.previous = current
+            ctx.state.current = entry
+            ctx.state.history.append(entry)
+            ctx.state.save()
+        result["record"] = record
+        result["stages"] = ctx.runner.as_list()
+        return result

@@ -1,0 +1,109 @@
+"""Bring a release up on the service and prove it: switch, healthy, provenance, gate."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servegate.engine import openai, ports, provenance
+from servegate.engine.health import wait_healthy
+from servegate.errors import GateFailed, PreflightFailed, ProvenanceMismatch
+from servegate.release.context import Context
+from servegate.release.gate import (
+    Decision,
+    GateCheck,
+    GateContext,
+    SmokeCheck,
+    Verdict,
+    build_checks,
+    run_gate,
+)
+
+
+@dataclass
+class Evidence:
+    """What bringing a release up measured and saw; goes into the record."""
+
+    startup_seconds: float = 0.0
+    provenance: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)
+    service_pid: int | None = None
+
+
+def service_pids(ctx: Context) -> set[int]:
+    pid = ctx.manager.main_pid()
+    return set(provenance.descendants(pid)) if pid else set()
+
+
+def check_port_free(ctx: Context) -> None:
+    """The port is free or held by our own service — never by a stranger."""
+    port = ctx.cfg.service.port
+    foreign = ports.listeners(port) - service_pids(ctx)
+    if foreign:
+        who = "; ".join(f"pid {p}: {ports.cmdline(p)[:120]}" for p in sorted(foreign))
+        raise PreflightFailed(
+            f"port {port} is already taken by a process that is not the service: {who}",
+            hint="stop that process, or set service.port to a free port; "
+            "the live service was not touched",
+        )
+
+
+def switch(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> None:
+    """Stop the old release and start ``release_dir`` in its place."""
+    spec = ctx.spec(release_dir, sha)
+    evidence.launch = spec.redacted()
+    ctx.manager.stop()
+    ctx.deployer.activate(release_dir)
+    ctx.manager.install(spec)
+    ctx.manager.start()
+
+
+def healthy(ctx: Context, evidence: Evidence) -> None:
+    evidence.startup_seconds = wait_healthy(
+        ctx.manager, ctx.endpoint, ctx.cfg.service.startup_timeout, ctx.reporter
+    )
+
+
+def prove(
+    ctx: Context, sha: str, release_dir: Path, artifacts: Mapping[str, str], evidence: Evidence
+) -> provenance.Report:
+    exp = ctx.expectation(ctx.spec(release_dir, sha), artifacts)
+    pid = ctx.manager.main_pid()
+    evidence.service_pid = pid
+    report = provenance.verify(pid, exp)
+    evidence.provenance = report.as_dict()
+    if not report.ok:
+        raise ProvenanceMismatch(
+            f"the live service does not run {release_dir}:\n{report.explain()}",
+            hint="the release's launcher or environment points elsewhere; fix it on the branch",
+        )
+    return report
+
+
+def gate(
+    ctx: Context, sha: str, release_dir: Path, evidence: Evidence, smoke_only: bool = False
+) -> Decision:
+    """The configured gate checks; after a rollback only the smoke probe."""
+    model = ctx.cfg.service.model or openai.first_model(ctx.endpoint)
+    gctx = GateContext(
+        cfg=ctx.cfg,
+        endpoint=ctx.endpoint,
+        model=model,
+        sha=sha,
+        release_dir=release_dir,
+        previous_record=None,
+        service_log=ctx.manager.log_tail,
+    )
+    selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
+    decision = run_gate(selected, gctx)
+    evidence.gate = decision.as_dict()
+    if decision.verdict is not Verdict.PASS:
+        lines = "\n".join(f"  - {r.name}: {r.verdict} — {r.reason}" for r in decision.failures)
+        raise GateFailed(
+            f"gate verdict {decision.verdict}:\n{lines}",
+            hint="the record holds each check's evidence; fix the release and promote again",
+        )
+    return decision

@@ -1,0 +1,1 @@
+"""Self-hosted CI runners on the serving box: provisioning and job hooks."""
