@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -16,12 +16,18 @@ from servegate.pipeline.stages import ConsoleReporter, QuietReporter, Reporter
 SCHEMA = 1
 
 
+def _console(stream: TextIO) -> Console:
+    """Tables keep their shape in logs and CI: 120 columns where there is no terminal."""
+    width = None if stream.isatty() else 120
+    return Console(file=stream, highlight=False, width=width)
+
+
 @dataclass
 class Output:
     json_mode: bool
     command: str
-    console: Console = field(default_factory=lambda: Console(highlight=False))
-    err: Console = field(default_factory=lambda: Console(stderr=True, highlight=False))
+    console: Console = field(default_factory=lambda: _console(sys.stdout))
+    err: Console = field(default_factory=lambda: _console(sys.stderr))
 
     def reporter(self) -> Reporter:
         return QuietReporter() if self.json_mode else ConsoleReporter(self.err)

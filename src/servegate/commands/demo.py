@@ -15,9 +15,9 @@ from servegate.release.context import Context
 from servegate.release.promote import Outcome, promote
 
 STEPS = (
-    ("promote a good commit", scenario.good_first, "released"),
-    ("promote a second good commit", scenario.good_second, "released"),
-    ("promote a bad commit", scenario.bad_shared_kernels, "rolled_back"),
+    ("good #1", scenario.good_first, "released"),
+    ("good #2", scenario.good_second, "released"),
+    ("bad", scenario.bad_shared_kernels, "rolled_back"),
 )
 
 
@@ -53,7 +53,7 @@ def run(out: Output, workdir: Path, keep_running: bool) -> int:
     try:
         for step, make_commit, expected in STEPS:
             sha = make_commit(sb)
-            reporter.note(f"\n== {step}: release promote {sha[:12]}")
+            reporter.note(f"\n== {step}: release promote {sha}")
             ctx = Context.create(cfg, reporter, environ)
             outcome = promote(ctx, sha)
             rows.append(_row(step, outcome, ctx.deployer.repo.subject(sha)))

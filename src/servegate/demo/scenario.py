@@ -19,6 +19,12 @@ def shared_copy(path: Path) -> Path:
 if __name__ == "__main__":'''
 
 
+GRID_OLD = """  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += a * x[i];"""
+GRID_NEW = """  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    y[i] += a * x[i];"""
+
+
 def good_first(sb: Sandbox) -> str:
     return commit(sb, "demo stack: gfx1030 kernels v1 and the vLLM launcher")
 
@@ -26,14 +32,10 @@ def good_first(sb: Sandbox) -> str:
 def good_second(sb: Sandbox) -> str:
     return commit(
         sb,
-        "kernels v2: unroll scale_add",
+        "kernels v2: grid-stride scale_add",
         [
             ("demo_stack/__init__.py", "KERNELS_VERSION = 1", "KERNELS_VERSION = 2"),
-            (
-                "kernels/demo_kernels.hip",
-                "  int i = blockIdx",
-                "#pragma unroll\n  int i = blockIdx",
-            ),
+            ("kernels/demo_kernels.hip", GRID_OLD, GRID_NEW),
         ],
     )
 

@@ -9,7 +9,6 @@ configured Python packages. Any difference is a finding with expected and found.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 from collections.abc import Mapping
@@ -56,6 +55,9 @@ class ProcInfo:
     exe: str
     environ: Mapping[str, str]
     mapped: tuple[Mapped, ...]
+    #: False when the process overwrote its environment block, as setproctitle does to
+    #: make room for a title like "VLLM::EngineCore"; /proc/PID/environ is then blank
+    environ_readable: bool = True
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,11 @@ class Report:
             "findings": [f.as_dict() for f in self.findings],
         }
 
-    def explain(self) -> str:
-        return "\n".join(f"  - {f.line()}" for f in self.findings)
+    def explain(self, limit: int = 8) -> str:
+        lines = [f"  - {f.line()}" for f in self.findings[:limit]]
+        if len(self.findings) > limit:
+            lines.append(f"  … and {len(self.findings) - limit} more (see the record)")
+        return "\n".join(lines)
 
 
 # -- reading /proc ----------------------------------------------------------------
@@ -163,11 +168,10 @@ def read_process(pid: int) -> ProcInfo | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         raw_env = Path(f"/proc/{pid}/environ").read_bytes()
-        environ = dict(
-            part.decode(errors="replace").split("=", 1)
-            for part in raw_env.split(b"\0")
-            if b"=" in part
-        )
+        parts = raw_env.removesuffix(b"\0").split(b"\0")
+        environ = dict(p.decode(errors="replace").split("=", 1) for p in parts if b"=" in p)
+        # an intact block is NAME=value entries only; a rewritten title leaves NUL runs
+        readable = bool(raw_env) and all(b"=" in p for p in parts)
         return ProcInfo(
             pid=pid,
             ppid=int(stat.rsplit(")", 1)[1].split()[1]),
@@ -176,6 +180,7 @@ def read_process(pid: int) -> ProcInfo | None:
             exe=os.readlink(f"/proc/{pid}/exe"),
             environ=environ,
             mapped=_maps(pid),
+            environ_readable=readable,
         )
     except (FileNotFoundError, ProcessLookupError):
         return None  # it ended while we looked
@@ -199,7 +204,7 @@ def _inside(path: str, directory: Path) -> bool:
 # -- the checks -----------------------------------------------------------------------
 
 
-def _check_process(info: ProcInfo, exp: Expectation, report: Report) -> None:
+def _check_process(info: ProcInfo, main_pid: int, exp: Expectation, report: Report) -> None:
     def bad(check: str, expected: str, found: str) -> None:
         report.findings.append(Finding(check, expected, found, info.pid))
 
@@ -208,14 +213,30 @@ def _check_process(info: ProcInfo, exp: Expectation, report: Report) -> None:
     want_exe = os.path.realpath(exp.interpreter)
     if os.path.realpath(info.exe) != want_exe:
         bad("executable", f"{exp.interpreter} (→ {want_exe})", info.exe)
+    if not info.environ_readable:
+        if info.pid == main_pid:
+            bad("environment", "readable in /proc/PID/environ", "blank (overwritten)")
+        return _check_mapped_releases(info, exp, report)
     for key, value in exp.env.items():
         found = info.environ.get(key)
         if found != value:
             bad(f"environment {key}", value, "<unset>" if found is None else found)
-    if exp.releases_root is not None:
-        for m in info.mapped:
-            if _inside(m.path, exp.releases_root) and not _inside(m.path, exp.release_dir):
-                bad("mapped file from another release", f"inside {exp.release_dir}", m.path)
+    _check_mapped_releases(info, exp, report)
+
+
+def _check_mapped_releases(info: ProcInfo, exp: Expectation, report: Report) -> None:
+    if exp.releases_root is None:
+        return
+    for m in info.mapped:
+        if _inside(m.path, exp.releases_root) and not _inside(m.path, exp.release_dir):
+            report.findings.append(
+                Finding(
+                    "mapped file from another release",
+                    f"inside {exp.release_dir}",
+                    m.path,
+                    info.pid,
+                )
+            )
 
 
 def _check_extensions(infos: list[ProcInfo], exp: Expectation, report: Report) -> None:
@@ -227,12 +248,10 @@ def _check_extensions(infos: list[ProcInfo], exp: Expectation, report: Report) -
                     f"extension {pattern}", f"a built file in {exp.release_dir}", "no such file"
                 )
             )
-        name_glob = Path(pattern).name
+        names = {f.name for f in files}
         for info in infos:
             for m in info.mapped:
-                if fnmatch.fnmatch(Path(m.path).name, name_glob) and not _inside(
-                    m.path, exp.release_dir
-                ):
+                if Path(m.path).name in names and not _inside(m.path, exp.release_dir):
                     report.findings.append(
                         Finding(
                             f"extension {Path(m.path).name} mapped from outside the release",
@@ -323,10 +342,14 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
                 "cmdline": info.cmdline[:300],
                 "cwd": info.cwd,
                 "exe": info.exe,
-                "env": {k: info.environ.get(k) for k in exp.env},
+                "env": (
+                    {k: info.environ.get(k) for k in exp.env}
+                    if info.environ_readable
+                    else "unreadable: the process rewrote its title over it"
+                ),
             }
         )
-        _check_process(info, exp, report)
+        _check_process(info, main_pid, exp, report)
     _check_extensions(infos, exp, report)
     _check_modules(infos[0], exp, report)
     if exp.port is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,8 +132,11 @@ class StackRepo:
             self.repo.git.tag("-a", "-f", name, sha, "-m", message)
 
     def append_note(self, sha: str, text: str, identity: Identity) -> None:
-        with _git_errors("notes append"), self.repo.git.custom_environment(**identity.env):
-            self.repo.git.notes("--ref", NOTES_REF, "append", "-m", text, sha)
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
+            handle.write(text)
+            handle.flush()
+            with _git_errors("notes append"), self.repo.git.custom_environment(**identity.env):
+                self.repo.git.notes("--ref", NOTES_REF, "append", "-F", handle.name, sha)
 
     def notes(self, sha: str) -> str:
         try:

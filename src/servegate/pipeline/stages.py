@@ -89,11 +89,11 @@ class ConsoleReporter:
         now = time.monotonic()
         if now - self._last_plain >= 10:
             self._last_plain = now
-            self.console.print(f"{self.prefix}  … {text}", markup=False)
+            self.console.print(f"{self.prefix}  … {text}", markup=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
         self._clear()
-        self.console.print(f"{self.prefix}{text}", markup=False)
+        self.console.print(f"{self.prefix}{text}", markup=False, soft_wrap=True)
 
     def _clear(self) -> None:
         if self._status is not None:

@@ -76,8 +76,10 @@ def prove(
     report = provenance.verify(pid, exp)
     evidence.provenance = report.as_dict()
     if not report.ok:
+        first = report.findings[0].check
+        more = f" (+{len(report.findings) - 1} more)" if len(report.findings) > 1 else ""
         raise ProvenanceMismatch(
-            f"the live service does not run {release_dir}:\n{report.explain()}",
+            f"{first}{more}: the live service does not run {release_dir}\n{report.explain()}",
             hint="the release's launcher or environment points elsewhere; fix it on the branch",
         )
     return report
