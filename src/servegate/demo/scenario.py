@@ -21,8 +21,8 @@ if __name__ == "__main__":'''
 
 GRID_OLD = """  int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] += a * x[i];"""
-GRID_NEW = """  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    y[i] += a * x[i];"""
+GRID_NEW = """  int stride = gridDim.x * blockDim.x;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] += a * x[i];"""
 
 
 def good_first(sb: Sandbox) -> str:

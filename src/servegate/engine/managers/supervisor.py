@@ -28,7 +28,11 @@ class _UnixConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(30)
-        sock.connect(self.path)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
         self.sock = sock
 
 
@@ -38,7 +42,9 @@ class _UnixTransport(xmlrpc.client.Transport):
         self.path = path
 
     def make_connection(self, host: Any) -> http.client.HTTPConnection:
-        return _UnixConnection(self.path)
+        conn = _UnixConnection(self.path)
+        self._connection = (host, conn)  # so that close() closes it
+        return conn
 
 
 def _escape(value: str) -> str:
@@ -70,14 +76,15 @@ class Supervisor:
         self._log_offset = 0
 
     # -- supervisord itself -------------------------------------------------
-    def _rpc(self) -> Any:
-        return xmlrpc.client.ServerProxy(
-            "http://localhost", transport=_UnixTransport(str(self.socket))
-        )
+    def _call(self, method: str, *args: Any) -> Any:
+        """One XML-RPC call on supervisord's unix socket (``supervisor.<method>``)."""
+        transport = _UnixTransport(str(self.socket))
+        with xmlrpc.client.ServerProxy("http://localhost", transport=transport) as rpc:
+            return getattr(rpc.supervisor, method)(*args)
 
     def _running(self) -> bool:
         try:
-            return bool(self._rpc().supervisor.getState()["statename"] == "RUNNING")
+            return bool(self._call("getState")["statename"] == "RUNNING")
         except (OSError, xmlrpc.client.Error):
             return False
 
@@ -123,7 +130,7 @@ class Supervisor:
 
     def shutdown_daemon(self) -> None:
         if self._running():
-            self._rpc().supervisor.shutdown()
+            self._call("shutdown")
             deadline = time.monotonic() + 30
             while self.socket.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -158,24 +165,23 @@ class Supervisor:
         return self.program_conf
 
     def _reload(self) -> None:
-        rpc = self._rpc()
-        added, changed, removed = rpc.supervisor.reloadConfig()[0]
+        added, changed, removed = self._call("reloadConfig")[0]
         for group in changed + removed:
             self._stop_quietly(group)
-            rpc.supervisor.removeProcessGroup(group)
+            self._call("removeProcessGroup", group)
         for group in added + changed:
-            rpc.supervisor.addProcessGroup(group)
+            self._call("addProcessGroup", group)
 
     def _stop_quietly(self, name: str) -> None:
         try:
-            self._rpc().supervisor.stopProcess(name, True)
+            self._call("stopProcess", name, True)
         except xmlrpc.client.Fault as fault:
             if "NOT_RUNNING" not in fault.faultString and "BAD_NAME" not in fault.faultString:
                 raise
 
     def _info(self) -> dict[str, Any] | None:
         try:
-            return cast(dict[str, Any], self._rpc().supervisor.getProcessInfo(self.unit))
+            return cast(dict[str, Any], self._call("getProcessInfo", self.unit))
         except xmlrpc.client.Fault:
             return None
         except OSError:
@@ -186,7 +192,7 @@ class Supervisor:
         self._restarts = 0
         self._log_offset = self.log.stat().st_size if self.log.exists() else 0
         try:
-            self._rpc().supervisor.startProcess(self.unit, False)
+            self._call("startProcess", self.unit, False)
         except xmlrpc.client.Fault as fault:
             if "ALREADY_STARTED" not in fault.faultString:
                 raise ServiceFailed(
@@ -210,8 +216,10 @@ class Supervisor:
                 self._restarts += 1
                 self._first_pid = pid
         exited = name in EXITED_STATES
-        status = int(info["exitstatus"]) if exited else None
-        return ServiceState(name, pid, exited, status, self._restarts, name == "FATAL")
+        # supervisord keeps no exit status for a start that ended too quickly (BACKOFF)
+        status = int(info["exitstatus"]) if name == "EXITED" else None
+        raw = f"{name}: {info['spawnerr']}" if info.get("spawnerr") else name
+        return ServiceState(raw, pid, exited, status, self._restarts, name == "FATAL")
 
     def main_pid(self) -> int | None:
         info = self._info()

@@ -1,0 +1,171 @@
+"""Fixtures: real git repositories, a real supervisord, a small real server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servegate import config as config_mod
+from servegate.config import Config
+from servegate.demo.sandbox import free_port
+from servegate.engine.managers.supervisor import Supervisor
+from servegate.pipeline.git import Identity, commit_all, init_repo, push_branch
+from servegate.pipeline.stages import QuietReporter
+from servegate.release.context import Context
+
+STACK_TEMPLATE = Path(__file__).parent / "stack"
+REAL_HOME = Path.home()
+DEV = Identity("Test Developer", "dev@test.invalid")
+
+
+@pytest.fixture(autouse=True)
+def no_writes_to_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Tripwire: HOME and XDG dirs point into a temp dir, so a stray write to the real
+    home (or a real systemd user unit) cannot happen."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    return home
+
+
+@dataclass
+class Stack:
+    """A stack repository: a work clone whose commits are pushed to a bare origin."""
+
+    origin: Path
+    work: Path
+
+    def commit(self, mode: str = "ok", message: str = "", branch: str = "main") -> str:
+        (self.work / "mode").write_text(mode + "\n")
+        log = self.work / "history.txt"
+        log.write_text((log.read_text() if log.exists() else "") + f"{mode} {message}\n")
+        sha = commit_all(self.work, message or f"mode {mode}", DEV)
+        push_branch(self.work, branch)
+        return sha
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Stack:
+    origin = tmp_path / "origin.git"
+    work = tmp_path / "work"
+    init_repo(origin, bare=True)
+    init_repo(work).create_remote("origin", str(origin))
+    shutil.copytree(STACK_TEMPLATE, work, dirs_exist_ok=True)
+    return Stack(origin, work)
+
+
+def config_text(stack: Stack, root: Path, port: int, strategy: str = "worktree") -> str:
+    return f"""
+[stack]
+remote = "{stack.origin}"
+branch = "main"
+
+[host]
+root = "{root}"
+strategy = "{strategy}"
+keep_releases = 3
+
+[build]
+command = ["bash", "build.sh"]
+artifacts = ["build/*.so"]
+timeout = 60
+
+[service]
+manager = "supervisor"
+unit = "tiny"
+port = {port}
+startup_timeout = 8
+stop_timeout = 10
+command = ["{sys.executable}", "-m", "tinystack.server", "--port", "{{port}}"]
+
+[service.env]
+PYTHONPATH = "{{release}}"
+TINY_SECRET_TOKEN = "hunter2"
+
+[provenance]
+env = ["PYTHONPATH"]
+extensions = ["build/*.so"]
+modules = ["tinystack"]
+
+[release]
+identity_email = "servegate@test.invalid"
+"""
+
+
+@dataclass
+class Host:
+    cfg: Config
+    path: Path
+
+    def context(self) -> Context:
+        return Context.create(self.cfg, QuietReporter(), {})
+
+    def live_root(self) -> str:
+        """The checkout the server answering on the port runs from."""
+        url = f"http://127.0.0.1:{self.cfg.service.port}/v1/models"
+        return str(httpx.get(url, timeout=5).json()["data"][0]["root"])
+
+    def release_dir(self, sha: str) -> str:
+        if self.cfg.host.strategy == "in-place":
+            return str(self.cfg.host_root / "checkout")
+        return str(self.cfg.host_root / "releases" / sha)
+
+
+def make_host(tmp_path: Path, stack: Stack, strategy: str = "worktree") -> Host:
+    path = tmp_path / f"servegate-{strategy}.toml"
+    path.write_text(config_text(stack, tmp_path / f"host-{strategy}", free_port(), strategy))
+    return Host(config_mod.load(path, {}), path)
+
+
+@pytest.fixture
+def host(tmp_path: Path, stack: Stack) -> Iterator[Host]:
+    h = make_host(tmp_path, stack)
+    yield h
+    Supervisor(h.cfg).shutdown_daemon()
+
+
+@pytest.fixture
+def inplace_host(tmp_path: Path, stack: Stack) -> Iterator[Host]:
+    h = make_host(tmp_path, stack, "in-place")
+    yield h
+    Supervisor(h.cfg).shutdown_daemon()
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from servegate.pipeline.lock import HostLock
+with HostLock(Path(sys.argv[1]), "release promote other"):
+    print("locked", flush=True)
+    time.sleep(120)
+"""
+
+
+@contextmanager
+def hold_lock(path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another real process holding the host lock, as a concurrent promote would."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()

@@ -1,0 +1,221 @@
+"""promote against a real supervisord and a small real server, with real git."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import git
+import pytest
+
+from servegate.cli import release_main
+from servegate.errors import GitRefusal, LockHeld
+from servegate.release.promote import promote
+from servegate.release.rollback import rollback
+from servegate.release.state import HostState
+from tests.conftest import Host, Stack, hold_lock
+
+
+def released(host: Host, stack: Stack, mode: str = "ok") -> str:
+    sha = stack.commit(mode)
+    outcome = promote(host.context(), sha)
+    assert outcome.verdict == "released", outcome.reason
+    return sha
+
+
+def assert_serving(host: Host, sha: str) -> None:
+    """The live server runs ``sha``'s checkout, and its provenance holds."""
+    assert host.live_root() == host.release_dir(sha)
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+
+
+def test_promote_deploys_records_and_proves(host: Host, stack: Stack) -> None:
+    sha = stack.commit()
+    outcome = promote(host.context(), sha)
+    assert outcome.verdict == "released", outcome.reason
+    assert outcome.exit_code == 0
+    assert_serving(host, sha)
+    # current symlink, state file, tag and note pushed to the remote
+    assert (host.cfg.host_root / "current").resolve() == host.cfg.host_root / "releases" / sha
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.current is not None and state.current.sha == sha
+    origin = git.Repo(stack.origin)
+    assert [t.name for t in origin.tags] == [outcome.tag]
+    assert origin.tags[0].commit.hexsha == sha
+    note = json.loads(origin.git.notes("--ref", "refs/notes/servegate", "show", sha))
+    assert note["verdict"] == "released" and note["sha"] == sha
+    assert note["artifacts"] == {"build/libtiny.so": state.current.artifacts["build/libtiny.so"]}
+    assert note["launch"]["env"]["TINY_SECRET_TOKEN"] == "<redacted>"
+    assert "hunter2" not in json.dumps(note)
+    mapped = note["provenance"]["extensions"]
+    assert mapped and all(m["sha256"] == m["expected_sha256"] for m in mapped)
+    assert {s["name"] for s in note["stages"]} >= {
+        "preflight",
+        "fetch",
+        "build",
+        "switch",
+        "healthy",
+        "provenance",
+        "gate",
+    }
+
+
+def test_second_promote_then_rollback_on_demand(host: Host, stack: Stack) -> None:
+    first = released(host, stack)
+    second = released(host, stack)
+    assert_serving(host, second)
+    result = rollback(host.context(), None)
+    assert result["ok"] and result["sha"] == first
+    assert_serving(host, first)
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.current is not None and state.current.sha == first
+    assert state.previous is not None and state.previous.sha == second
+    assert release_main(["rollback", "--to", second[:10], "--config", str(host.path)]) == 0
+    assert_serving(host, second)
+
+
+@pytest.mark.parametrize(
+    ("mode", "code", "words"),
+    [
+        ("exit", 7, "fatal: refusing to start"),
+        ("never-healthy", 7, "not healthy within"),
+        ("crash-loop", 7, "the service"),
+        ("env-elsewhere", 8, "environment PYTHONPATH"),
+        ("foreign-so", 8, "mapped from outside the release"),
+        ("empty-answer", 9, "smoke"),
+    ],
+)
+def test_failure_after_switch_rolls_back(
+    host: Host, stack: Stack, mode: str, code: int, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    bad = stack.commit(mode)
+    assert release_main(["promote", bad, "--config", str(host.path), "--json"]) == code
+    doc = json.loads(capsys.readouterr().out)
+    result = doc["result"]
+    assert doc["exit_code"] == code and result["verdict"] == "rolled_back"
+    assert words in result["reason"] + result["record"]["reason"]
+    assert result["rollback"]["ok"] and result["rollback"]["sha"] == good
+    assert_serving(host, good)
+    note = git.Repo(stack.origin).git.notes("--ref", "refs/notes/servegate", "show", bad)
+    assert json.loads(note)["verdict"] == "rolled_back"
+    assert all(t.commit.hexsha != bad for t in git.Repo(stack.origin).tags)
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.current is not None and state.current.sha == good
+    assert state.history[-1].verdict == "rolled_back"
+
+
+def test_failing_build_leaves_live_service_untouched(host: Host, stack: Stack) -> None:
+    good = released(host, stack)
+    pid = host.context().manager.main_pid()
+    bad = stack.commit("build-fail")
+    assert release_main(["promote", bad, "--config", str(host.path)]) == 5
+    assert host.context().manager.main_pid() == pid
+    assert_serving(host, good)
+
+
+def test_unknown_sha_is_refused(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    assert release_main(["promote", "0123456789abcdef0123", "--config", str(host.path)]) == 3
+    assert "does not exist" in capsys.readouterr().err
+    assert release_main(["promote", "not-a-sha", "--config", str(host.path)]) == 3
+    assert_serving(host, good)
+
+
+def test_sha_not_on_branch_is_refused(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    work = git.Repo(stack.work)
+    work.git.switch("-c", "feature")
+    other = stack.commit("ok", branch="feature")
+    assert release_main(["promote", other, "--config", str(host.path)]) == 3
+    assert "is not on branch 'main'" in capsys.readouterr().err
+    assert_serving(host, good)
+
+
+def test_non_fast_forward_needs_permission(host: Host, stack: Stack) -> None:
+    first = released(host, stack)
+    second = released(host, stack)
+    with pytest.raises(GitRefusal, match="not a fast-forward"):
+        promote(host.context(), first)
+    assert_serving(host, second)
+    outcome = promote(host.context(), first, allow_non_ff=True)
+    assert outcome.verdict == "released"
+    assert_serving(host, first)
+
+
+def test_port_taken_by_another_process(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    host.context().manager.stop()
+    intruder = subprocess.Popen(
+        ["python3", "-m", "http.server", "--bind", "127.0.0.1", str(host.cfg.service.port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(50):
+            if host.context() and _listening(host.cfg.service.port):
+                break
+            subprocess.run(["sleep", "0.1"], check=True)
+        assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 6
+        assert f"pid {intruder.pid}" in capsys.readouterr().err
+    finally:
+        intruder.terminate()
+        intruder.wait()
+    assert HostState.load(host.cfg.host_root / "state.json").current.sha == good  # type: ignore[union-attr]
+
+
+def _listening(port: int) -> bool:
+    from servegate.engine.ports import port_in_use
+
+    return port_in_use(port)
+
+
+def test_concurrent_promote_fails_at_once(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    sha = stack.commit()
+    with hold_lock(host.cfg.host_root / "servegate.lock") as holder:
+        with pytest.raises(LockHeld, match=f"pid {holder.pid}"):
+            promote(host.context(), sha)
+        assert release_main(["promote", sha, "--config", str(host.path)]) == 4
+        err = capsys.readouterr().err
+        assert "host busy" in err and "release promote other" in err
+    assert_serving(host, good)
+
+
+def test_in_place_follows_the_seed_steps(inplace_host: Host, stack: Stack) -> None:
+    host = inplace_host
+    first = released(host, stack)
+    assert_serving(host, first)
+    second = released(host, stack)
+    assert_serving(host, second)
+    checkout = host.cfg.host_root / "checkout"
+    assert git.Repo(checkout).head.commit.hexsha == second
+    assert git.Repo(checkout).active_branch.name == "main"
+
+
+def test_in_place_refuses_a_dirty_checkout(
+    inplace_host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = inplace_host
+    good = released(host, stack)
+    (host.cfg.host_root / "checkout" / "tiny.c").write_text("/* edited on the box */\n")
+    assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 3
+    err = capsys.readouterr().err
+    assert "uncommitted changes" in err and "tiny.c" in err
+    assert_serving(host, good)
+
+
+def test_in_place_rollback_after_failure(inplace_host: Host, stack: Stack) -> None:
+    host = inplace_host
+    good = released(host, stack)
+    outcome = promote(host.context(), stack.commit("exit"))
+    assert outcome.verdict == "rolled_back" and outcome.exit_code == 7
+    assert_serving(host, good)

@@ -1,0 +1,86 @@
+"""A small real OpenAI-compatible server for servegate's tests.
+
+It maps the stack's ``build/libtiny.so`` and answers /health, /v1/models and
+/v1/chat/completions. The committed ``mode`` file makes a commit misbehave the way a
+broken release does.
+"""
+
+import ctypes
+import http.server
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODE_FILE = ROOT / "mode"
+MODE = MODE_FILE.read_text().strip() if MODE_FILE.exists() else "ok"
+
+
+def library() -> Path:
+    lib = ROOT / "build" / "libtiny.so"
+    if MODE == "foreign-so":
+        copy = Path(tempfile.mkdtemp(prefix="tiny-cache-")) / lib.name
+        shutil.copy2(lib, copy)
+        return copy
+    return lib
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _send(self, code: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._send(503 if MODE == "never-healthy" else 200, {})
+        elif self.path == "/v1/models":
+            self._send(200, {"data": [{"id": "tiny", "root": str(ROOT)}]})
+        else:
+            self._send(404, {})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", "0"))
+        json.loads(self.rfile.read(length) or b"{}")
+        text = "" if MODE == "empty-answer" else "hello from tiny"
+        self._send(
+            200,
+            {
+                "choices": [{"message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+            },
+        )
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        print("tiny:", fmt % args, flush=True)
+
+
+def main() -> None:
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    print(f"tiny: mode {MODE}, root {ROOT}", flush=True)
+    if MODE == "exit":
+        print("tiny: fatal: refusing to start", flush=True)
+        sys.exit(3)
+    if MODE == "crash-loop":
+        time.sleep(1.5)
+        print("tiny: crashed after start", flush=True)
+        sys.exit(4)
+    if MODE == "env-elsewhere" and os.environ.get("PYTHONPATH") != "/tmp":
+        env = dict(os.environ, PYTHONPATH="/tmp")
+        os.execve(sys.executable, [sys.executable, "-m", "tinystack.server", *sys.argv[1:]], env)
+    lib = ctypes.CDLL(str(library()))
+    assert lib.tiny_version() == 7
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    print(f"tiny: listening on {port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
