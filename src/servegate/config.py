@@ -92,7 +92,6 @@ class Provenance:
 
 @dataclass(frozen=True)
 class Probes:
-    smoke: bool = True
     smoke_prompt: str = "Say hello in one short sentence."
     smoke_max_tokens: int = 16
     timeout: float = 120.0

@@ -38,17 +38,20 @@ def test_promote_deploys_records_and_proves(host: Host, stack: Stack) -> None:
     # current symlink, state file, tag and note pushed to the remote
     assert (host.cfg.host_root / "current").resolve() == host.cfg.host_root / "releases" / sha
     state = HostState.load(host.cfg.host_root / "state.json")
-    assert state.current is not None and state.current.sha == sha
+    assert state.current is not None
+    assert state.current.sha == sha
     origin = git.Repo(stack.origin)
     assert [t.name for t in origin.tags] == [outcome.tag]
     assert origin.tags[0].commit.hexsha == sha
     note = json.loads(origin.git.notes("--ref", "refs/notes/servegate", "show", sha))
-    assert note["verdict"] == "released" and note["sha"] == sha
+    assert note["verdict"] == "released"
+    assert note["sha"] == sha
     assert note["artifacts"] == {"build/libtiny.so": state.current.artifacts["build/libtiny.so"]}
     assert note["launch"]["env"]["TINY_SECRET_TOKEN"] == "<redacted>"
     assert "hunter2" not in json.dumps(note)
     mapped = note["provenance"]["extensions"]
-    assert mapped and all(m["sha256"] == m["expected_sha256"] for m in mapped)
+    assert mapped
+    assert all(m["sha256"] == m["expected_sha256"] for m in mapped)
     assert {s["name"] for s in note["stages"]} >= {
         "preflight",
         "fetch",
@@ -65,11 +68,14 @@ def test_second_promote_then_rollback_on_demand(host: Host, stack: Stack) -> Non
     second = released(host, stack)
     assert_serving(host, second)
     result = rollback(host.context(), None)
-    assert result["ok"] and result["sha"] == first
+    assert result["ok"]
+    assert result["sha"] == first
     assert_serving(host, first)
     state = HostState.load(host.cfg.host_root / "state.json")
-    assert state.current is not None and state.current.sha == first
-    assert state.previous is not None and state.previous.sha == second
+    assert state.current is not None
+    assert state.current.sha == first
+    assert state.previous is not None
+    assert state.previous.sha == second
     assert release_main(["rollback", "--to", second[:10], "--config", str(host.path)]) == 0
     assert_serving(host, second)
 
@@ -93,15 +99,18 @@ def test_failure_after_switch_rolls_back(
     assert release_main(["promote", bad, "--config", str(host.path), "--json"]) == code
     doc = json.loads(capsys.readouterr().out)
     result = doc["result"]
-    assert doc["exit_code"] == code and result["verdict"] == "rolled_back"
+    assert doc["exit_code"] == code
+    assert result["verdict"] == "rolled_back"
     assert words in result["reason"] + result["record"]["reason"]
-    assert result["rollback"]["ok"] and result["rollback"]["sha"] == good
+    assert result["rollback"]["ok"]
+    assert result["rollback"]["sha"] == good
     assert_serving(host, good)
     note = git.Repo(stack.origin).git.notes("--ref", "refs/notes/servegate", "show", bad)
     assert json.loads(note)["verdict"] == "rolled_back"
     assert all(t.commit.hexsha != bad for t in git.Repo(stack.origin).tags)
     state = HostState.load(host.cfg.host_root / "state.json")
-    assert state.current is not None and state.current.sha == good
+    assert state.current is not None
+    assert state.current.sha == good
     assert state.history[-1].verdict == "rolled_back"
 
 
@@ -186,7 +195,8 @@ def test_concurrent_promote_fails_at_once(
             promote(host.context(), sha)
         assert release_main(["promote", sha, "--config", str(host.path)]) == 4
         err = capsys.readouterr().err
-        assert "host busy" in err and "release promote other" in err
+        assert "host busy" in err
+        assert "release promote other" in err
     assert_serving(host, good)
 
 
@@ -209,7 +219,8 @@ def test_in_place_refuses_a_dirty_checkout(
     (host.cfg.host_root / "checkout" / "tiny.c").write_text("/* edited on the box */\n")
     assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 3
     err = capsys.readouterr().err
-    assert "uncommitted changes" in err and "tiny.c" in err
+    assert "uncommitted changes" in err
+    assert "tiny.c" in err
     assert_serving(host, good)
 
 
@@ -217,5 +228,6 @@ def test_in_place_rollback_after_failure(inplace_host: Host, stack: Stack) -> No
     host = inplace_host
     good = released(host, stack)
     outcome = promote(host.context(), stack.commit("exit"))
-    assert outcome.verdict == "rolled_back" and outcome.exit_code == 7
+    assert outcome.verdict == "rolled_back"
+    assert outcome.exit_code == 7
     assert_serving(host, good)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.client
+import os
 import socket
 import sys
+import tempfile
 import time
 import xmlrpc.client
 from pathlib import Path
@@ -60,6 +63,16 @@ def _env_line(env: dict[str, str]) -> str:
     return ",".join(items)
 
 
+def socket_path(directory: Path) -> Path:
+    """``<dir>/supervisor.sock``, or — when that is longer than a unix socket path may be
+    (108 bytes) — a short path in the temp dir derived from the directory."""
+    natural = directory / "supervisor.sock"
+    if len(str(natural)) < 100:
+        return natural
+    digest = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"servegate-{os.getuid()}-{digest}.sock"
+
+
 class Supervisor:
     name = "supervisor"
 
@@ -68,7 +81,7 @@ class Supervisor:
         self.unit = cfg.service.unit
         self.dir = cfg.host_root / "supervisor"
         self.conf = self.dir / "supervisord.conf"
-        self.socket = self.dir / "supervisor.sock"
+        self.socket = socket_path(self.dir)
         self.program_conf = self.dir / "programs" / f"{self.unit}.conf"
         self.log = cfg.host_root / "logs" / f"{self.unit}.log"
         self._first_pid: int | None = None

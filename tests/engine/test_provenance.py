@@ -1,0 +1,164 @@
+"""Provenance read from /proc of real processes that map a real shared library."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servegate.engine.provenance import Expectation, descendants, verify
+from servegate.pipeline.hashing import sha256_file
+
+LOADER = """
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(sys.argv[1])
+child = subprocess.Popen([sys.executable, "-c", "import ctypes, sys, time; ctypes.CDLL(sys.argv[1]); time.sleep(60)", sys.argv[1]])
+while os.path.basename(sys.argv[1]) not in open(f"/proc/{child.pid}/maps").read():
+    time.sleep(0.05)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def build_lib(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    src = directory / "k.c"
+    src.write_text("int k(void) { return 1; }\n")
+    lib = directory / "build" / "libk.so"
+    lib.parent.mkdir(exist_ok=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    path = tmp_path / "releases" / "a"
+    build_lib(path)
+    (path / "pkg").mkdir()
+    (path / "pkg" / "__init__.py").write_text("")
+    return path
+
+
+def start(release: Path, lib: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOADER, str(lib)],
+        cwd=release,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+@pytest.fixture
+def running(release: Path) -> Iterator[subprocess.Popen[str]]:
+    env = dict(os.environ, PYTHONPATH=str(release))
+    proc = start(release, release / "build" / "libk.so", env)
+    yield proc
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    for pid in reversed(descendants(proc.pid)):
+        os.kill(pid, 9)
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def expect(release: Path, **kw: object) -> Expectation:
+    base: dict[str, object] = {
+        "release_dir": release,
+        "interpreter": sys.executable,
+        "env": {"PYTHONPATH": str(release)},
+        "extensions": ("build/*.so",),
+        "modules": ("pkg",),
+        "releases_root": release.parent,
+    }
+    base.update(kw)
+    if "artifact_hashes" not in base:
+        base["artifact_hashes"] = {"build/libk.so": sha256_file(release / "build" / "libk.so")}
+    return Expectation(**base)  # type: ignore[arg-type]
+
+
+def test_every_process_of_the_tree_is_checked(
+    release: Path, running: subprocess.Popen[str]
+) -> None:
+    report = verify(running.pid, expect(release))
+    assert report.ok, report.explain()
+    assert len(report.processes) == 2
+    assert {e["pid"] for e in report.extensions} == {p["pid"] for p in report.processes}
+    assert report.modules["pkg"] == str(release / "pkg" / "__init__.py")
+
+
+def test_wrong_environment_is_a_finding(release: Path, running: subprocess.Popen[str]) -> None:
+    report = verify(running.pid, expect(release, env={"PYTHONPATH": "/elsewhere"}))
+    found = [f for f in report.findings if f.check == "environment PYTHONPATH"]
+    assert len(found) == 2
+    assert found[0].expected == "/elsewhere"
+    assert found[0].found == str(release)
+
+
+def test_hash_differs_from_the_build_record(release: Path, running: subprocess.Popen[str]) -> None:
+    report = verify(running.pid, expect(release, artifact_hashes={"build/libk.so": "0" * 64}))
+    assert any(f.check == "extension build/libk.so content" for f in report.findings)
+
+
+def test_library_from_outside_the_release(release: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "cache" / "libk.so"
+    outside.parent.mkdir()
+    shutil.copy2(release / "build" / "libk.so", outside)
+    proc = start(release, outside, dict(os.environ, PYTHONPATH=str(release)))
+    try:
+        report = verify(proc.pid, expect(release))
+    finally:
+        stop(proc)
+    checks = {f.check for f in report.findings}
+    assert "extension libk.so mapped from outside the release" in checks
+    assert "extension build/libk.so" in checks  # the release's own copy is not mapped
+
+
+def test_mapping_from_another_release(release: Path, tmp_path: Path) -> None:
+    other = tmp_path / "releases" / "b"
+    lib = build_lib(other)
+    proc = start(release, lib, dict(os.environ, PYTHONPATH=str(release)))
+    try:
+        report = verify(proc.pid, expect(release, extensions=()))
+    finally:
+        stop(proc)
+    assert any(
+        f.check == "mapped file from another release" and f.found == str(lib)
+        for f in report.findings
+    )
+
+
+def test_wrong_working_directory_and_interpreter(
+    release: Path, running: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    report = verify(
+        running.pid,
+        expect(
+            elsewhere,
+            extensions=(),
+            modules=(),
+            env={},
+            interpreter="/usr/bin/true",
+            artifact_hashes={},
+        ),
+    )
+    checks = {f.check for f in report.findings}
+    assert {"working directory", "executable"} <= checks
+
+
+def test_no_process_is_a_finding(release: Path) -> None:
+    report = verify(None, expect(release))
+    assert not report.ok

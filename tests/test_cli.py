@@ -1,0 +1,80 @@
+"""The command line: documented exit codes, JSON envelopes, reference docs in sync."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from servegate import config, errors
+from servegate.cli import main, release_main
+from tests.conftest import Host, Stack
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def test_exit_code_table_matches_errors() -> None:
+    table = (DOCS / "exit-codes.md").read_text()
+    rows = dict(re.findall(r"^\| (\d+) \| `(\w+)` \|", table, re.MULTILINE))
+    assert rows == {str(e.exit_code): e.__name__ for e in errors.ALL_ERRORS}
+    codes = [e.exit_code for e in errors.ALL_ERRORS]
+    assert len(codes) == len(set(codes)), "one exit code per failure class"
+    assert f"| {errors.INTERNAL_ERROR} |" in table
+    assert f"| {errors.INTERRUPTED} |" in table
+
+
+def test_every_config_key_is_documented() -> None:
+    text = (DOCS / "config.md").read_text()
+    hints = typing.get_type_hints(config.Config)
+    for section in dataclasses.fields(config.Config):
+        if section.name == "path":
+            continue
+        for key in dataclasses.fields(hints[section.name]):
+            assert f"`{section.name}.{key.name}`" in text, f"{section.name}.{key.name} undocumented"
+
+
+def test_json_error_envelope(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "servegate.toml"
+    path.write_text("[stack]\nremote = 'x'\n")
+    assert release_main(["status", "--config", str(path), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == 1
+    assert doc["ok"] is False
+    assert doc["exit_code"] == 2
+    assert doc["error"]["class"] == "ConfigError"
+    assert "[host]" in doc["error"]["message"]
+
+
+def test_console_scripts_are_installed() -> None:
+    for script in ("servegate", "release"):
+        exe = Path(sys.executable).with_name(script)
+        out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True)
+        assert "usage:" in out.stdout
+
+
+def test_status_history_and_verify_report(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = ["--config", str(host.path), "--json"]
+    assert release_main(["verify", *cfg]) == 12  # nothing released yet
+    capsys.readouterr()
+    sha = stack.commit()
+    assert release_main(["promote", sha, *cfg]) == 0
+    capsys.readouterr()
+    assert release_main(["status", *cfg]) == 0
+    status = json.loads(capsys.readouterr().out)["result"]
+    assert status["current"]["sha"] == sha
+    assert status["service"]["healthy"] is True
+    assert release_main(["history", *cfg]) == 0
+    history = json.loads(capsys.readouterr().out)["result"]
+    assert [h["verdict"] for h in history] == ["released"]
+    assert main(["release", "verify", *cfg]) == 0
+    proof = json.loads(capsys.readouterr().out)["result"]
+    assert proof["ok"] is True
+    assert proof["modules"]["tinystack"].startswith(host.release_dir(sha))

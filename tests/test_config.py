@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servegate import config
+from servegate.cli import main
+from servegate.errors import ConfigError
+
+MINIMAL = """
+[stack]
+remote = "/srv/stack.git"
+[host]
+root = "/srv/servegate"
+[service]
+port = 8080
+command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--compilation-config", '{"mode":0}']
+[service.env]
+PYTHONPATH = "{release}"
+"""
+
+
+def parse(text: str, environ: dict[str, str] | None = None) -> config.Config:
+    return config.parse(text, environ=environ or {})
+
+
+def test_minimal_config_gets_defaults() -> None:
+    cfg = parse(MINIMAL)
+    assert cfg.stack.branch == "main"
+    assert cfg.host.strategy == "worktree"
+    assert cfg.service.manager == "supervisor"
+    assert cfg.gate.checks == ("smoke",)
+    assert cfg.interpreter == "python"
+    with pytest.raises(AttributeError):
+        cfg.service.port = 1  # type: ignore[misc]
+
+
+def test_placeholders_keep_json_braces() -> None:
+    cfg = parse(MINIMAL)
+    assert config.fill(cfg.service.env["PYTHONPATH"], release="/r/abc") == "/r/abc"
+    assert config.fill(cfg.service.command[-1], release="/r") == '{"mode":0}'
+
+
+def test_unknown_key_suggests_the_right_one() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key 'startup_timout' in \[service\] — did you mean 'startup_timeout'\?",
+    ):
+        parse(MINIMAL.replace("port = 8080", "port = 8080\nstartup_timout = 5"))
+
+
+def test_unknown_section_suggests() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'probes'"):
+        parse(MINIMAL + "[probe]\nsmoke = true\n")
+
+
+def test_missing_key_names_key_and_section() -> None:
+    with pytest.raises(ConfigError, match=r"missing required key 'port' in section \[service\]"):
+        parse(MINIMAL.replace("port = 8080\n", ""))
+
+
+def test_missing_section_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"missing required a \[stack\] section"):
+        parse(MINIMAL.replace('[stack]\nremote = "/srv/stack.git"\n', ""))
+
+
+def test_wrong_type_and_bad_choice() -> None:
+    with pytest.raises(ConfigError, match="service.port must be of type int"):
+        parse(MINIMAL.replace("port = 8080", 'port = "8080"'))
+    with pytest.raises(ConfigError, match="did you mean 'in-place'"):
+        parse(MINIMAL.replace('root = "/srv/servegate"', 'root = "/x"\nstrategy = "inplace"'))
+    with pytest.raises(ConfigError, match="must be a list of strings"):
+        parse(MINIMAL + '[build]\ncommand = "make"\n')
+
+
+def test_environment_expansion_uses_the_given_mapping() -> None:
+    cfg = parse(MINIMAL.replace('"/srv/servegate"', '"$BOX/servegate"'), {"BOX": "/data"})
+    assert cfg.host.root == "/data/servegate"
+    with pytest.raises(ConfigError, match=r"uses \$BOX, which is not set"):
+        parse(MINIMAL.replace('"/srv/servegate"', '"$BOX/servegate"'))
+
+
+def test_config_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(MINIMAL)
+    assert main(["config", "check", "--config", str(good)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text(MINIMAL + "[gate]\nchecks = ['smoke', 'bnech']\n")
+    assert main(["config", "check", "--config", str(bad)]) == 2
+    assert "bnech" in capsys.readouterr().err
+    assert main(["config", "check", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert "not found" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""End to end against real vLLM: the README's demo — two releases and a rollback.
+
+Needs the demo's vLLM environment (installed on first use, ~2 minutes) and hipcc;
+`.ci/run` provides both. Set SERVEGATE_SKIP_VLLM=1 to leave this test out locally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+from tests.conftest import REAL_HOME
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        os.environ.get("SERVEGATE_SKIP_VLLM") == "1" and os.environ.get("CI") != "true",
+        reason="SERVEGATE_SKIP_VLLM=1: the real-vLLM end-to-end test was left out",
+    ),
+]
+
+
+def test_demo_promotes_twice_and_rolls_back_a_bad_release(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
+    env["HOME"] = str(REAL_HOME)  # the vLLM venv and its compile cache live there
+    workdir = tmp_path / "demo"
+    exe = Path(sys.executable).with_name("servegate")
+    run = subprocess.run(
+        [str(exe), "demo", "--workdir", str(workdir), "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    steps = json.loads(run.stdout)["result"]["steps"]
+    assert [s["verdict"] for s in steps] == ["released", "released", "rolled_back"]
+    first, second, bad = steps
+
+    # the live process tree of a real vLLM server maps the release's own gfx1030 library
+    proof = first["record"]["provenance"]
+    assert proof["ok"]
+    assert len(proof["processes"]) >= 3  # API server, EngineCore, worker (+ resource tracker)
+    (mapping,) = {m["path"]: m for m in proof["extensions"]}.values()
+    release_dir = workdir / "host" / "releases" / first["sha"]
+    assert mapping["path"] == str(release_dir.resolve() / "build" / "libdemo_kernels.so")
+    assert mapping["sha256"] == first["record"]["artifacts"]["build/libdemo_kernels.so"]
+    assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
+    assert first["record"]["gate"]["verdict"] == "PASS"
+
+    # the bad release came up healthy but mapped its kernels from elsewhere: rolled back
+    assert bad["exit_code"] == 8
+    assert "mapped from outside the release" in bad["reason"]
+    assert bad["rollback"]["ok"] is True
+    assert bad["rollback"]["sha"] == second["sha"]
+    assert bad["rollback"]["provenance_ok"] is True
+
+    # records reached the remote: two tags, three notes
+    origin = git.Repo(workdir / "origin.git")
+    assert sorted(t.commit.hexsha for t in origin.tags) == sorted([first["sha"], second["sha"]])
+    notes = origin.git.notes("--ref", "refs/notes/servegate", "list").splitlines()
+    assert len(notes) == 3
+    verdict = json.loads(origin.git.notes("--ref", "refs/notes/servegate", "show", bad["sha"]))
+    assert verdict["verdict"] == "rolled_back"
+
+    # the built library holds gfx1030 code
+    assert b"gfx1030" in (release_dir / "build" / "libdemo_kernels.so").read_bytes()
