@@ -231,3 +231,12 @@ def test_in_place_rollback_after_failure(inplace_host: Host, stack: Stack) -> No
     assert outcome.verdict == "rolled_back"
     assert outcome.exit_code == 7
     assert_serving(host, good)
+
+
+def test_old_release_worktrees_are_pruned(host: Host, stack: Stack) -> None:
+    shas = [released(host, stack) for _ in range(4)]
+    kept = sorted(p.name for p in (host.cfg.host_root / "releases").iterdir())
+    assert kept == sorted(shas[1:])  # keep_releases = 3
+    worktrees = git.Repo(host.cfg.host_root / "repo.git").git.worktree("list")
+    assert shas[0] not in worktrees
+    assert_serving(host, shas[-1])

@@ -9,9 +9,7 @@ from typing import Any
 
 from servegate.engine.launch import placeholders
 from servegate.errors import (
-    GateFailed,
     GitRefusal,
-    ProvenanceMismatch,
     RollbackFailed,
     ServegateError,
     ServiceFailed,
@@ -23,9 +21,6 @@ from servegate.release import service
 from servegate.release.context import Context
 from servegate.release.rollback import restore_after_failure
 from servegate.release.state import Entry
-
-#: failures after the old service was stopped: each one triggers the rollback
-AFTER_SWITCH = (ServiceFailed, ProvenanceMismatch, GateFailed)
 
 
 @dataclass
@@ -108,8 +103,11 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
         with runner.stage("gate") as st:
             decision = service.gate(ctx, sha, release_dir, evidence)
             st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
-    except AFTER_SWITCH as exc:
+    except ServegateError as exc:
         return _roll_back(ctx, sha, release_dir, built, evidence, exc, start)
+    except Exception as exc:  # the old release is stopped: whatever broke, put it back
+        failure = ServiceFailed(f"unexpected error after the switch: {exc!r}")
+        return _roll_back(ctx, sha, release_dir, built, evidence, failure, start)
     with runner.stage("record") as st:
         outcome = _record_release(ctx, sha, release_dir, built, evidence, previous, start)
         st.detail = outcome.tag

@@ -1,0 +1,26 @@
+# Sourced by scripts/demo and scripts/test: everything a fresh machine with Python 3.11+
+# and git needs, installed from package registries only.
+set -euo pipefail
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv"
+  "$python" -m venv .venv
+fi
+if ! .venv/bin/python -c "import servegate, pytest, mypy, ruff, pre_commit" 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.servegate-installed ]; then
+  echo "bootstrap: installing servegate and its dev tools into .venv"
+  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+  touch .venv/.servegate-installed
+fi
+
+# hipcc for gfx1030 (the demo stack's kernels): Debian's ROCm packages
+if ! command -v hipcc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing hipcc (Debian: hipcc libamdhip64-dev rocm-device-libs)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q hipcc libamdhip64-dev rocm-device-libs >/dev/null
+  else
+    echo "bootstrap: hipcc is missing; install it: sudo apt-get install -y hipcc libamdhip64-dev rocm-device-libs" >&2
+  fi
+fi
