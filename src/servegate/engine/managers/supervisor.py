@@ -219,7 +219,8 @@ class Supervisor:
     def state(self) -> ServiceState:
         info = self._info()
         if info is None:
-            return ServiceState("NOT INSTALLED", None, False, None, 0, False)
+            raw = "not installed" if self._running() else "supervisord not running"
+            return ServiceState(raw, None, False, None, 0, False)
         name = str(info["statename"])
         pid = int(info["pid"]) or None
         if pid is not None:
