@@ -240,3 +240,21 @@ def test_old_release_worktrees_are_pruned(host: Host, stack: Stack) -> None:
     worktrees = git.Repo(host.cfg.host_root / "repo.git").git.worktree("list")
     assert shas[0] not in worktrees
     assert_serving(host, shas[-1])
+
+
+def test_build_that_changes_tracked_files_is_refused(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    assert release_main(["promote", stack.commit("build-dirty"), "--config", str(host.path)]) == 5
+    assert "the build changed tracked files: M tiny.c" in capsys.readouterr().err
+    assert_serving(host, good)
+
+
+def test_verify_notices_an_edit_on_the_box(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sha = released(host, stack)
+    (host.cfg.host_root / "releases" / sha / "tiny.c").write_text("/* hot fix */\n")
+    assert release_main(["verify", "--config", str(host.path)]) == 8
+    assert "tracked tree clean" in capsys.readouterr().err

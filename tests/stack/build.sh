@@ -4,6 +4,9 @@ if [ "$(cat mode 2>/dev/null)" = build-fail ]; then
   echo "tiny.c:1: error: this commit does not build (on purpose)" >&2
   exit 1
 fi
+if [ "$(cat mode 2>/dev/null)" = build-dirty ]; then
+  echo "/* generated */" >> tiny.c
+fi
 mkdir -p build
 cc -shared -fPIC -O2 -o build/libtiny.so tiny.c
 echo "built build/libtiny.so"

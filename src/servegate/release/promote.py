@@ -9,12 +9,14 @@ from typing import Any
 
 from servegate.engine.launch import placeholders
 from servegate.errors import (
+    BuildFailed,
     GitRefusal,
     RollbackFailed,
     ServegateError,
     ServiceFailed,
 )
 from servegate.kernels.build import BuildResult, run_build
+from servegate.pipeline.git import dirty_files
 from servegate.pipeline.lock import HostLock
 from servegate.release import record as rec
 from servegate.release import service
@@ -66,6 +68,17 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
     return sha
 
 
+def require_clean_after_build(release_dir: Path) -> None:
+    """The build may add untracked files (build/), never change tracked ones."""
+    dirty = dirty_files(release_dir)
+    if dirty:
+        raise BuildFailed(
+            "the build changed tracked files: " + "; ".join(d.strip() for d in dirty[:10]),
+            hint="make the build write only untracked (ignored) outputs; "
+            "the live service was not touched",
+        )
+
+
 def promote(ctx: Context, requested: str, allow_non_ff: bool = False) -> Outcome:
     start = time.monotonic()
     with HostLock(ctx.lock_path, f"release promote {requested}"):
@@ -87,6 +100,7 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
             placeholders(ctx.cfg, release_dir, sha),
             ctx.log_path(sha, "build"),
         )
+        require_clean_after_build(release_dir)
         st.detail = f"{len(built.artifacts)} artifact(s) hashed"
     previous = ctx.state.current
     evidence = service.Evidence()

@@ -10,6 +10,7 @@ from typing import Any
 from servegate.engine import openai, ports, provenance
 from servegate.engine.health import wait_healthy
 from servegate.errors import GateFailed, PreflightFailed, ProvenanceMismatch
+from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.release.context import Context
 from servegate.release.gate import (
     Decision,
@@ -74,6 +75,7 @@ def prove(
     pid = ctx.manager.main_pid()
     evidence.service_pid = pid
     report = provenance.verify(pid, exp)
+    check_checkout(release_dir, sha, report)
     evidence.provenance = report.as_dict()
     if not report.ok:
         first = report.findings[0].check
@@ -83,6 +85,17 @@ def prove(
             hint="the release's launcher or environment points elsewhere; fix it on the branch",
         )
     return report
+
+
+def check_checkout(release_dir: Path, sha: str, report: provenance.Report) -> None:
+    """The release directory still holds exactly ``sha`` with a clean tracked tree."""
+    head = worktree_head(release_dir)
+    if head != sha:
+        report.findings.append(provenance.Finding("checkout HEAD", sha, head))
+    dirty = dirty_files(release_dir)
+    if dirty:
+        shown = "; ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
+        report.findings.append(provenance.Finding("tracked tree clean", "no changes", shown))
 
 
 def gate(
