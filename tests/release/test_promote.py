@@ -85,7 +85,7 @@ def test_second_promote_then_rollback_on_demand(host: Host, stack: Stack) -> Non
     [
         ("exit", 7, "fatal: refusing to start"),
         ("never-healthy", 7, "not healthy within"),
-        ("crash-loop", 7, "the service"),
+        ("crash-loop", 7, "tiny: crashed after start"),
         ("env-elsewhere", 8, "environment PYTHONPATH"),
         ("foreign-so", 8, "mapped from outside the release"),
         ("empty-answer", 9, "smoke"),
