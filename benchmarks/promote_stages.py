@@ -96,8 +96,11 @@ def main() -> None:
         Supervisor(cfg).shutdown_daemon()
     startup_second = next(s["seconds"] for s in runs[1]["stages"] if s["name"] == "healthy")
     startup_first = next(s["seconds"] for s in runs[0]["stages"] if s["name"] == "healthy")
+    rb_startup = next(s["seconds"] for s in runs[2]["stages"] if s["name"] == "rb healthy")
     summary = {
         "auto_rollback_s": runs[2]["rollback_s"],
+        # the same release's start-up measured inside the rollback: what is not start-up
+        "auto_rollback_vs_its_own_startup": round(runs[2]["rollback_s"] / rb_startup, 3),
         "auto_rollback_vs_startup": round(runs[2]["rollback_s"] / startup_second, 3),
         "requested_rollback_s": runs[3]["total_s"],
         "requested_rollback_vs_startup": round(runs[3]["total_s"] / startup_first, 3),

@@ -128,6 +128,16 @@ identity_email = "servegate@demo.invalid"
 """
 
 
+def _stop_earlier_demo(root: Path) -> None:
+    """An earlier demo left running (--keep-running) is shut down before its files go."""
+    from servegate import config as config_mod
+    from servegate.engine.managers.supervisor import Supervisor
+
+    path = root / "servegate.toml"
+    if path.exists():
+        Supervisor(config_mod.load(path, {})).shutdown_daemon()
+
+
 def create(root: Path, python: Path) -> Sandbox:
     """A fresh sandbox at ``root`` (an earlier demo sandbox there is replaced)."""
     if root.exists():
@@ -136,6 +146,7 @@ def create(root: Path, python: Path) -> Sandbox:
                 f"{root} exists and is not a servegate demo sandbox",
                 hint="pass --workdir with a new or earlier demo directory",
             )
+        _stop_earlier_demo(root)
         shutil.rmtree(root)
     root.mkdir(parents=True)
     (root / MARKER).write_text("servegate demo sandbox\n")
