@@ -76,6 +76,17 @@ def servegate_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="config file tools")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
     _common(csub.add_parser("check", help="validate a config file"))
+    ins = sub.add_parser("inspect", help="list the GPU code objects inside built libraries")
+    ins.add_argument("files", nargs="+", type=Path, metavar="FILE", help="built *.so files")
+    ins.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="fail (exit 5) unless every file holds code for ARCH (repeatable)",
+    )
+    ins.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    ins.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
     demo = sub.add_parser("demo", help="promote, promote, fail and roll back on a local sandbox")
     demo.add_argument(
         "--workdir",
@@ -96,6 +107,10 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import demo
 
         return demo.run(out, args.workdir, keep_running=args.keep_running)
+    if args.command == "inspect":
+        from servegate.commands import inspect
+
+        return inspect.run(out, args.files, tuple(args.arch))
     cfg = config_mod.load(args.config, os.environ)
     if args.command == "config":
         from servegate.commands import config_check

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servegate.errors import ConfigError
+from servegate.kernels.inspect import check_arch_names
 
 Strategy = Literal["worktree", "in-place"]
 Manager = Literal["supervisor", "systemd-user"]
@@ -52,6 +53,8 @@ class Build:
     artifacts: tuple[str, ...] = ()
     timeout: float = 3600.0
     env: Mapping[str, str] = field(default_factory=dict)
+    #: GPU archs every built ``*.so`` artifact must hold device code for (gfx1030, sm_90, …)
+    archs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,7 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("service.command is empty", hint="give the server's argv as a list")
     if not 0 < cfg.service.port < 65536:
         raise ConfigError(f"service.port = {cfg.service.port} is not a TCP port")
+    check_arch_names(cfg.build.archs)
     if cfg.host.keep_releases < 2:
         raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
 

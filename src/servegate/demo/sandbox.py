@@ -96,6 +96,7 @@ command = ["bash", "build.sh"]
 artifacts = ["build/*.so"]
 timeout = 600
 env = {{ GPU_ARCHS = "gfx1030" }}
+archs = ["gfx1030"]
 
 [service]
 manager = "supervisor"

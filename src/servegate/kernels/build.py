@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from servegate.config import Config, fill
 from servegate.errors import BuildFailed, CommandFailed
+from servegate.kernels.inspect import require_archs
 from servegate.pipeline import proc
 from servegate.pipeline.git import environ_without_git
 from servegate.pipeline.hashing import sha256_file
@@ -19,6 +21,8 @@ class BuildResult:
     #: path relative to the release → SHA-256
     artifacts: Mapping[str, str]
     log: str
+    #: path relative to the release → the GPU code objects found in it
+    code_objects: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def hash_artifacts(release_dir: Path, globs: tuple[str, ...]) -> dict[str, str]:
@@ -35,10 +39,25 @@ def hash_artifacts(release_dir: Path, globs: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+def inspect_artifacts(
+    release_dir: Path, artifacts: Mapping[str, str], archs: tuple[str, ...]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every built shared library must hold device code for each configured arch."""
+    if not archs:
+        return {}
+    return {
+        rel: [o.as_dict() for o in require_archs(release_dir / rel, archs)]
+        for rel in artifacts
+        if rel.endswith(".so") or ".so." in rel
+    }
+
+
 def run_build(cfg: Config, release_dir: Path, places: Mapping[str, str], log: Path) -> BuildResult:
     """Run ``build.command`` in ``release_dir``; raise BuildFailed with the log's tail."""
     if not cfg.build.command:
-        return BuildResult(0.0, hash_artifacts(release_dir, cfg.build.artifacts), "")
+        artifacts = hash_artifacts(release_dir, cfg.build.artifacts)
+        objects = inspect_artifacts(release_dir, artifacts, cfg.build.archs)
+        return BuildResult(0.0, artifacts, "", objects)
     argv = [fill(a, **places) for a in cfg.build.command]
     env = environ_without_git()
     env.update({k: fill(v, **places) for k, v in cfg.build.env.items()})
@@ -50,4 +69,6 @@ def run_build(cfg: Config, release_dir: Path, places: Mapping[str, str], log: Pa
             hint="fix the build on the branch and promote the fixed commit; "
             "the live service was not touched",
         ) from None
-    return BuildResult(result.seconds, hash_artifacts(release_dir, cfg.build.artifacts), str(log))
+    artifacts = hash_artifacts(release_dir, cfg.build.artifacts)
+    objects = inspect_artifacts(release_dir, artifacts, cfg.build.archs)
+    return BuildResult(result.seconds, artifacts, str(log), objects)

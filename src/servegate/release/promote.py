@@ -101,7 +101,8 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
             ctx.log_path(sha, "build"),
         )
         require_clean_after_build(release_dir)
-        st.detail = f"{len(built.artifacts)} artifact(s) hashed"
+        archs = f", code for {', '.join(ctx.cfg.build.archs)}" if ctx.cfg.build.archs else ""
+        st.detail = f"{len(built.artifacts)} artifact(s) hashed{archs}"
     previous = ctx.state.current
     evidence = service.Evidence()
     try:
@@ -183,6 +184,7 @@ def _record(
             "total_seconds": round(time.monotonic() - start, 3),
             "startup_seconds": round(evidence.startup_seconds, 3),
             "artifacts": dict(built.artifacts),
+            "code_objects": dict(built.code_objects),
             "build_log": built.log,
             "launch": evidence.launch,
             "service_manager": ctx.manager.name,
