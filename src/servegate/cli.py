@@ -76,6 +76,13 @@ def servegate_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="config file tools")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
     _common(csub.add_parser("check", help="validate a config file"))
+    bld = sub.add_parser("build", help="build the stack's GPU extensions for build.archs (cached)")
+    bld.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
+    bld.add_argument(
+        "--cache-dir", type=Path, help="build cache (default: ~/.cache/servegate/build-cache)"
+    )
+    bld.add_argument("--no-cache", action="store_true", help="always compile")
+    _common(bld)
     ins = sub.add_parser("inspect", help="list the GPU code objects inside built libraries")
     ins.add_argument("files", nargs="+", type=Path, metavar="FILE", help="built *.so files")
     ins.add_argument(
@@ -112,6 +119,10 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
 
         return inspect.run(out, args.files, tuple(args.arch))
     cfg = config_mod.load(args.config, os.environ)
+    if args.command == "build":
+        from servegate.commands import build
+
+        return build.run(cfg, out, args.dir, args.cache_dir, not args.no_cache)
     if args.command == "config":
         from servegate.commands import config_check
 

@@ -45,6 +45,31 @@ class Host:
     keep_releases: int = 5
 
 
+KernelKind = Literal["hipcc", "nvcc", "cmake"]
+
+
+@dataclass(frozen=True)
+class KernelTarget:
+    """One GPU extension built for ``build.archs`` (a ``[[build.targets]]`` table)."""
+
+    name: str
+    #: ``hipcc`` / ``nvcc``: compile ``sources`` into ``output``; ``cmake``: configure + build
+    kind: KernelKind
+    #: globs (relative to the checkout) of the inputs; they key the build cache, and for
+    #: hipcc/nvcc the .hip/.cu/.cpp/.c files among them are compiled
+    sources: tuple[str, ...]
+    #: hipcc/nvcc: the library to write
+    output: str = ""
+    #: cmake: globs of the libraries the build leaves (relative to the checkout)
+    outputs: tuple[str, ...] = ()
+    #: extra compiler flags (hipcc/nvcc)
+    flags: tuple[str, ...] = ()
+    #: cmake: the source and build directories and extra -D arguments
+    source_dir: str = "."
+    build_dir: str = "build"
+    cmake_args: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Build:
     #: argv run in the new release directory while the old release still serves; empty: none
@@ -55,6 +80,12 @@ class Build:
     env: Mapping[str, str] = field(default_factory=dict)
     #: GPU archs every built ``*.so`` artifact must hold device code for (gfx1030, sm_90, …)
     archs: tuple[str, ...] = ()
+    #: GPU extensions built (and cached) before ``command`` runs
+    targets: tuple[KernelTarget, ...] = ()
+    #: parallel compile jobs for CMake builds; 0: the number of CPUs
+    jobs: int = 0
+    #: reuse an earlier build whose sources, toolchain, flags and archs are the same
+    cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -169,6 +200,11 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
                 + _suggest(str(value), [str(a) for a in typing.get_args(tp)])
             )
         return value
+    if origin is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+        item = typing.get_args(tp)[0]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be an array of tables, e.g. [[{where}]]")
+        return tuple(_convert(item, v, f"{where}[{i}]", environ) for i, v in enumerate(value))
     if origin is tuple:
         if isinstance(value, str):
             raise ConfigError(f"{where} must be a list of strings, e.g. [{value!r}]")
@@ -216,6 +252,14 @@ def _validate(cfg: Config) -> None:
     if not 0 < cfg.service.port < 65536:
         raise ConfigError(f"service.port = {cfg.service.port} is not a TCP port")
     check_arch_names(cfg.build.archs)
+    names = [t.name for t in cfg.build.targets]
+    if len(names) != len(set(names)):
+        raise ConfigError(f"build.targets has duplicate names: {names}")
+    for target in cfg.build.targets:
+        if target.kind != "cmake" and not target.output:
+            raise ConfigError(f"build.targets {target.name!r} ({target.kind}) needs an output")
+        if target.kind == "cmake" and not target.outputs:
+            raise ConfigError(f"build.targets {target.name!r} (cmake) needs outputs (globs)")
     if cfg.host.keep_releases < 2:
         raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
 

@@ -23,13 +23,13 @@ needs_hipcc = pytest.mark.skipif(
 
 
 def build(tmp_path: Path, *archs: str) -> Path:
-    src = tmp_path / "k.hip"
-    src.write_text((STACK / "kernels" / "demo_kernels.hip").read_text())
-    (tmp_path / "portable.h").write_text((STACK / "kernels" / "portable.h").read_text())
+    for item in (STACK / "kernels").iterdir():
+        (tmp_path / item.name).write_text(item.read_text())
+    src = tmp_path / "demo_kernels.hip"
     out = tmp_path / f"lib-{'-'.join(archs)}.so"
     flags = [f"--offload-arch={a}" for a in archs]
     subprocess.run(
-        ["hipcc", *flags, "-fPIC", "-shared", "-DDEMO_KERNELS_VERSION=1", str(src), "-o", str(out)],
+        ["hipcc", *flags, "-fPIC", "-shared", str(src), "-o", str(out)],
         check=True,
         env=dict(os.environ, HIP_PLATFORM="amd"),
     )

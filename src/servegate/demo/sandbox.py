@@ -92,11 +92,15 @@ strategy = "worktree"
 keep_releases = 3
 
 [build]
-command = ["bash", "build.sh"]
-artifacts = ["build/*.so"]
-timeout = 600
-env = {{ GPU_ARCHS = "gfx1030" }}
 archs = ["gfx1030"]
+timeout = 600
+
+[[build.targets]]
+name = "demo_kernels"
+kind = "hipcc"
+sources = ["kernels/*.hip", "kernels/*.h"]
+output = "build/libdemo_kernels.so"
+flags = ["-O2"]
 
 [service]
 manager = "supervisor"

@@ -35,6 +35,7 @@ def good_second(sb: Sandbox) -> str:
         "kernels v2: grid-stride scale_add",
         [
             ("demo_stack/__init__.py", "KERNELS_VERSION = 1", "KERNELS_VERSION = 2"),
+            ("kernels/version.h", "DEMO_KERNELS_VERSION 1", "DEMO_KERNELS_VERSION 2"),
             ("kernels/demo_kernels.hip", GRID_OLD, GRID_NEW),
         ],
     )

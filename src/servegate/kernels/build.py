@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 from servegate.config import Config, fill
 from servegate.errors import BuildFailed, CommandFailed
 from servegate.kernels.inspect import require_archs
+from servegate.kernels.targets import build_all
 from servegate.pipeline import proc
 from servegate.pipeline.git import environ_without_git
 from servegate.pipeline.hashing import sha256_file
@@ -23,6 +25,8 @@ class BuildResult:
     log: str
     #: path relative to the release → the GPU code objects found in it
     code_objects: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: each ``[[build.targets]]`` entry: cached or built, why, toolchain, commands
+    targets: list[dict[str, Any]] = field(default_factory=list)
 
 
 def hash_artifacts(release_dir: Path, globs: tuple[str, ...]) -> dict[str, str]:
@@ -52,23 +56,37 @@ def inspect_artifacts(
     }
 
 
-def run_build(cfg: Config, release_dir: Path, places: Mapping[str, str], log: Path) -> BuildResult:
-    """Run ``build.command`` in ``release_dir``; raise BuildFailed with the log's tail."""
-    if not cfg.build.command:
-        artifacts = hash_artifacts(release_dir, cfg.build.artifacts)
-        objects = inspect_artifacts(release_dir, artifacts, cfg.build.archs)
-        return BuildResult(0.0, artifacts, "", objects)
-    argv = [fill(a, **places) for a in cfg.build.command]
+def run_build(
+    cfg: Config,
+    release_dir: Path,
+    places: Mapping[str, str],
+    log: Path,
+    cache_root: Path | None = None,
+) -> BuildResult:
+    """Build the GPU extension targets (through the cache), then run ``build.command`` in
+    ``release_dir``; hash every artifact and check it holds code for ``build.archs``."""
+    start = time.monotonic()
     env = environ_without_git()
     env.update({k: fill(v, **places) for k, v in cfg.build.env.items()})
-    try:
-        result = proc.run(argv, cwd=release_dir, env=env, timeout=cfg.build.timeout, log_path=log)
-    except CommandFailed as exc:
-        raise BuildFailed(
-            f"{exc}\n  full log: {log}",
-            hint="fix the build on the branch and promote the fixed commit; "
-            "the live service was not touched",
-        ) from None
-    artifacts = hash_artifacts(release_dir, cfg.build.artifacts)
-    objects = inspect_artifacts(release_dir, artifacts, cfg.build.archs)
-    return BuildResult(result.seconds, artifacts, str(log), objects)
+    targets = build_all(cfg, release_dir, cache_root, env, log.with_name(log.stem + "-targets"))
+    if cfg.build.command:
+        argv = [fill(a, **places) for a in cfg.build.command]
+        try:
+            proc.run(argv, cwd=release_dir, env=env, timeout=cfg.build.timeout, log_path=log)
+        except CommandFailed as exc:
+            raise BuildFailed(
+                f"{exc}\n  full log: {log}",
+                hint="fix the build on the branch and promote the fixed commit; "
+                "the live service was not touched",
+            ) from None
+    artifacts = {rel: digest for t in targets for rel, digest in t.outputs.items()}
+    artifacts.update(hash_artifacts(release_dir, cfg.build.artifacts))
+    objects = {rel: objs for t in targets for rel, objs in t.code_objects.items()}
+    objects.update(inspect_artifacts(release_dir, artifacts, cfg.build.archs))
+    return BuildResult(
+        time.monotonic() - start,
+        artifacts,
+        str(log) if cfg.build.command else "",
+        objects,
+        [t.as_dict() for t in targets],
+    )

@@ -43,6 +43,10 @@ class Context:
     def lock_path(self) -> Path:
         return self.cfg.host_root / "servegate.lock"
 
+    @property
+    def build_cache(self) -> Path:
+        return self.cfg.host_root / "build-cache"
+
     def log_path(self, sha: str, what: str) -> Path:
         return self.cfg.host_root / "logs" / f"{sha[:12]}-{what}.log"
 

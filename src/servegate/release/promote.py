@@ -99,10 +99,13 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
             release_dir,
             placeholders(ctx.cfg, release_dir, sha),
             ctx.log_path(sha, "build"),
+            ctx.build_cache,
         )
         require_clean_after_build(release_dir)
         archs = f", code for {', '.join(ctx.cfg.build.archs)}" if ctx.cfg.build.archs else ""
-        st.detail = f"{len(built.artifacts)} artifact(s) hashed{archs}"
+        cached = [t["name"] for t in built.targets if t["cached"]]
+        reuse = f", cache hit: {', '.join(cached)}" if cached else ""
+        st.detail = f"{len(built.artifacts)} artifact(s) hashed{archs}{reuse}"
     previous = ctx.state.current
     evidence = service.Evidence()
     try:
@@ -185,6 +188,7 @@ def _record(
             "startup_seconds": round(evidence.startup_seconds, 3),
             "artifacts": dict(built.artifacts),
             "code_objects": dict(built.code_objects),
+            "build_targets": built.targets,
             "build_log": built.log,
             "launch": evidence.launch,
             "service_manager": ctx.manager.name,

@@ -37,7 +37,11 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
                 places = placeholders(ctx.cfg, release_dir, target.sha)
                 artifacts = dict(
                     run_build(
-                        ctx.cfg, release_dir, places, ctx.log_path(target.sha, "build")
+                        ctx.cfg,
+                        release_dir,
+                        places,
+                        ctx.log_path(target.sha, "build"),
+                        ctx.build_cache,
                     ).artifacts
                 )
             service.switch(ctx, target.sha, release_dir, evidence)

@@ -1,5 +1,6 @@
 // The demo stack's GPU extension: one source for AMD (hipcc) and NVIDIA (nvcc).
 #include "portable.h"
+#include "version.h"
 
 __global__ void scale_add(float a, const float* x, float* y, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

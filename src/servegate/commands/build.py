@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from servegate.config import Config
+from servegate.kernels.targets import build_all
+from servegate.output import Output
+from servegate.pipeline.git import environ_without_git
+
+
+def default_cache(environ: dict[str, str]) -> Path:
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME", "~")) / ".cache")
+    return Path(base) / "servegate" / "build-cache"
+
+
+def run(cfg: Config, out: Output, checkout: Path, cache_dir: Path | None, use_cache: bool) -> int:
+    environ = environ_without_git()
+    cache = (cache_dir or default_cache(environ)) if use_cache else None
+    results = build_all(cfg, checkout.resolve(), cache, environ, checkout / "build" / "logs")
+    if out.json_mode:
+        return out.emit(
+            {
+                "checkout": str(checkout.resolve()),
+                "archs": list(cfg.build.archs),
+                "cache": str(cache) if cache else None,
+                "targets": [r.as_dict() for r in results],
+            }
+        )
+    rows = []
+    for r in results:
+        archs = sorted({o["arch"] for objs in r.code_objects.values() for o in objs})
+        rows.append(
+            [
+                r.name,
+                r.kind,
+                "cache" if r.cached else "built",
+                f"{r.seconds:.2f}",
+                ", ".join(archs) or "-",
+                r.reason,
+            ]
+        )
+    out.table(
+        f"servegate build — {checkout.resolve()}",
+        ["target", "kind", "how", "seconds", "GPU code for", "why"],
+        rows,
+    )
+    for r in results:
+        for rel, digest in r.outputs.items():
+            out.line(f"  {rel}  sha256 {digest[:16]}…")
+        for tool, version in r.toolchain.items():
+            out.line(f"  {tool}: {version}")
+    if not results:
+        out.line("no [[build.targets]] in the config: nothing to build")
+    return 0
