@@ -107,7 +107,7 @@ def steps(
             "-shared",
             *target.flags,
             *lang,
-            *map(str, srcs),
+            *map(str, cu_srcs),
             "-o",
             str(out),
         )
