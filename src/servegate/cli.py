@@ -83,6 +83,15 @@ def servegate_parser() -> argparse.ArgumentParser:
     )
     bld.add_argument("--no-cache", action="store_true", help="always compile")
     _common(bld)
+    foc = sub.add_parser("focus", help="select (and run) the GPU tests a change touches")
+    foc.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
+    foc.add_argument("--base", help="diff base (default: focus.base from the config)")
+    foc.add_argument(
+        "--label", action="append", default=[], help="a pull-request label (repeatable)"
+    )
+    foc.add_argument("--run", action="store_true", help="run the selected tests with pytest")
+    foc.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
+    _common(foc)
     ins = sub.add_parser("inspect", help="list the GPU code objects inside built libraries")
     ins.add_argument("files", nargs="+", type=Path, metavar="FILE", help="built *.so files")
     ins.add_argument(
@@ -123,6 +132,10 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import build
 
         return build.run(cfg, out, args.dir, args.cache_dir, not args.no_cache)
+    if args.command == "focus":
+        from servegate.commands import focus
+
+        return focus.run(cfg, out, args.dir, args.base, args.label, args.run, args.pytest_args)
     if args.command == "config":
         from servegate.commands import config_check
 

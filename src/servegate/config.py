@@ -147,6 +147,35 @@ class Release:
 
 
 @dataclass(frozen=True)
+class FocusRule:
+    """Changed files matching ``sources`` (``!glob`` excludes) select ``tests``."""
+
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Focus:
+    #: what changes are measured against (the merge base with it)
+    base: str = "origin/main"
+    rules: tuple[FocusRule, ...] = ()
+    #: tests that run whenever anything but ignored files changed
+    always: tuple[str, ...] = ()
+    #: the wider set for a changed file no rule covers — never nothing
+    fallback: tuple[str, ...] = ("tests",)
+    #: changes that select nothing (docs)
+    ignore: tuple[str, ...] = ("docs/**", "**/*.md", "*.md", "LICENSE*")
+    #: everything, for the run-all escape
+    all_tests: tuple[str, ...] = ("tests",)
+    #: set to 1 to run everything
+    run_all_env: str = "SERVEGATE_RUN_ALL_GPU_TESTS"
+    #: a pull-request label that runs everything
+    run_all_label: str = "run-all-gpu-tests"
+    #: pytest marker of GPU tests (``-m``); empty: no marker filter
+    marker: str = "gpu"
+
+
+@dataclass(frozen=True)
 class Config:
     stack: Stack
     host: Host
@@ -156,6 +185,7 @@ class Config:
     probes: Probes = field(default_factory=Probes)
     gate: Gate = field(default_factory=Gate)
     release: Release = field(default_factory=Release)
+    focus: Focus = field(default_factory=Focus)
     path: str = ""
 
     @property

@@ -67,7 +67,9 @@ def test_cache_hit_then_rebuild_on_each_kind_of_change(checkout: Path, tmp_path:
     assert changed.reason == "changed: sources (kernels/version.h)"
     (flags,) = build_all(hip_config(flags='"-O3"'), checkout, cache, env, logs)
     assert flags.reason == "changed: recipe"
-    (archs,) = build_all(hip_config(archs='"gfx1030", "gfx90a"', flags='"-O3"'), checkout, cache, env, logs)
+    (archs,) = build_all(
+        hip_config(archs='"gfx1030", "gfx90a"', flags='"-O3"'), checkout, cache, env, logs
+    )
     assert archs.reason == "changed: archs"
     assert {"gfx1030", "gfx90a"} <= {
         o["arch"] for objs in archs.code_objects.values() for o in objs

@@ -102,6 +102,17 @@ sources = ["kernels/*.hip", "kernels/*.h"]
 output = "build/libdemo_kernels.so"
 flags = ["-O2"]
 
+[focus]
+base = "origin/main"
+
+[[focus.rules]]
+sources = ["kernels/**", "!kernels/README.md"]
+tests = ["tests/test_scale_add_gpu.py", "tests/test_version_gpu.py"]
+
+[[focus.rules]]
+sources = ["demo_stack/**"]
+tests = ["tests/test_launcher_gpu.py", "tests/test_version_gpu.py"]
+
 [service]
 manager = "supervisor"
 unit = "demo-stack"

@@ -74,12 +74,15 @@ def run(
     check: bool = True,
     log_path: Path | None = None,
     stdin_text: str | None = None,
+    capture: bool = True,
 ) -> Result:
     """Run ``argv`` to completion and return its combined stdout/stderr.
 
-    ``env`` replaces the environment when given. ``log_path`` also receives the full
-    output (the error message shows only its tail). On timeout the process group gets
-    SIGTERM, then SIGKILL, and CommandFailed is raised whatever ``check`` says.
+    ``env`` replaces the environment when given. ``capture=False`` lets the output
+    through to the terminal (for test runs people watch) and returns none of it.
+    ``log_path`` also receives the full output (the error message shows only its tail).
+    On timeout the process group gets SIGTERM, then SIGKILL, and CommandFailed is raised
+    whatever ``check`` says.
     """
     argv = tuple(str(a) for a in argv)
     log.debug("$ %s%s", quote(argv), f"  (in {cwd})" if cwd else "")
@@ -90,8 +93,8 @@ def run(
             cwd=cwd,
             env=dict(env) if env is not None else None,
             stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE if capture else None,
+            stderr=subprocess.STDOUT if capture else None,
             start_new_session=True,
         )
     except FileNotFoundError as exc:
@@ -111,7 +114,7 @@ def run(
     finally:
         if popen.poll() is None:
             _stop_group(popen, grace=1.0)
-    output = raw.decode(errors="replace")
+    output = raw.decode(errors="replace") if raw is not None else ""
     seconds = time.monotonic() - start
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,128 @@
+"""servegate focus on a real git checkout of the demo stack, with its real focus map."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+import git
+import pytest
+
+from servegate import config
+from servegate.cli import main
+from servegate.demo.sandbox import Sandbox, config_text
+from servegate.errors import GitRefusal
+from servegate.kernels.focus import matches, select
+from tests.conftest import DEV
+
+STACK = resources.files("servegate.demo") / "stack"
+KERNEL_TESTS = ["tests/test_scale_add_gpu.py", "tests/test_version_gpu.py"]
+
+
+def copy_stack(dest: Path) -> None:
+    with resources.as_file(STACK) as src:
+        shutil.copytree(src, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "stack"
+    copy_stack(root)
+    repo = git.Repo.init(root, initial_branch="main")
+    with repo.git.custom_environment(**DEV.env):
+        repo.git.add("--all")
+        repo.git.commit("-q", "-m", "stack")
+    repo.git.switch("-q", "-c", "feature")
+    return root
+
+
+@pytest.fixture
+def cfg(tmp_path: Path, checkout: Path) -> config.Config:
+    text = config_text(Sandbox(tmp_path, Path(sys.executable), 8000))
+    path = tmp_path / "servegate.toml"
+    path.write_text(text.replace('base = "origin/main"', 'base = "main"'))
+    return config.load(path, {})
+
+
+def edit(checkout: Path, rel: str, text: str = "\n// changed\n") -> None:
+    path = checkout / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((path.read_text() if path.exists() else "") + text)
+
+
+def test_globs_with_double_star_and_exclusions() -> None:
+    assert matches("kernels/a/b.hip", ("kernels/**",))
+    assert matches("x/y/notes.md", ("**/*.md",))
+    assert matches("notes.md", ("**/*.md",))
+    assert not matches("kernels/README.md", ("kernels/**", "!kernels/README.md"))
+    assert not matches("kernelsx/a.hip", ("kernels/**",))
+    assert not matches("src/a/b.py", ("src/*.py",))
+
+
+def test_kernel_only_change_selects_the_kernel_tests(cfg: config.Config, checkout: Path) -> None:
+    edit(checkout, "kernels/demo_kernels.hip")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert sel.changed == ["kernels/demo_kernels.hip"]
+    assert sorted(sel.tests) == KERNEL_TESTS
+    assert sel.tests["tests/test_scale_add_gpu.py"] == ["kernels/demo_kernels.hip (rule 1)"]
+    assert sel.warnings == []
+
+
+def test_docs_only_change_selects_nothing(
+    cfg: config.Config, checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(checkout, "README.md", "more words\n")
+    edit(checkout, "kernels/README.md", "notes\n")
+    assert select(cfg.focus, checkout, "main", {}, []).tests == {}
+    assert (
+        main(
+            ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]
+        )
+        == 0
+    )
+    assert "nothing selected" in capsys.readouterr().out
+
+
+def test_uncovered_source_falls_back_to_the_wider_set(cfg: config.Config, checkout: Path) -> None:
+    edit(checkout, "tools/bench.py", "print(1)\n")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert list(sel.tests) == ["tests"]
+    assert sel.tests["tests"] == ["tools/bench.py matched no rule: fallback"]
+
+
+def test_run_all_by_environment_or_label(
+    cfg: config.Config, checkout: Path, tmp_path: Path
+) -> None:
+    edit(checkout, "kernels/demo_kernels.hip")
+    by_env = select(cfg.focus, checkout, "main", {"SERVEGATE_RUN_ALL_GPU_TESTS": "1"}, [])
+    assert list(by_env.tests) == ["tests"]
+    assert by_env.run_all == "SERVEGATE_RUN_ALL_GPU_TESTS=1"
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"labels": [{"name": "run-all-gpu-tests"}]}}))
+    by_label = select(cfg.focus, checkout, "main", {"GITHUB_EVENT_PATH": str(event)}, [])
+    assert by_label.run_all == "label 'run-all-gpu-tests'"
+
+
+def test_missing_base_and_stale_map_entries(cfg: config.Config, checkout: Path) -> None:
+    with pytest.raises(GitRefusal, match="'origin/nope' does not exist"):
+        select(cfg.focus, checkout, "origin/nope", {}, [])
+    shutil.rmtree(checkout / "kernels")
+    git.Repo(checkout).git.add("--all")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert "focus rule 1: source glob 'kernels/**' matches no file" in sel.warnings
+
+
+def test_run_without_gpu_says_how_many_were_skipped(
+    cfg: config.Config, checkout: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    edit(checkout, "kernels/demo_kernels.hip")
+    code = main(
+        ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]
+    )
+    out = capfd.readouterr().out
+    assert code == 0
+    assert "no GPU: 7 tests skipped" in out
+    assert "7 skipped" in out
