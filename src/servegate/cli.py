@@ -82,6 +82,13 @@ def servegate_parser() -> argparse.ArgumentParser:
         "--cache-dir", type=Path, help="build cache (default: ~/.cache/servegate/build-cache)"
     )
     bld.add_argument("--no-cache", action="store_true", help="always compile")
+    bld.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="build for ARCH instead of build.archs (repeatable), e.g. sm_90",
+    )
     _common(bld)
     foc = sub.add_parser("focus", help="select (and run) the GPU tests a change touches")
     foc.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
@@ -127,11 +134,12 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import inspect
 
         return inspect.run(out, args.files, tuple(args.arch))
-    cfg = config_mod.load(args.config, os.environ)
+    build_only = args.command in ("build", "focus")
+    cfg = config_mod.load(args.config, os.environ, build_only=build_only)
     if args.command == "build":
         from servegate.commands import build
 
-        return build.run(cfg, out, args.dir, args.cache_dir, not args.no_cache)
+        return build.run(cfg, out, args.dir, args.cache_dir, not args.no_cache, tuple(args.arch))
     if args.command == "focus":
         from servegate.commands import focus
 

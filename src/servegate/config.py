@@ -45,7 +45,7 @@ class Host:
     keep_releases: int = 5
 
 
-KernelKind = Literal["hipcc", "nvcc", "cmake"]
+KernelKind = Literal["portable", "hipcc", "nvcc", "cmake"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ class KernelTarget:
     """One GPU extension built for ``build.archs`` (a ``[[build.targets]]`` table)."""
 
     name: str
-    #: ``hipcc`` / ``nvcc``: compile ``sources`` into ``output``; ``cmake``: configure + build
+    #: ``hipcc`` / ``nvcc``: compile ``sources`` into ``output``; ``portable``: hipcc for
+    #: gfx archs, nvcc for sm archs (one source through a portability header);
+    #: ``cmake``: configure + build
     kind: KernelKind
     #: globs (relative to the checkout) of the inputs; they key the build cache, and for
     #: hipcc/nvcc the .hip/.cu/.cpp/.c files among them are compiled
@@ -286,6 +288,8 @@ def _validate(cfg: Config) -> None:
     if len(names) != len(set(names)):
         raise ConfigError(f"build.targets has duplicate names: {names}")
     for target in cfg.build.targets:
+        if target.kind == "portable" and not cfg.build.archs:
+            raise ConfigError(f"build.targets {target.name!r} (portable) needs build.archs")
         if target.kind != "cmake" and not target.output:
             raise ConfigError(f"build.targets {target.name!r} ({target.kind}) needs an output")
         if target.kind == "cmake" and not target.outputs:
@@ -294,18 +298,32 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
 
 
-def parse(text: str, *, path: str = "<string>", environ: Mapping[str, str]) -> Config:
+#: what ``servegate build`` and ``servegate focus`` need of a config: [build] and [focus]
+#: alone; the deploy sections may be left out for them
+DEPLOY_PLACEHOLDERS = {
+    "stack": {"remote": ""},
+    "host": {"root": ""},
+    "service": {"command": ["(not configured)"], "port": 1},
+}
+
+
+def parse(
+    text: str, *, path: str = "<string>", environ: Mapping[str, str], build_only: bool = False
+) -> Config:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    if build_only:
+        for section, placeholder in DEPLOY_PLACEHOLDERS.items():
+            data.setdefault(section, placeholder)
     cfg: Config = _build(Config, data, "", environ)
     cfg = dataclasses.replace(cfg, path=path)
     _validate(cfg)
     return cfg
 
 
-def load(path: Path, environ: Mapping[str, str]) -> Config:
+def load(path: Path, environ: Mapping[str, str], build_only: bool = False) -> Config:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -313,7 +331,7 @@ def load(path: Path, environ: Mapping[str, str]) -> Config:
             f"config file {path} not found",
             hint="pass --config PATH or create servegate.toml (see docs/config.md)",
         ) from None
-    return parse(text, path=str(path), environ=environ)
+    return parse(text, path=str(path), environ=environ, build_only=build_only)
 
 
 def fill(value: str, **places: str) -> str:

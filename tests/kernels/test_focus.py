@@ -77,12 +77,7 @@ def test_docs_only_change_selects_nothing(
     edit(checkout, "README.md", "more words\n")
     edit(checkout, "kernels/README.md", "notes\n")
     assert select(cfg.focus, checkout, "main", {}, []).tests == {}
-    assert (
-        main(
-            ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]
-        )
-        == 0
-    )
+    assert main(["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]) == 0
     assert "nothing selected" in capsys.readouterr().out
 
 
@@ -119,9 +114,7 @@ def test_run_without_gpu_says_how_many_were_skipped(
     cfg: config.Config, checkout: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     edit(checkout, "kernels/demo_kernels.hip")
-    code = main(
-        ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]
-    )
+    code = main(["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"])
     out = capfd.readouterr().out
     assert code == 0
     assert "no GPU: 7 tests skipped" in out

@@ -221,7 +221,10 @@ def test_in_place_refuses_a_dirty_checkout(
     err = capsys.readouterr().err
     assert "uncommitted changes" in err
     assert "tiny.c" in err
-    assert_serving(host, good)
+    assert host.live_root() == host.release_dir(good)  # still serving the last good release
+    # and verify names the edit made on the box
+    assert release_main(["verify", "--config", str(host.path)]) == 8
+    assert "tracked tree clean" in capsys.readouterr().err
 
 
 def test_in_place_rollback_after_failure(inplace_host: Host, stack: Stack) -> None:

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from servegate.config import Config
+from servegate.kernels.inspect import check_arch_names
 from servegate.kernels.targets import build_all
 from servegate.output import Output
 from servegate.pipeline.git import environ_without_git
@@ -13,7 +15,17 @@ def default_cache(environ: dict[str, str]) -> Path:
     return Path(base) / "servegate" / "build-cache"
 
 
-def run(cfg: Config, out: Output, checkout: Path, cache_dir: Path | None, use_cache: bool) -> int:
+def run(
+    cfg: Config,
+    out: Output,
+    checkout: Path,
+    cache_dir: Path | None,
+    use_cache: bool,
+    archs: tuple[str, ...] = (),
+) -> int:
+    if archs:
+        check_arch_names(archs)
+        cfg = dataclasses.replace(cfg, build=dataclasses.replace(cfg.build, archs=archs))
     environ = environ_without_git()
     cache = (cache_dir or default_cache(environ)) if use_cache else None
     results = build_all(cfg, checkout.resolve(), cache, environ, checkout / "build" / "logs")
@@ -28,14 +40,14 @@ def run(cfg: Config, out: Output, checkout: Path, cache_dir: Path | None, use_ca
         )
     rows = []
     for r in results:
-        archs = sorted({o["arch"] for objs in r.code_objects.values() for o in objs})
+        built_for = sorted({o["arch"] for objs in r.code_objects.values() for o in objs})
         rows.append(
             [
                 r.name,
                 r.kind,
                 "cache" if r.cached else "built",
                 f"{r.seconds:.2f}",
-                ", ".join(archs) or "-",
+                ", ".join(built_for) or "-",
                 r.reason,
             ]
         )

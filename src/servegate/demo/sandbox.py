@@ -16,6 +16,8 @@ from servegate.pipeline.git import Identity, commit_all, init_repo, push_branch
 MARKER = ".servegate-demo"
 AUTHOR = Identity("Demo Developer", "dev@demo.invalid")
 STACK = resources.files("servegate.demo") / "stack"
+#: the demo stack's [build] and [focus] tables
+STACK_TOML = resources.files("servegate.demo") / "stack.toml"
 
 
 @dataclass(frozen=True)
@@ -91,28 +93,6 @@ root = {q(str(sb.host_root))}
 strategy = "worktree"
 keep_releases = 3
 
-[build]
-archs = ["gfx1030"]
-timeout = 600
-
-[[build.targets]]
-name = "demo_kernels"
-kind = "hipcc"
-sources = ["kernels/*.hip", "kernels/*.h"]
-output = "build/libdemo_kernels.so"
-flags = ["-O2"]
-
-[focus]
-base = "origin/main"
-
-[[focus.rules]]
-sources = ["kernels/**", "!kernels/README.md"]
-tests = ["tests/test_scale_add_gpu.py", "tests/test_version_gpu.py"]
-
-[[focus.rules]]
-sources = ["demo_stack/**"]
-tests = ["tests/test_launcher_gpu.py", "tests/test_version_gpu.py"]
-
 [service]
 manager = "supervisor"
 unit = "demo-stack"
@@ -141,7 +121,8 @@ smoke_max_tokens = 16
 tag = "demo/{{date}}-{{time}}-{{short}}"
 identity_name = "servegate demo"
 identity_email = "servegate@demo.invalid"
-"""
+
+""" + STACK_TOML.read_text()
 
 
 def _stop_earlier_demo(root: Path) -> None:

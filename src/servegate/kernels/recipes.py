@@ -51,11 +51,20 @@ def expand(checkout: Path, globs: tuple[str, ...]) -> list[Path]:
     return sorted(files)
 
 
+def compiler(target: KernelTarget, archs: tuple[str, ...]) -> str:
+    """The recipe that builds ``target``: a portable target follows the archs' vendor."""
+    if target.kind == "portable":
+        return "hipcc" if vendor(archs) == "amd" else "nvcc"
+    return target.kind
+
+
 def toolchain(
     target: KernelTarget, archs: tuple[str, ...], environ: Mapping[str, str]
 ) -> dict[str, str]:
-    """Tool name → the first line of its ``--version`` (they key the cache)."""
-    tools = {"hipcc": ["hipcc"], "nvcc": ["nvcc"], "cmake": ["cmake", "ninja"]}[target.kind]
+    """Tool name → its ``--version`` lines (they key the cache)."""
+    tools = {"hipcc": ["hipcc"], "nvcc": ["nvcc"], "cmake": ["cmake", "ninja"]}[
+        compiler(target, archs)
+    ]
     if target.kind == "cmake" and archs:
         tools.append("hipcc" if vendor(archs) == "amd" else "nvcc")
     versions = {}
@@ -80,7 +89,8 @@ def steps(
     environ: Mapping[str, str],
 ) -> list[Step]:
     env = dict(environ)
-    if target.kind == "hipcc":
+    kind = compiler(target, archs)
+    if kind == "hipcc":
         env["HIP_PLATFORM"] = "amd"
         srcs = [str(p) for p in expand(checkout, target.sources) if p.suffix in COMPILED]
         arch_flags = [f"--offload-arch={a}" for a in archs]
@@ -91,7 +101,7 @@ def steps(
                 env,
             )
         ]
-    if target.kind == "nvcc":
+    if kind == "nvcc":
         cu_srcs = [p for p in expand(checkout, target.sources) if p.suffix in COMPILED]
         lang = ["-x", "cu"] if any(p.suffix != ".cu" for p in cu_srcs) else []
         gencode: list[str] = []

@@ -50,6 +50,8 @@ def _compile(
 ) -> list[list[str]]:
     commands: list[list[str]] = []
     text: list[str] = []
+    if target.output:
+        (checkout / target.output).parent.mkdir(parents=True, exist_ok=True)
     for step in recipes.steps(target, checkout, archs, jobs, environ):
         commands.append(list(step.argv))
         try:
@@ -59,7 +61,7 @@ def _compile(
             log.write_text("\n".join(text) + f"\n{exc}\n")
             raise BuildFailed(
                 f"building {target.name} failed: {exc}\n  full log: {log}",
-                hint="fix the build on the branch; nothing live was touched",
+                hint="the full log says why; fix the sources or the target's recipe",
             ) from None
         text.append(f"$ {proc.quote(step.argv)}\n{result.output}")
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +87,9 @@ def build_target(
             hint="fix the target's sources globs (relative to the checkout)",
         )
     key = Key.make(_recipe(target), source_hashes(checkout, sources), tools, archs)
-    result = TargetResult(target.name, target.kind, False, "", 0.0, key.digest, tools)
+    result = TargetResult(
+        target.name, recipes.compiler(target, archs), False, "", 0.0, key.digest, tools
+    )
     restored = cache.restore(target.name, key, checkout) if cache else None
     if restored is not None:
         result.cached, result.outputs = True, restored
