@@ -113,17 +113,23 @@ def check_map(focus: Focus, checkout: Path) -> list[str]:
     return warnings
 
 
+def run_all_reason(focus: Focus, environ: Mapping[str, str], labels: list[str]) -> str:
+    if environ.get(focus.run_all_env, "") not in ("", "0"):
+        return f"{focus.run_all_env}={environ[focus.run_all_env]}"
+    if focus.run_all_label in labels_from(environ, labels):
+        return f"label {focus.run_all_label!r}"
+    return ""
+
+
 def select(
     focus: Focus, checkout: Path, base: str, environ: Mapping[str, str], labels: list[str]
 ) -> Selection:
-    sel = Selection(changed_files(checkout, base), warnings=check_map(focus, checkout))
-    if environ.get(focus.run_all_env, "") not in ("", "0"):
-        sel.run_all = f"{focus.run_all_env}={environ[focus.run_all_env]}"
-    elif focus.run_all_label in labels_from(environ, labels):
-        sel.run_all = f"label {focus.run_all_label!r}"
-    if sel.run_all:
-        sel.add(focus.all_tests, f"run all: {sel.run_all}")
+    run_all = run_all_reason(focus, environ, labels)
+    if run_all:  # no diff needed (nor a git checkout)
+        sel = Selection([], run_all=run_all)
+        sel.add(focus.all_tests, f"run all: {run_all}")
         return sel
+    sel = Selection(changed_files(checkout, base), warnings=check_map(focus, checkout))
     relevant = [f for f in sel.changed if not matches(f, focus.ignore)]
     for path in relevant:
         hits = [n for n, rule in enumerate(focus.rules, 1) if matches(path, rule.sources)]
