@@ -99,6 +99,13 @@ def servegate_parser() -> argparse.ArgumentParser:
     foc.add_argument("--run", action="store_true", help="run the selected tests with pytest")
     foc.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     _common(foc)
+    lease = sub.add_parser("lease", help="run a command holding the host's GPU lease")
+    lease.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds to wait for the lease (default 3600)"
+    )
+    lease.add_argument("--what", help="how the holder is named to those who wait")
+    lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    lease.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     ins = sub.add_parser("inspect", help="list the GPU code objects inside built libraries")
     ins.add_argument("files", nargs="+", type=Path, metavar="FILE", help="built *.so files")
     ins.add_argument(
@@ -130,6 +137,10 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import demo
 
         return demo.run(out, args.workdir, keep_running=args.keep_running)
+    if args.command == "lease":
+        from servegate.commands import lease
+
+        return lease.run(out, args.argv, args.timeout, args.what)
     if args.command == "inspect":
         from servegate.commands import inspect
 

@@ -43,6 +43,10 @@ class Host:
     strategy: Strategy = "worktree"
     #: release worktrees kept (the live and previous release are always kept)
     keep_releases: int = 5
+    #: where the host-wide GPU lease lives; empty: $SERVEGATE_STATE_DIR or ~/.local/state/servegate
+    state_dir: str = ""
+    #: seconds promote and rollback wait for the GPU lease
+    lease_timeout: float = 3600.0
 
 
 KernelKind = Literal["portable", "hipcc", "nvcc", "cmake"]

@@ -21,6 +21,7 @@ import git
 
 from servegate.config import Focus
 from servegate.errors import GitRefusal
+from servegate.pipeline.git import open_repo
 
 
 @cache
@@ -74,7 +75,7 @@ class Selection:
 
 
 def changed_files(checkout: Path, base: str) -> list[str]:
-    repo = git.Repo(checkout)
+    repo = open_repo(checkout)
     try:
         merge_base = repo.git.merge_base(base, "HEAD")
     except git.GitCommandError:
@@ -101,7 +102,7 @@ def labels_from(environ: Mapping[str, str], given: list[str]) -> set[str]:
 
 def check_map(focus: Focus, checkout: Path) -> list[str]:
     """Warnings for focus-map entries that match no file of the checkout."""
-    files = git.Repo(checkout).git.ls_files().splitlines()
+    files = open_repo(checkout).git.ls_files().splitlines()
     warnings = []
     for n, rule in enumerate(focus.rules, 1):
         for glob in rule.sources:

@@ -24,6 +24,12 @@ SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
 LEAKY = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_PREFIX")
 
 
+def open_repo(path: Path) -> git.Repo:
+    """A Repo reading objects in-process (GitDB): no long-lived ``git cat-file`` children
+    are left behind by short-lived Repo objects."""
+    return git.Repo(path, odbt=git.GitDB)
+
+
 def scrub_git_env(environ: MutableMapping[str, str]) -> None:
     for key in [k for k in environ if k in LEAKY or k.startswith("GIT_ALTERNATE")]:
         del environ[key]
@@ -160,10 +166,10 @@ class HostRepo(StackRepo):
         with _git_errors("init"):
             if not (self.path / "HEAD").exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                repo = git.Repo.init(self.path, bare=True)
+                repo = git.Repo.init(self.path, bare=True, odbt=git.GitDB)
                 repo.create_remote("origin", self.remote_url)
                 return repo
-            repo = git.Repo(self.path)
+            repo = open_repo(self.path)
             if repo.remote("origin").url != self.remote_url:
                 repo.remote("origin").set_url(self.remote_url)
             return repo
@@ -179,12 +185,12 @@ class HostRepo(StackRepo):
 
 
 def worktree_head(path: Path) -> str:
-    return str(git.Repo(path).head.commit.hexsha)
+    return str(open_repo(path).head.commit.hexsha)
 
 
 def dirty_files(path: Path) -> list[str]:
     """``git status --porcelain --untracked-files=no``, one entry a line."""
-    out = git.Repo(path).git.status("--porcelain", "--untracked-files=no")
+    out = open_repo(path).git.status("--porcelain", "--untracked-files=no")
     return [line for line in str(out).splitlines() if line.strip()]
 
 
@@ -195,8 +201,8 @@ class InPlaceCheckout(StackRepo):
         super().__init__(path, remote_url, branch)
         with _git_errors(f"clone {remote_url}"):
             if not (path / ".git").exists():
-                git.Repo.clone_from(remote_url, path, branch=branch)
-        self.repo = git.Repo(path)
+                git.Repo.clone_from(remote_url, path, branch=branch, odbt=git.GitDB)
+        self.repo = open_repo(path)
 
     def require_clean(self) -> None:
         dirty = dirty_files(self.path)
@@ -237,12 +243,12 @@ def environ_without_git() -> dict[str, str]:
 
 def init_repo(path: Path, bare: bool = False, branch: str = "main") -> git.Repo:
     path.mkdir(parents=True, exist_ok=True)
-    return git.Repo.init(path, bare=bare, initial_branch=branch)
+    return git.Repo.init(path, bare=bare, initial_branch=branch, odbt=git.GitDB)
 
 
 def commit_all(path: Path, message: str, identity: Identity) -> str:
     """Stage everything in the work tree of ``path`` and commit it; returns the SHA."""
-    repo = git.Repo(path)
+    repo = open_repo(path)
     with repo.git.custom_environment(**identity.env):
         repo.git.add("--all")
         repo.git.commit("--quiet", "--allow-empty", "-m", message)
@@ -251,4 +257,4 @@ def commit_all(path: Path, message: str, identity: Identity) -> str:
 
 def push_branch(path: Path, branch: str = "main") -> None:
     with _git_errors(f"push {branch}"):
-        git.Repo(path).git.push("--quiet", "origin", f"HEAD:refs/heads/{branch}")
+        open_repo(path).git.push("--quiet", "origin", f"HEAD:refs/heads/{branch}")

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,28 +45,56 @@ def read_holder(path: Path) -> Holder | None:
     return Holder(int(data["pid"]), str(data["host"]), str(data["command"]), float(data["since"]))
 
 
-class HostLock:
-    """``with HostLock(path, "release promote abc"):`` — raises LockHeld when taken."""
+WaitCallback = Callable[[Holder | None, float], None]
 
-    def __init__(self, path: Path, command: str) -> None:
+
+class HostLock:
+    """``with HostLock(path, "release promote abc"):`` — raises LockHeld when taken.
+
+    With ``wait`` > 0 it waits up to that many seconds for the holder, calling
+    ``on_wait(holder, waited_seconds)`` about once a second.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        command: str,
+        *,
+        wait: float = 0.0,
+        on_wait: WaitCallback | None = None,
+        hint: str = "wait for it to finish; servegate runs one promote or rollback at a time",
+    ) -> None:
         self.path = path
         self.command = command
+        self.wait = wait
+        self.on_wait = on_wait
+        self.hint = hint
         self.took_over: Holder | None = None
         self._fd: int | None = None
+
+    def _acquire(self, fd: int) -> None:
+        start = last_report = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                holder = read_holder(self.path)
+                if waited >= self.wait:
+                    os.close(fd)
+                    who = holder.describe() if holder else "an unknown process"
+                    after = f" (waited {waited:.0f}s)" if self.wait else ""
+                    raise LockHeld(f"{self.path} is held by {who}{after}", hint=self.hint) from None
+                if self.on_wait is not None and time.monotonic() - last_report >= 1.0:
+                    last_report = time.monotonic()
+                    self.on_wait(holder, waited)
+                time.sleep(0.1)
 
     def __enter__(self) -> HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            holder = read_holder(self.path)
-            who = holder.describe() if holder else "an unknown process"
-            raise LockHeld(
-                f"{self.path} is held by {who}",
-                hint="wait for it to finish; servegate runs one promote or rollback at a time",
-            ) from None
+        self._acquire(fd)
         stale = read_holder(self.path)
         if stale is not None and stale.pid != os.getpid() and not pid_alive(stale.pid):
             self.took_over = stale

@@ -11,6 +11,7 @@ from servegate.config import Config
 from servegate.engine import openai, provenance
 from servegate.engine.launch import LaunchSpec, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
+from servegate.pipeline.lease import state_dir
 from servegate.pipeline.stages import Reporter, StageRunner
 from servegate.release.deploy import Deployer, make_deployer
 from servegate.release.state import HostState
@@ -42,6 +43,11 @@ class Context:
     @property
     def lock_path(self) -> Path:
         return self.cfg.host_root / "servegate.lock"
+
+    @property
+    def lease_path(self) -> Path:
+        root = Path(self.cfg.host.state_dir) if self.cfg.host.state_dir else state_dir(os.environ)
+        return root / "gpu.lease"
 
     @property
     def build_cache(self) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from servegate.errors import (
 )
 from servegate.kernels.build import BuildResult, run_build
 from servegate.pipeline.git import dirty_files
+from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import record as rec
 from servegate.release import service
@@ -106,6 +108,19 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
         cached = [t["name"] for t in built.targets if t["cached"]]
         reuse = f", cache hit: {', '.join(cached)}" if cached else ""
         st.detail = f"{len(built.artifacts)} artifact(s) hashed{archs}{reuse}"
+    with ExitStack() as lease:
+        with runner.stage("lease") as st:
+            what = f"release promote {sha[:12]}"
+            lease.enter_context(gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout))
+            st.detail = str(ctx.lease_path)
+        return _switch_and_prove(ctx, sha, release_dir, built, start)
+
+
+def _switch_and_prove(
+    ctx: Context, sha: str, release_dir: Path, built: BuildResult, start: float
+) -> Outcome:
+    """From stopping the old release to the record, holding the GPU lease."""
+    runner = ctx.runner
     previous = ctx.state.current
     evidence = service.Evidence()
     try:

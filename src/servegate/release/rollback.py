@@ -8,6 +8,7 @@ from typing import Any
 from servegate.engine.launch import placeholders
 from servegate.errors import NothingToDo, RollbackFailed, ServegateError
 from servegate.kernels.build import run_build
+from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import record as rec
 from servegate.release import service
@@ -114,7 +115,9 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             raise NothingToDo(f"{target.sha[:12]} is already the live release")
         with ctx.runner.stage("preflight"):
             service.check_port_free(ctx)
-        result = restore(ctx, target)
+        what = f"release rollback to {target.sha[:12]}"
+        with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
+            result = restore(ctx, target)
         if not result["ok"]:
             raise RollbackFailed(result["reason"], hint=WHAT_TO_DO.format(root=ctx.cfg.host_root))
         with ctx.runner.stage("record"):

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+import os
+import shlex
+
+from servegate.errors import ConfigError
+from servegate.output import Output
+from servegate.pipeline import proc
+from servegate.pipeline.lease import gpu_lease, lease_path
+
+
+def run(out: Output, argv: list[str], timeout: float, what: str | None) -> int:
+    """Run ``argv`` holding the host's GPU lease; its exit code is ours."""
+    argv = argv[1:] if argv[:1] == ["--"] else argv
+    if not argv:
+        raise ConfigError("no command to run", hint="servegate lease [--timeout S] -- COMMAND ...")
+    path = lease_path(os.environ)
+    with gpu_lease(path, what or shlex.join(argv), timeout) as env:
+        return proc.run(argv, env={**os.environ, **env}, check=False, capture=False).returncode

@@ -1,0 +1,135 @@
+"""The host's GPU lease, contended by real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from servegate.cli import release_main
+from tests.conftest import Host, Stack
+
+LEASE = [sys.executable, "-m", "servegate", "lease"]
+
+
+def env_for(state: Path) -> dict[str, str]:
+    return dict(os.environ, SERVEGATE_STATE_DIR=str(state))
+
+
+@contextmanager
+def holder(state: Path, seconds: float = 60) -> Iterator[subprocess.Popen[str]]:
+    """A CI GPU job holding the lease."""
+    job = subprocess.Popen(
+        [
+            *LEASE,
+            "--what",
+            "gpu job 17",
+            "--",
+            sys.executable,
+            "-c",
+            f"import time; print('held', flush=True); time.sleep({seconds})",
+        ],
+        env=env_for(state),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert job.stdout is not None
+    assert job.stdout.readline().strip() == "held"
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        job.stdout.close()
+
+
+def test_second_holder_times_out_naming_the_first(tmp_path: Path) -> None:
+    with holder(tmp_path):
+        start = time.monotonic()
+        late = subprocess.run(
+            [*LEASE, "--timeout", "1.5", "--", "true"],
+            env=env_for(tmp_path),
+            capture_output=True,
+            text=True,
+        )
+        assert time.monotonic() - start >= 1.5
+    assert late.returncode == 4
+    assert "gpu job 17" in late.stderr
+    assert "waited 2s" in late.stderr or "waited 1s" in late.stderr
+
+
+def test_waiter_sees_the_holder_then_runs(tmp_path: Path) -> None:
+    with holder(tmp_path, seconds=2.5):
+        waiter = subprocess.run(
+            [*LEASE, "--timeout", "30", "--", "sh", "-c", "echo ran; exit 3"],
+            env=env_for(tmp_path),
+            capture_output=True,
+            text=True,
+        )
+    assert waiter.returncode == 3  # the command's own exit code
+    assert "waits for the GPU lease, held by pid" in waiter.stderr
+    assert "gpu job 17" in waiter.stderr
+    assert waiter.stdout.strip() == "ran"
+
+
+def test_dead_holder_releases_the_lease(tmp_path: Path) -> None:
+    with holder(tmp_path) as job:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    after = subprocess.run(
+        [*LEASE, "--timeout", "0", "--", "true"],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    assert after.returncode == 0
+    assert "taking over a stale lock" in after.stderr
+
+
+def test_nested_lease_does_not_deadlock(tmp_path: Path) -> None:
+    inner = f"{sys.executable} -m servegate lease --timeout 0 -- true"
+    nested = subprocess.run(
+        [*LEASE, "--timeout", "0", "--", "sh", "-c", inner],
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    assert nested.returncode == 0, nested.stderr
+
+
+def test_no_command_is_a_usage_error(tmp_path: Path) -> None:
+    run = subprocess.run([*LEASE], env=env_for(tmp_path), capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "no command to run" in run.stderr
+
+
+def test_promote_waits_for_the_lease_and_leaves_the_service_alone(
+    host: Host,
+    stack: Stack,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("SERVEGATE_STATE_DIR", str(state))
+    good = stack.commit()
+    assert release_main(["promote", good, "--config", str(host.path)]) == 0
+    pid = host.context().manager.main_pid()
+    text = host.path.read_text().replace(
+        "keep_releases = 3", "keep_releases = 3\nlease_timeout = 1"
+    )
+    host.path.write_text(text)
+    with holder(state):
+        assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 4
+    assert "gpu job 17" in capsys.readouterr().err
+    assert host.context().manager.main_pid() == pid
+    assert host.live_root() == host.release_dir(good)
