@@ -69,5 +69,13 @@ def test_demo_promotes_twice_and_rolls_back_a_bad_release(tmp_path: Path) -> Non
     verdict = json.loads(origin.git.notes("--ref", "refs/notes/servegate", "show", bad["sha"]))
     assert verdict["verdict"] == "rolled_back"
 
+    # kernels are built by servegate's own recipe for gfx1030; the bad commit left them
+    # unchanged, so its build was a cache hit
+    assert [t["cached"] for t in first["record"]["build_targets"]] == [False]
+    assert [t["cached"] for t in second["record"]["build_targets"]] == [False]
+    assert [t["cached"] for t in bad["record"]["build_targets"]] == [True]
+    objects = first["record"]["code_objects"]["build/libdemo_kernels.so"]
+    assert [o["arch"] for o in objects] == ["gfx1030"]
+
     # the built library holds gfx1030 code
     assert b"gfx1030" in (release_dir / "build" / "libdemo_kernels.so").read_bytes()

@@ -106,6 +106,9 @@ def servegate_parser() -> argparse.ArgumentParser:
     lease.add_argument("--what", help="how the holder is named to those who wait")
     lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     lease.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
+    summ = sub.add_parser("summary", help="a promote's --json output as Markdown (CI job summary)")
+    summ.add_argument("file", type=Path, help="output of `release promote --json`")
+    summ.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     ins = sub.add_parser("inspect", help="list the GPU code objects inside built libraries")
     ins.add_argument("files", nargs="+", type=Path, metavar="FILE", help="built *.so files")
     ins.add_argument(
@@ -141,6 +144,10 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import lease
 
         return lease.run(out, args.argv, args.timeout, args.what)
+    if args.command == "summary":
+        from servegate.commands import summary
+
+        return summary.run(out, args.file)
     if args.command == "inspect":
         from servegate.commands import inspect
 

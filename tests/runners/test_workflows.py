@@ -1,0 +1,128 @@
+"""The shipped workflows: linted by actionlint and zizmor, and their gates evaluated."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = resources.files("servegate.runners") / "workflows"
+FILES = [
+    ROOT / ".github/workflows/ci.yml",
+    *(Path(str(TEMPLATES)) / n for n in ("pull-request.yml", "release.yml")),
+]
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+    if found is None:
+        pytest.skip(f"{name} is not installed (pip install '.[dev]')")
+    return found
+
+
+def load(name: str) -> dict[Any, Any]:
+    data: dict[Any, Any] = yaml.safe_load((Path(str(TEMPLATES)) / name).read_text())
+    return data
+
+
+def test_actionlint_reports_nothing() -> None:
+    run = subprocess.run(
+        [tool("actionlint"), *map(str, FILES)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout == ""
+
+
+def test_zizmor_reports_nothing() -> None:
+    run = subprocess.run(
+        [tool("zizmor"), "--offline", *map(str, FILES)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "No findings to report" in run.stdout + run.stderr
+
+
+def evaluate(expr: str, ctx: dict[str, Any]) -> bool:
+    """The subset of GitHub's expression language the gate uses: property paths,
+    'literals', ==, ||, &&, and contains(list.*.name, 'x')."""
+
+    def value(term: str) -> Any:
+        term = term.strip()
+        if term.startswith("'"):
+            return term.strip("'")
+        call = re.fullmatch(r"contains\((.+?),\s*'(.+)'\)", term)
+        if call:
+            path, wanted = call.groups()
+            base, _, field = path.partition(".*.")
+            return wanted in [item[field] for item in value(base)]
+        node: Any = ctx
+        for part in term.split("."):
+            node = node[part]
+        return node
+
+    def clause(text: str) -> bool:
+        if "==" in text:
+            left, right = text.split("==")
+            return bool(value(left) == value(right))
+        return bool(value(text))
+
+    return any(all(clause(c) for c in alt.split("&&")) for alt in expr.split("||"))
+
+
+def event(head_repo: str, labels: list[str]) -> dict[str, Any]:
+    return {
+        "github": {
+            "repository": "team/stack",
+            "event": {
+                "pull_request": {
+                    "head": {"repo": {"full_name": head_repo}},
+                    "labels": [{"name": n} for n in labels],
+                }
+            },
+        }
+    }
+
+
+def test_gpu_job_runs_only_for_own_branches_or_labelled_forks() -> None:
+    gate = load("pull-request.yml")["jobs"]["gpu"]["if"]
+    assert evaluate(gate, event("team/stack", []))
+    assert not evaluate(gate, event("stranger/stack", []))
+    assert not evaluate(gate, event("stranger/stack", ["needs-review"]))
+    assert evaluate(gate, event("stranger/stack", ["safe-to-test"]))
+
+
+def test_pull_request_workflow_is_least_privilege() -> None:
+    wf = load("pull-request.yml")
+    on = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads the key `on` as True
+    assert "pull_request_target" not in on
+    assert wf["permissions"] == {}
+    assert wf["concurrency"]["group"] == "pr-${{ github.event.pull_request.number }}"
+    gpu = wf["jobs"]["gpu"]
+    assert gpu["runs-on"] == ["self-hosted", "linux", "gfx1030"]
+    assert gpu["permissions"] == {"contents": "read"}
+    assert "servegate lease" in gpu["steps"][-1]["run"]
+    for job in wf["jobs"].values():
+        checkout = next(s for s in job["steps"] if "actions/checkout@" in s.get("uses", ""))
+        assert checkout["with"]["persist-credentials"] is False
+        assert re.search(r"@[0-9a-f]{40} ", checkout["uses"] + " ")
+
+
+def test_release_workflow_is_manual_and_protected() -> None:
+    wf = load("release.yml")
+    on = wf[True] if True in wf else wf["on"]
+    assert list(on) == ["workflow_dispatch"]
+    assert on["workflow_dispatch"]["inputs"]["sha"]["required"] is True
+    job = wf["jobs"]["promote"]
+    assert job["environment"] == "production"
+    assert "serving" in job["runs-on"]
+    script = job["steps"][0]["run"]
+    assert "${{" not in script  # inputs reach the shell through env, never by templating
+    assert 'release promote "$SHA" --json' in script
+    assert 'servegate summary "$result" >> "$GITHUB_STEP_SUMMARY"' in script
