@@ -78,3 +78,17 @@ def test_status_history_and_verify_report(
     proof = json.loads(capsys.readouterr().out)["result"]
     assert proof["ok"] is True
     assert proof["modules"]["tinystack"].startswith(host.release_dir(sha))
+
+
+def test_summary_renders_gate_and_verdict(host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert release_main(["promote", stack.commit(), "--config", str(host.path), "--json"]) == 0
+    result = tmp_path / "promote.json"
+    result.write_text(capsys.readouterr().out)
+    assert main(["summary", str(result)]) == 0
+    text = capsys.readouterr().out
+    assert "released (exit 0)" in text
+    assert "| smoke | PASS |" in text
+    assert "| provenance | ok |" in text
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    assert main(["summary", str(bad)]) == 2

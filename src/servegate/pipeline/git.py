@@ -25,9 +25,14 @@ LEAKY = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "
 
 
 def open_repo(path: Path) -> git.Repo:
-    """A Repo reading objects in-process (GitDB): no long-lived ``git cat-file`` children
-    are left behind by short-lived Repo objects."""
-    return git.Repo(path, odbt=git.GitDB)
+    """A Repo for git commands. servegate asks git (rev-parse, log, merge-base) rather
+    than reading objects through GitPython, so no long-lived ``git cat-file`` children
+    outlive a command."""
+    return git.Repo(path)
+
+
+def head_of(repo: git.Repo, rev: str = "HEAD") -> str:
+    return str(repo.git.rev_parse("--verify", f"{rev}^{{commit}}"))
 
 
 def scrub_git_env(environ: MutableMapping[str, str]) -> None:
@@ -128,10 +133,16 @@ class StackRepo:
             )
 
     def is_ancestor(self, ancestor: str, descendant: str) -> bool:
-        return bool(self.repo.is_ancestor(self.repo.commit(ancestor), self.repo.commit(descendant)))
+        try:
+            self.repo.git.merge_base("--is-ancestor", ancestor, descendant)
+        except git.GitCommandError as exc:
+            if exc.status == 1:
+                return False
+            raise _fail("merge-base --is-ancestor", exc) from exc
+        return True
 
     def subject(self, sha: str) -> str:
-        return str(self.repo.commit(sha).summary)
+        return str(self.repo.git.log("-1", "--format=%s", sha))
 
     def tag(self, name: str, sha: str, message: str, identity: Identity) -> None:
         with _git_errors(f"tag {name}"), self.repo.git.custom_environment(**identity.env):
@@ -166,7 +177,7 @@ class HostRepo(StackRepo):
         with _git_errors("init"):
             if not (self.path / "HEAD").exists():
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                repo = git.Repo.init(self.path, bare=True, odbt=git.GitDB)
+                repo = git.Repo.init(self.path, bare=True)
                 repo.create_remote("origin", self.remote_url)
                 return repo
             repo = open_repo(self.path)
@@ -185,7 +196,7 @@ class HostRepo(StackRepo):
 
 
 def worktree_head(path: Path) -> str:
-    return str(open_repo(path).head.commit.hexsha)
+    return head_of(open_repo(path))
 
 
 def dirty_files(path: Path) -> list[str]:
@@ -201,7 +212,7 @@ class InPlaceCheckout(StackRepo):
         super().__init__(path, remote_url, branch)
         with _git_errors(f"clone {remote_url}"):
             if not (path / ".git").exists():
-                git.Repo.clone_from(remote_url, path, branch=branch, odbt=git.GitDB)
+                git.Repo.clone_from(remote_url, path, branch=branch)
         self.repo = open_repo(path)
 
     def require_clean(self) -> None:
@@ -232,7 +243,7 @@ class InPlaceCheckout(StackRepo):
             self.repo.git.switch("--detach", sha)
 
     def head(self) -> str:
-        return str(self.repo.head.commit.hexsha)
+        return head_of(self.repo)
 
 
 def environ_without_git() -> dict[str, str]:
@@ -243,7 +254,7 @@ def environ_without_git() -> dict[str, str]:
 
 def init_repo(path: Path, bare: bool = False, branch: str = "main") -> git.Repo:
     path.mkdir(parents=True, exist_ok=True)
-    return git.Repo.init(path, bare=bare, initial_branch=branch, odbt=git.GitDB)
+    return git.Repo.init(path, bare=bare, initial_branch=branch)
 
 
 def commit_all(path: Path, message: str, identity: Identity) -> str:
@@ -252,7 +263,7 @@ def commit_all(path: Path, message: str, identity: Identity) -> str:
     with repo.git.custom_environment(**identity.env):
         repo.git.add("--all")
         repo.git.commit("--quiet", "--allow-empty", "-m", message)
-    return str(repo.head.commit.hexsha)
+    return head_of(repo)
 
 
 def push_branch(path: Path, branch: str = "main") -> None:
