@@ -80,7 +80,9 @@ def test_status_history_and_verify_report(
     assert proof["modules"]["tinystack"].startswith(host.release_dir(sha))
 
 
-def test_summary_renders_gate_and_verdict(host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_summary_renders_gate_and_verdict(
+    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert release_main(["promote", stack.commit(), "--config", str(host.path), "--json"]) == 0
     result = tmp_path / "promote.json"
     result.write_text(capsys.readouterr().out)
