@@ -106,6 +106,31 @@ def servegate_parser() -> argparse.ArgumentParser:
     lease.add_argument("--what", help="how the holder is named to those who wait")
     lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     lease.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
+    run = sub.add_parser("runner", help="the self-hosted GitHub Actions runner on this box")
+    rsub2 = run.add_subparsers(dest="runner_command", required=True, metavar="COMMAND")
+    inst = rsub2.add_parser(
+        "install", help="register an ephemeral runner as a systemd user service"
+    )
+    inst.add_argument("--url", required=True, help="https://github.com/OWNER/REPO")
+    inst.add_argument("--labels", default="self-hosted,linux,gfx1030", help="comma-separated")
+    inst.add_argument("--name", help="runner name (default: the host name)")
+    inst.add_argument(
+        "--dir",
+        type=Path,
+        default=Path.home() / "actions-runner",
+        help="where the Actions runner is unpacked (default: ~/actions-runner)",
+    )
+    inst.add_argument(
+        "--token-env",
+        default="RUNNER_TOKEN",
+        help="environment variable holding the registration token",
+    )
+    inst.add_argument("--no-start", action="store_true", help="write the unit, do not start it")
+    inst.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    inst.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+    hook = rsub2.add_parser("hook", help="a job hook (the runner calls it)")
+    hook.add_argument("event", choices=["started", "completed"])
+    hook.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     summ = sub.add_parser("summary", help="a promote's --json output as Markdown (CI job summary)")
     summ.add_argument("file", type=Path, help="output of `release promote --json`")
     summ.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
@@ -144,6 +169,14 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import lease
 
         return lease.run(out, args.argv, args.timeout, args.what)
+    if args.command == "runner":
+        from servegate.commands import runner
+
+        if args.runner_command == "hook":
+            return runner.run_hook(args.event)
+        return runner.run_install(
+            out, args.url, args.labels, args.name, args.dir, args.token_env, not args.no_start
+        )
     if args.command == "summary":
         from servegate.commands import summary
 
@@ -207,6 +240,7 @@ def run(
                 args.command,
                 getattr(args, "release_command", None),
                 getattr(args, "config_command", None),
+                getattr(args, "runner_command", None),
             ],
         )
     )

@@ -75,6 +75,7 @@ def run(
     log_path: Path | None = None,
     stdin_text: str | None = None,
     capture: bool = True,
+    redact: Sequence[str] = (),
 ) -> Result:
     """Run ``argv`` to completion and return its combined stdout/stderr.
 
@@ -85,7 +86,8 @@ def run(
     whatever ``check`` says.
     """
     argv = tuple(str(a) for a in argv)
-    log.debug("$ %s%s", quote(argv), f"  (in {cwd})" if cwd else "")
+    shown = tuple(_hide(a, redact) for a in argv)  # secrets never reach a log or an error
+    log.debug("$ %s%s", quote(shown), f"  (in {cwd})" if cwd else "")
     start = time.monotonic()
     try:
         popen = subprocess.Popen(
@@ -99,7 +101,7 @@ def run(
         )
     except FileNotFoundError as exc:
         raise CommandFailed(
-            f"cannot run {quote(argv)}: {exc.strerror}: {exc.filename}",
+            f"cannot run {quote(shown)}: {exc.strerror}: {exc.filename}",
             hint=f"install {argv[0]!r} or fix the configured command",
         ) from exc
     try:
@@ -114,19 +116,26 @@ def run(
     finally:
         if popen.poll() is None:
             _stop_group(popen, grace=1.0)
-    output = raw.decode(errors="replace") if raw is not None else ""
+    output = _hide(raw.decode(errors="replace"), redact) if raw is not None else ""
     seconds = time.monotonic() - start
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"$ {quote(argv)}\n{output}")
+        log_path.write_text(f"$ {quote(shown)}\n{output}")
     if returncode is None:
         raise CommandFailed(
-            failure_text(argv, None, output) + f"\n  (limit: {timeout:.0f}s)",
+            failure_text(shown, None, output) + f"\n  (limit: {timeout:.0f}s)",
             hint="raise the timeout in the config or find out why the command hangs",
         )
     if check and returncode != 0:
-        raise CommandFailed(failure_text(argv, returncode, output))
-    return Result(argv, returncode, output, seconds)
+        raise CommandFailed(failure_text(shown, returncode, output))
+    return Result(shown, returncode, output, seconds)
+
+
+def _hide(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "<redacted>")
+    return text
 
 
 def pid_alive(pid: int) -> bool:

@@ -1,0 +1,139 @@
+"""Job hooks of the self-hosted runner (ACTIONS_RUNNER_HOOK_JOB_STARTED/COMPLETED).
+
+Every process a job starts inherits ``SERVEGATE_RUNNER=<runner name>`` from the runner's
+unit. Whatever still carries this runner's marker and is not the running job's own chain
+was left behind by an earlier job — a stray vLLM holding the GPUs — and is ended. Other
+runners' processes and unmarked processes are never touched (no name matching).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from servegate.errors import ConfigError
+from servegate.pipeline import proc
+
+MARKER = "SERVEGATE_RUNNER"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(p.decode(errors="replace").split("=", 1) for p in raw.split(b"\0") if b"=" in p)
+
+
+def _chain(pid: int) -> set[int]:
+    """``pid`` and its ancestors."""
+    chain = set()
+    while pid > 1:
+        chain.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+    return chain
+
+
+def marked(name: str) -> list[int]:
+    return sorted(
+        int(p) for p in os.listdir("/proc") if p.isdigit() and _environ(int(p)).get(MARKER) == name
+    )
+
+
+def leftovers(name: str) -> list[int]:
+    """This runner's processes that are not the current job's own chain."""
+    own = _chain(os.getpid())
+    return [pid for pid in marked(name) if pid not in own]
+
+
+def end(pids: list[int], grace: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [p for p in pids if proc.pid_alive(p)]
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while any(proc.pid_alive(p) for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def gpu_users() -> tuple[str, list[str]]:
+    """(tool used, processes on the GPUs); ("", []) when no GPU tool is installed."""
+    if shutil.which("nvidia-smi"):
+        out = proc.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+            check=False,
+            timeout=60,
+        )
+        return "nvidia-smi", [line.strip() for line in out.output.splitlines() if line.strip()]
+    if shutil.which("rocm-smi"):
+        out = proc.run(["rocm-smi", "--showpids"], check=False, timeout=60)
+        rows = [
+            line.strip()
+            for line in out.output.splitlines()
+            if line.strip() and line.split()[0].isdigit()
+        ]
+        return "rocm-smi", rows
+    return "", []
+
+
+def _name(environ: Mapping[str, str]) -> str:
+    name = environ.get(MARKER, "")
+    if not name:
+        raise ConfigError(
+            f"{MARKER} is not set: this hook runs inside a servegate runner",
+            hint="install the runner with `servegate runner install`",
+        )
+    return name
+
+
+def job_started(environ: Mapping[str, str]) -> int:
+    name = _name(environ)
+    stale = leftovers(name)
+    if stale:
+        print(
+            f"servegate: ending {len(stale)} process(es) an earlier job of runner {name} "
+            f"left: {', '.join(f'{p} ({proc_cmd(p)})' for p in stale)}",
+            flush=True,
+        )
+        end(stale)
+    tool, users = gpu_users()
+    if not tool:
+        print("servegate: no nvidia-smi or rocm-smi here: GPU idle check skipped", flush=True)
+    elif users:
+        print(f"servegate: the GPUs are not idle ({tool}): {'; '.join(users)}", flush=True)
+        return 1
+    return 0
+
+
+def job_completed(environ: Mapping[str, str]) -> int:
+    name = _name(environ)
+    stale = leftovers(name)
+    if stale:
+        print(f"servegate: ending {len(stale)} process(es) the job left running", flush=True)
+        end(stale)  # a lease holder among them frees the lease as it dies
+    workspace = environ.get("GITHUB_WORKSPACE")
+    if workspace and Path(workspace).is_dir():
+        for entry in Path(workspace).iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        print(f"servegate: cleaned {workspace}", flush=True)
+    return 0
+
+
+def proc_cmd(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return " ".join(p.decode(errors="replace") for p in raw.split(b"\0") if p)[:80]

@@ -1,0 +1,146 @@
+"""A GitHub Actions runner on the serving box: registered ephemeral, run as a systemd
+user service, with servegate's job hooks. The registration token is read from the
+environment, passed to the runner's own ``config.sh`` and never written anywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from servegate.engine.managers.systemd import quote_arg, unit_dir
+from servegate.errors import CommandFailed, ConfigError, PreflightFailed
+from servegate.pipeline import proc
+
+EXPIRED = re.compile(r"(401|403|404|Not ?Found|Unauthorized|expired|invalid token)", re.I)
+HOOK = """#!/bin/sh
+# servegate job hook ({event}), run by the Actions runner (ACTIONS_RUNNER_HOOK_JOB_*)
+exec {python} -m servegate runner hook {event}
+"""
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    url: str
+    name: str
+    labels: tuple[str, ...]
+    directory: Path
+
+    @property
+    def unit(self) -> str:
+        return f"servegate-runner-{self.name}.service"
+
+
+def hook_path(spec: RunnerSpec, event: str) -> Path:
+    return spec.directory / f"servegate-job-{event}.sh"
+
+
+def render_unit(spec: RunnerSpec) -> str:
+    env = {
+        "SERVEGATE_RUNNER": spec.name,
+        "ACTIONS_RUNNER_HOOK_JOB_STARTED": str(hook_path(spec, "started")),
+        "ACTIONS_RUNNER_HOOK_JOB_COMPLETED": str(hook_path(spec, "completed")),
+    }
+    lines = [
+        "[Unit]",
+        f"Description=GitHub Actions runner {spec.name} (ephemeral, servegate hooks)",
+        "StartLimitIntervalSec=600",
+        "StartLimitBurst=3",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"WorkingDirectory={spec.directory}",
+        *(f"Environment={quote_arg(f'{k}={v}')}" for k, v in env.items()),
+        f"ExecStart={quote_arg(str(spec.directory / 'run.sh'))}",
+        # ephemeral: the runner takes one job, deregisters and exits
+        "Restart=no",
+        "KillMode=control-group",
+        "TimeoutStopSec=120",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def token_from(environ: Mapping[str, str], name: str) -> str:
+    token = environ.get(name, "").strip()
+    if not token:
+        raise ConfigError(
+            f"{name} is not set: the runner needs a registration token",
+            hint="create one (repository Settings → Actions → Runners → New self-hosted "
+            "runner, or `gh api -X POST repos/OWNER/REPO/actions/runners/registration-token`), "
+            f"export {name}=… and run again; it expires after an hour and servegate "
+            "never writes it down",
+        )
+    return token
+
+
+def register(spec: RunnerSpec, token: str) -> None:
+    config_sh = spec.directory / "config.sh"
+    if not config_sh.exists():
+        raise PreflightFailed(
+            f"{config_sh} not found: the Actions runner is not unpacked in {spec.directory}",
+            hint="download and unpack the runner there as GitHub's 'New self-hosted runner' "
+            "page shows (tar xzf actions-runner-linux-x64-*.tar.gz), then run again",
+        )
+    argv = [
+        str(config_sh),
+        "--unattended",
+        "--ephemeral",
+        "--replace",
+        "--url",
+        spec.url,
+        "--token",
+        token,
+        "--name",
+        spec.name,
+        "--labels",
+        ",".join(spec.labels),
+        "--work",
+        "_work",
+    ]
+    try:
+        proc.run(argv, cwd=spec.directory, timeout=300, redact=(token,))
+    except CommandFailed as exc:
+        text = str(exc)
+        hint = (
+            "the registration token is wrong or expired (they last an hour): create a "
+            "new one and run again"
+            if EXPIRED.search(text)
+            else "read the runner's output above"
+        )
+        raise PreflightFailed(f"registering the runner failed: {text}", hint=hint) from None
+
+
+def write_hooks(spec: RunnerSpec) -> list[Path]:
+    paths = []
+    for event in ("started", "completed"):
+        path = hook_path(spec, event)
+        path.write_text(HOOK.format(event=event, python=sys.executable))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP)
+        paths.append(path)
+    return paths
+
+
+def install(spec: RunnerSpec, environ: Mapping[str, str], token_env: str, start: bool) -> Path:
+    """Register (ephemeral), write the hooks and the unit; start it unless told not to."""
+    token = token_from(environ, token_env)
+    register(spec, token)
+    write_hooks(spec)
+    unit = unit_dir(dict(environ)) / spec.unit
+    unit.parent.mkdir(parents=True, exist_ok=True)
+    unit.write_text(render_unit(spec))
+    if start:
+        proc.run(["systemctl", "--user", "daemon-reload"], timeout=60)
+        proc.run(["systemctl", "--user", "enable", "--now", spec.unit], timeout=60)
+    return unit
+
+
+def default_name() -> str:
+    return os.uname().nodename.split(".")[0]

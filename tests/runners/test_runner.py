@@ -1,0 +1,184 @@
+"""The self-hosted runner: unit rendering, registration (GitHub's config.sh is the one
+fake, at the edge: it cannot reach GitHub here), and the job hooks on real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servegate.cli import main
+from servegate.errors import CommandFailed
+from servegate.pipeline import proc
+from servegate.runners.install import RunnerSpec, render_unit
+
+TOKEN = "AABBCCDDEEFF0011223344556677"
+CONFIG_SH = """#!/bin/sh
+# stands in for the runner's config.sh, answering the way it does
+echo "args: $*" > "$(dirname "$0")/config-args.txt"
+if [ "$FAKE_GITHUB" = expired ]; then
+  echo "Http response code: NotFound from 'POST https://api.github.com/actions/runner-registration'"
+  exit 1
+fi
+echo "Runner successfully added"
+"""
+
+
+@pytest.fixture
+def runner_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "actions-runner"
+    d.mkdir()
+    (d / "config.sh").write_text(CONFIG_SH)
+    (d / "config.sh").chmod(0o755)
+    (d / "run.sh").write_text("#!/bin/sh\nexit 0\n")
+    (d / "run.sh").chmod(0o755)
+    return d
+
+
+def install(
+    runner_dir: Path, monkeypatch: pytest.MonkeyPatch, token: str | None, github: str = "ok"
+) -> int:
+    if token is None:
+        monkeypatch.delenv("RUNNER_TOKEN", raising=False)
+    else:
+        monkeypatch.setenv("RUNNER_TOKEN", token)
+    monkeypatch.setenv("FAKE_GITHUB", github)
+    return main(
+        [
+            "runner",
+            "install",
+            "--url",
+            "https://github.com/team/stack",
+            "--name",
+            "box1",
+            "--labels",
+            "self-hosted,linux,gfx1030",
+            "--dir",
+            str(runner_dir),
+            "--no-start",
+        ]
+    )
+
+
+def test_unit_passes_systemd_analyze(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed")
+    spec = RunnerSpec("https://github.com/team/stack", "box1", ("self-hosted",), tmp_path)
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    unit = tmp_path / spec.unit
+    unit.write_text(render_unit(spec))
+    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert [line for line in (out.stdout + out.stderr).splitlines() if str(unit) in line] == []
+    assert 'Environment="SERVEGATE_RUNNER=box1"' in unit.read_text()
+
+
+def test_install_registers_ephemeral_and_writes_unit_and_hooks(
+    runner_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_writes_to_home: Path,
+) -> None:
+    assert install(runner_dir, monkeypatch, TOKEN) == 0
+    args = (runner_dir / "config-args.txt").read_text()
+    assert "--ephemeral" in args
+    assert "--labels self-hosted,linux,gfx1030" in args
+    unit = no_writes_to_home / ".config/systemd/user/servegate-runner-box1.service"
+    text = unit.read_text()
+    assert f'ExecStart="{runner_dir}/run.sh"' in text
+    assert "ACTIONS_RUNNER_HOOK_JOB_STARTED" in text
+    assert (runner_dir / "servegate-job-started.sh").stat().st_mode & 0o100
+    # the token reached config.sh only: no file servegate wrote holds it
+    (runner_dir / "config-args.txt").unlink()
+    for path in [*runner_dir.rglob("*"), *no_writes_to_home.rglob("*")]:
+        if path.is_file():
+            assert TOKEN not in path.read_text(errors="replace"), path
+
+
+def test_missing_token(
+    runner_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert install(runner_dir, monkeypatch, None) == 2
+    assert "RUNNER_TOKEN is not set" in capsys.readouterr().err
+
+
+def test_expired_token_is_named_and_never_printed(
+    runner_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert install(runner_dir, monkeypatch, TOKEN, github="expired") == 6
+    err = capsys.readouterr().err
+    assert "wrong or expired" in err
+    assert TOKEN not in err
+    assert "--token '<redacted>'" in err or "--token <redacted>" in err
+
+
+def test_proc_redacts_secrets_in_errors() -> None:
+    with pytest.raises(CommandFailed) as err:
+        proc.run(["sh", "-c", f"echo using {TOKEN}; exit 1"], redact=(TOKEN,))
+    assert TOKEN not in str(err.value)
+
+
+@pytest.fixture
+def processes() -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    base = {k: v for k, v in os.environ.items() if k != "SERVEGATE_RUNNER"}
+    procs = {
+        "stale": subprocess.Popen(
+            sleep, env={**base, "SERVEGATE_RUNNER": "box1"}, start_new_session=True
+        ),
+        "other_runner": subprocess.Popen(
+            sleep, env={**base, "SERVEGATE_RUNNER": "box2"}, start_new_session=True
+        ),
+        "unmarked": subprocess.Popen(sleep, env=base, start_new_session=True),
+    }
+    yield procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def hook(event: str, **env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "SERVEGATE_RUNNER"}
+    return subprocess.run(
+        [sys.executable, "-m", "servegate", "runner", "hook", event],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_job_started_ends_only_this_runners_leftovers(
+    processes: dict[str, subprocess.Popen[bytes]],
+) -> None:
+    done = hook("started", SERVEGATE_RUNNER="box1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{processes['stale'].pid}" in done.stdout
+    processes["stale"].wait(timeout=10)
+    assert processes["other_runner"].poll() is None
+    assert processes["unmarked"].poll() is None
+    if shutil.which("nvidia-smi") is None and shutil.which("rocm-smi") is None:
+        assert "GPU idle check skipped" in done.stdout
+
+
+def test_job_completed_cleans_the_workspace(
+    processes: dict[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    workspace = tmp_path / "_work" / "stack" / "stack"
+    (workspace / "build").mkdir(parents=True)
+    (workspace / "build" / "lib.so").write_text("x")
+    (workspace / "README.md").write_text("x")
+    done = hook("completed", SERVEGATE_RUNNER="box1", GITHUB_WORKSPACE=str(workspace))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert workspace.is_dir()
+    assert list(workspace.iterdir()) == []
+    processes["stale"].wait(timeout=10)
+
+
+def test_hook_outside_a_runner_is_refused() -> None:
+    assert hook("started").returncode == 2
