@@ -121,9 +121,6 @@ class StackRepo:
             ) from None
         return full
 
-    def tip(self) -> str:
-        return str(self.repo.git.rev_parse(self.branch_ref))
-
     def require_on_branch(self, sha: str) -> None:
         if not self.is_ancestor(sha, self.branch_ref):
             raise GitRefusal(
