@@ -129,14 +129,8 @@ class Report:
 def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        if entry.isdigit() and (ppid := proc.parent_of(int(entry))) is not None:
+            children.setdefault(ppid, []).append(int(entry))
     return children
 
 

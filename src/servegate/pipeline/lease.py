@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from servegate.pipeline import proc
 from servegate.pipeline.lock import Holder, HostLock
 
 ENV = "SERVEGATE_GPU_LEASE"
@@ -32,22 +33,10 @@ def lease_path(environ: Mapping[str, str]) -> Path:
     return state_dir(environ) / "gpu.lease"
 
 
-def _ancestors() -> set[int]:
-    pids, pid = set(), os.getppid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return pids
-
-
 def held_by_parent(path: Path, environ: Mapping[str, str]) -> bool:
     held = environ.get(ENV, "")
     where, _, pid = held.rpartition(":")
-    return where == str(path) and pid.isdigit() and int(pid) in _ancestors()
+    return where == str(path) and pid.isdigit() and int(pid) in proc.lineage(os.getppid())
 
 
 class WaitReporter:

@@ -151,3 +151,23 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent PID from /proc/PID/stat (the field after the closing parenthesis of the
+    command name, which may itself hold spaces and parentheses), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def lineage(pid: int) -> set[int]:
+    """``pid`` and all its ancestors (PID 1 excluded)."""
+    chain: set[int] = set()
+    current: int | None = pid
+    while current is not None and current > 1:
+        chain.add(current)
+        current = parent_of(current)
+    return chain

@@ -30,18 +30,6 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(p.decode(errors="replace").split("=", 1) for p in raw.split(b"\0") if b"=" in p)
 
 
-def _chain(pid: int) -> set[int]:
-    """``pid`` and its ancestors."""
-    chain = set()
-    while pid > 1:
-        chain.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            break
-    return chain
-
-
 def marked(name: str) -> list[int]:
     return sorted(
         int(p) for p in os.listdir("/proc") if p.isdigit() and _environ(int(p)).get(MARKER) == name
@@ -50,7 +38,7 @@ def marked(name: str) -> list[int]:
 
 def leftovers(name: str) -> list[int]:
     """This runner's processes that are not the current job's own chain."""
-    own = _chain(os.getpid())
+    own = proc.lineage(os.getpid())
     return [pid for pid in marked(name) if pid not in own]
 
 
