@@ -65,5 +65,10 @@ class Output:
             table.add_row(*row)
         self.console.print(table)
 
+    def stages(self, title: str, stages: list[dict[str, Any]]) -> None:
+        """The stage table of a promote or rollback."""
+        rows = [[s["name"], s["status"], f"{s['seconds']:.2f}", s["detail"][:70]] for s in stages]
+        self.table(title, ["stage", "status", "seconds", "detail"], rows)
+
     def line(self, text: str) -> None:
         self.console.print(text, markup=False, soft_wrap=True)

@@ -10,10 +10,7 @@ from servegate.release.promote import Outcome, promote
 
 
 def show(out: Output, outcome: Outcome) -> None:
-    rows = [
-        [s["name"], s["status"], f"{s['seconds']:.2f}", s["detail"][:70]] for s in outcome.stages
-    ]
-    out.table(f"release promote {outcome.sha[:12]}", ["stage", "status", "seconds", "detail"], rows)
+    out.stages(f"release promote {outcome.sha[:12]}", outcome.stages)
     if outcome.verdict == "released":
         out.line(f"released {outcome.sha} as {outcome.tag} in {outcome.seconds:.1f}s")
     elif outcome.verdict == "rolled_back":

@@ -19,11 +19,6 @@ def run(cfg: Config, out: Output, to: str | None) -> int:
         return out.error(err)
     if out.json_mode:
         return out.emit(result)
-    rows = [
-        [s["name"], s["status"], f"{s['seconds']:.2f}", s["detail"][:70]] for s in result["stages"]
-    ]
-    out.table(
-        f"release rollback → {result['sha'][:12]}", ["stage", "status", "seconds", "detail"], rows
-    )
+    out.stages(f"release rollback → {result['sha'][:12]}", result["stages"])
     out.line(f"{result['sha']} is live again and verified ({result['seconds']:.1f}s)")
     return 0
