@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servegate import __version__
 from servegate import config as config_mod
-from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ServegateError
+from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ConfigError, ServegateError
 from servegate.output import Output
 from servegate.pipeline.git import scrub_git_env
 
@@ -55,6 +55,59 @@ def _release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _common(p)
     p = sub.add_parser("verify", help="prove the live service runs the live release's checkout")
     _common(p)
+
+
+def _bench_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="server base URL (default: from the config's [service])")
+    p.add_argument("--model", help="served model name (default: service.model or the first)")
+    p.add_argument("--api-key-env", metavar="NAME", help="environment variable with the API key")
+    p.add_argument("--profiles", metavar="LIST", help="regular,coding (default: bench.profiles)")
+    p.add_argument("--tiers", metavar="LIST", help="of 8k,16k,32k,64k,128k (default: bench.tiers)")
+    p.add_argument("--repetitions", type=int, metavar="N", help="groups per case")
+    p.add_argument("--concurrency", metavar="LIST", help="streams started together, e.g. 1,4")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="exact output tokens (1024)")
+    p.add_argument("--tolerance", type=float, metavar="PCT", help="prompt size tolerance in %%")
+    p.add_argument("--seed", type=int, help="per-request seed (3407; -1: none sent)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up request")
+    p.add_argument("--ignore-eos", action="store_true", help="force the output length (recorded)")
+    p.add_argument("--output", type=Path, metavar="FILE", help="result file (JSON)")
+    p.add_argument("--no-lease", action="store_true", help="do not take the host's GPU lease")
+
+
+def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    b = sub.add_parser(
+        "bench",
+        help="long-context bench of an OpenAI-compatible server (or: bench compare / bench gate)",
+    )
+    _bench_run_options(b)
+    b.add_argument("--server-command", default="", help="the server's launch command (recorded)")
+    b.add_argument("--system", default="", help="cards, OS, driver, engine version (recorded)")
+    b.add_argument("--server-log", type=Path, help="the server's log file (scanned for JIT)")
+    b.add_argument(
+        "--probes", default="", help="also run: correctness,prefix_reuse,vision,spec_decode"
+    )
+    b.add_argument("--baseline", type=Path, help="judge this run against a result file")
+    b.add_argument("--lenient", action="store_true", help="allow another harness's baseline")
+    _common(b)
+    bsub = b.add_subparsers(dest="bench_command", required=False, metavar="[compare|gate]")
+    cmp_ = bsub.add_parser("compare", help="A/B: two result files, or two live servers (ABAB…)")
+    cmp_.add_argument("files", nargs="*", type=Path, metavar="FILE", help="A.json B.json")
+    cmp_.add_argument("--a-url", help="live server A")
+    cmp_.add_argument("--b-url", help="live server B")
+    cmp_.add_argument("--rounds", type=int, default=3, help="ABAB rounds per case (default 3)")
+    cmp_.add_argument("--confidence", type=float, default=0.90, help="interval level (0.90)")
+    cmp_.add_argument("--lenient", action="store_true", help="allow another harness's file")
+    _bench_run_options(cmp_)
+    _common(cmp_)
+    gat = bsub.add_parser("gate", help="judge a candidate result file against a baseline file")
+    gat.add_argument("baseline", type=Path)
+    gat.add_argument("candidate", type=Path)
+    gat.add_argument("--lenient", action="store_true", help="allow another harness's file")
+    _common(gat)
+    rep = sub.add_parser("report", help="bench history of the stack as a PNG and an HTML page")
+    rep.add_argument("--out", type=Path, default=Path("servegate-report"), help="output directory")
+    rep.add_argument("files", nargs="*", type=Path, metavar="FILE", help="extra result files")
+    _common(rep)
 
 
 def release_parser(prog: str = "release") -> argparse.ArgumentParser:
@@ -145,6 +198,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     )
     ins.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     ins.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+    _bench_commands(sub)
     demo = sub.add_parser("demo", help="promote, promote, fail and roll back on a local sandbox")
     demo.add_argument(
         "--workdir",
@@ -185,6 +239,12 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import inspect
 
         return inspect.run(out, args.files, tuple(args.arch))
+    if args.command == "bench":
+        return _bench(args, out)
+    if args.command == "report":
+        from servegate.commands import report
+
+        return report.run(args.config, out, args.out, args.files)
     build_only = args.command in ("build", "focus")
     cfg = config_mod.load(args.config, os.environ, build_only=build_only)
     if args.command == "build":
@@ -209,6 +269,48 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         "verify": lambda: verify.run(cfg, out),
     }
     return handlers[args.release_command]()
+
+
+def _bench(args: argparse.Namespace, out: Output) -> int:
+    from servegate.commands import bench
+
+    sub = getattr(args, "bench_command", None)
+    if sub == "gate":
+        return bench.gate_files(args.config, out, args.baseline, args.candidate, args.lenient)
+    opts = bench.Options(
+        url=args.url,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        profiles=args.profiles,
+        tiers=args.tiers,
+        repetitions=args.repetitions,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        tolerance=args.tolerance,
+        no_warmup=args.no_warmup,
+        ignore_eos=args.ignore_eos,
+        output=args.output,
+        server_command=getattr(args, "server_command", ""),
+        system=getattr(args, "system", ""),
+        server_log=getattr(args, "server_log", None),
+        probes=getattr(args, "probes", ""),
+        baseline=getattr(args, "baseline", None),
+        lenient=args.lenient,
+        lease=not args.no_lease,
+        seed=args.seed,
+    )
+    if sub == "compare":
+        if args.a_url and args.b_url:
+            return bench.compare_live(
+                args.config, out, opts, args.a_url, args.b_url, args.rounds, args.confidence
+            )
+        if len(args.files) != 2:
+            raise ConfigError(
+                "bench compare needs two result files, or --a-url and --b-url",
+                hint="servegate bench compare A.json B.json",
+            )
+        return bench.compare_files(out, args.files[0], args.files[1], args.lenient, args.confidence)
+    return bench.run(args.config, out, opts)
 
 
 def _crash_log(command: str) -> Path:
@@ -241,6 +343,7 @@ def run(
                 getattr(args, "release_command", None),
                 getattr(args, "config_command", None),
                 getattr(args, "runner_command", None),
+                getattr(args, "bench_command", None),
             ],
         )
     )

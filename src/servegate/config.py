@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import re
 import string
 import tomllib
 import types
@@ -135,12 +137,119 @@ class Probes:
     smoke_prompt: str = "Say hello in one short sentence."
     smoke_max_tokens: int = 16
     timeout: float = 120.0
+    #: correctness prompts, each asked twice; empty: the seeds' set
+    correctness: tuple[CorrectnessCase, ...] = ()
+    #: prefix reuse: tokens of the first turn (a tier name), cached share and TTFT ratio
+    prefix_tier: str = "16k"
+    prefix_min_cached: float = 0.70
+    prefix_max_ttft_ratio: float = 0.5
+    #: vision: side of the generated square RGB image, in pixels
+    vision_size: int = 1260
+    #: vision: tokens of the long conversation that keeps the image first
+    vision_followup_tier: str = "8k"
+    #: speculative decoding: the lowest acceptable acceptance rate (0: record only)
+    spec_min_acceptance: float = 0.0
+
+
+@dataclass(frozen=True)
+class CorrectnessCase:
+    """One correctness prompt: the answer must contain / start with ``expect``."""
+
+    prompt: str
+    expect: str
+    mode: Literal["contains", "starts-with"] = "contains"
+    #: only the first ``within`` characters of the answer count (0: all)
+    within: int = 0
+
+
+DEFAULT_CORRECTNESS = (
+    CorrectnessCase("What is the capital of France? Answer in one word.", "Paris", "contains", 32),
+    CorrectnessCase("1+1=", "2", "starts-with"),
+    CorrectnessCase(
+        "What is the capital of Germany? Answer in one word.", "Berlin", "contains", 32
+    ),
+    CorrectnessCase("19+23=", "42", "contains", 16),
+    CorrectnessCase("9*7=", "63", "contains", 16),
+    CorrectnessCase("13-5=", "8", "contains", 16),
+    CorrectnessCase("36/4=", "9", "contains", 16),
+)
+
+
+@dataclass(frozen=True)
+class Bench:
+    """The long-context bench (``servegate bench`` and the ``bench`` gate check)."""
+
+    #: ``regular`` (prose) and/or ``coding`` (source code)
+    profiles: tuple[str, ...] = ("regular", "coding")
+    #: of 8k 16k 32k 64k 128k (tokens of the served model's tokenizer)
+    tiers: tuple[str, ...] = ("16k",)
+    #: streams started together per group; one case per value
+    concurrency: tuple[int, ...] = (1,)
+    repetitions: int = 3
+    #: the gate measures more (up to this many) while a required row is INCONCLUSIVE
+    max_repetitions: int = 5
+    max_tokens: int = 1024
+    #: allowed drift of the prompt from the tier, in percent
+    tolerance_pct: float = 2.0
+    warmup: bool = True
+    #: never on a measured request unless set here (the output would be forced)
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+    #: per-request seed; -1: not sent (vLLM's CPU backend crashes on per-request seeds
+    #: once a prompt is prefilled in chunks: "CPU Generator does not use offset")
+    seed: int = 3407
+    #: JSON object passed through, e.g. '{"enable_thinking": false}'
+    chat_template_kwargs: str = ""
+    #: seconds per request
+    timeout: float = 1800.0
+    #: case ids shown but never deciding the gate (e.g. "coding-128k")
+    report_only: tuple[str, ...] = ()
+    #: where result files go; empty: <host.root>/bench
+    results_dir: str = ""
+    #: regular expressions: a matching server-log line inside a measured window
+    #: invalidates that trial (empty: the built-in compile/JIT patterns)
+    window_log_patterns: tuple[str, ...] = ()
+    min_text_tokens: int = 128
+    min_unique_ratio: float = 0.08
+    max_dominant_ratio: float = 0.20
+    min_zlib_ratio: float = 0.15
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """One gated metric (a ``[[gate.rules]]`` table)."""
+
+    metric: str
+    #: ``higher`` or ``lower`` is better
+    direction: Literal["higher", "lower"] = "higher"
+    #: allowed loss against the baseline median, as a fraction (0.05: 5 %)
+    tolerance: float = 0.05
+    #: absolute bound on the candidate median (minimum for higher, maximum for lower); 0: none
+    floor: float = 0.0
+    #: case ids (globs) the rule covers
+    cases: tuple[str, ...] = ("*",)
 
 
 @dataclass(frozen=True)
 class Gate:
-    #: gate checks run after the probes, in order; ``smoke`` is built in
+    #: gate checks run after provenance, in order: ``smoke``, ``bench``, ``correctness``,
+    #: ``prefix_reuse``, ``vision``, ``spec_decode``
     checks: tuple[str, ...] = ("smoke",)
+    #: metrics the bench check gates; empty: prefill_tps and generation_tps at 5 %
+    rules: tuple[GateRule, ...] = ()
+    #: a shipped set of floors added to ``rules`` (``v620-tp4``); empty: none
+    floors: str = ""
+    #: ``live``: the live release's recorded samples; or the path of a result file
+    baseline: str = "live"
+    confidence: float = 0.90
+    resamples: int = 4000
+    #: decides rows still INCONCLUSIVE at bench.max_repetitions: median, fail or pass
+    inconclusive: Literal["median", "fail", "pass"] = "median"
+    #: rows without a comparable baseline (the first release): pass (floors decide) or fail
+    no_baseline: Literal["pass", "fail"] = "pass"
 
 
 @dataclass(frozen=True)
@@ -189,6 +298,7 @@ class Config:
     build: Build = field(default_factory=Build)
     provenance: Provenance = field(default_factory=Provenance)
     probes: Probes = field(default_factory=Probes)
+    bench: Bench = field(default_factory=Bench)
     gate: Gate = field(default_factory=Gate)
     release: Release = field(default_factory=Release)
     focus: Focus = field(default_factory=Focus)
@@ -241,6 +351,12 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be an array of tables, e.g. [[{where}]]")
         return tuple(_convert(item, v, f"{where}[{i}]", environ) for i, v in enumerate(value))
+    if origin is tuple and typing.get_args(tp)[0] is int:
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"{where} must be a list of whole numbers, e.g. [1, 4]")
+        return tuple(value)
     if origin is tuple:
         if isinstance(value, str):
             raise ConfigError(f"{where} must be a list of strings, e.g. [{value!r}]")
@@ -298,8 +414,35 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"build.targets {target.name!r} ({target.kind}) needs an output")
         if target.kind == "cmake" and not target.outputs:
             raise ConfigError(f"build.targets {target.name!r} (cmake) needs outputs (globs)")
+    _validate_bench(cfg)
     if cfg.host.keep_releases < 2:
         raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
+
+
+def _validate_bench(cfg: Config) -> None:
+    b = cfg.bench
+    for c in b.concurrency:
+        if not 1 <= c <= 64:
+            raise ConfigError(f"bench.concurrency has {c}: give numbers 1..64")
+    if b.repetitions < 1 or b.max_repetitions < b.repetitions:
+        raise ConfigError("bench.repetitions must be >= 1 and <= bench.max_repetitions")
+    if b.chat_template_kwargs:
+        try:
+            kwargs = json.loads(b.chat_template_kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"bench.chat_template_kwargs is not JSON: {exc}") from None
+        if not isinstance(kwargs, dict):
+            raise ConfigError("bench.chat_template_kwargs must be a JSON object")
+    for pattern in b.window_log_patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"bench.window_log_patterns: {pattern!r}: {exc}") from None
+    if not 0.5 <= cfg.gate.confidence < 1:
+        raise ConfigError("gate.confidence must be in [0.5, 1)")
+    for rule in cfg.gate.rules:
+        if not 0 <= rule.tolerance < 1:
+            raise ConfigError(f"gate.rules {rule.metric}: tolerance must be in [0, 1)")
 
 
 #: what ``servegate build`` and ``servegate focus`` need of a config: [build] and [focus]

@@ -103,6 +103,22 @@ class NothingToDo(ServegateError):
     title = "nothing to do"
 
 
+class BenchFailed(ServegateError):
+    """The bench could not measure: the server is down or answers errors, a tier does not
+    fit the server's max model length, or requests failed; the partial result is kept."""
+
+    exit_code = 13
+    title = "bench failed"
+
+
+class ResultFileError(ServegateError):
+    """A bench result file is missing, malformed, of an unknown schema, or was measured
+    with a different fingerprint than the run it is compared with."""
+
+    exit_code = 14
+    title = "result file"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -118,4 +134,6 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     RollbackFailed,
     CommandFailed,
     NothingToDo,
+    BenchFailed,
+    ResultFileError,
 )

@@ -56,7 +56,7 @@ def main(out: str) -> None:
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=8192,
+        max_position_embeddings=32768,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         torch_dtype="float32",

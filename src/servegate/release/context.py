@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from servegate.config import Config
@@ -26,6 +26,7 @@ class Context:
     state: HostState
     endpoint: openai.Endpoint
     runner: StageRunner
+    environ: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:
@@ -38,6 +39,7 @@ class Context:
             state=HostState.load(cfg.host_root / "state.json"),
             endpoint=openai.Endpoint(f"http://{cfg.service.host}:{cfg.service.port}", api_key),
             runner=StageRunner(reporter),
+            environ=dict(environ),
         )
 
     @property

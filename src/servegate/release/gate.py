@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from servegate.bench import probes
-from servegate.config import Config
+from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import openai
 from servegate.errors import ConfigError
+from servegate.pipeline.stages import QuietReporter, Reporter
+from servegate.release import bench_gate
 
 
 class Verdict(enum.StrEnum):
@@ -38,6 +40,10 @@ class GateContext:
     previous_record: dict[str, Any] | None
     #: the service log since the restart (for checks that scan it)
     service_log: Callable[[int], str]
+    #: the file the service logs to, if it is a file (the bench scans measured windows)
+    log_file: Path | None = None
+    reporter: Reporter = field(default_factory=QuietReporter)
+    environ: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,84 @@ class SmokeCheck:
         return CheckResult("smoke", verdict, result.reason, result.seconds, result.evidence)
 
 
-_REGISTRY: dict[str, Callable[[Config], GateCheck]] = {"smoke": lambda cfg: SmokeCheck()}
+def _probe_result(result: probes.ProbeResult) -> CheckResult:
+    verdict = Verdict.PASS if result.ok else Verdict.FAIL
+    return CheckResult(result.name, verdict, result.reason, result.seconds, result.evidence)
+
+
+class CorrectnessCheck:
+    name = "correctness"
+
+    def run(self, ctx: GateContext) -> CheckResult:
+        p = ctx.cfg.probes
+        cases = p.correctness or DEFAULT_CORRECTNESS
+        return _probe_result(probes.correctness(ctx.endpoint, ctx.model, cases, p.timeout))
+
+
+class PrefixReuseCheck:
+    name = "prefix_reuse"
+
+    def run(self, ctx: GateContext) -> CheckResult:
+        p = ctx.cfg.probes
+        return _probe_result(
+            probes.prefix_reuse(
+                ctx.endpoint, ctx.model, p.prefix_tier, p.prefix_min_cached,
+                p.prefix_max_ttft_ratio, p.timeout,
+            )
+        )  # fmt: skip
+
+
+class VisionCheck:
+    name = "vision"
+
+    def run(self, ctx: GateContext) -> CheckResult:
+        p = ctx.cfg.probes
+        return _probe_result(
+            probes.vision(
+                ctx.endpoint, ctx.model, p.vision_size, p.vision_followup_tier,
+                p.prefix_min_cached, p.prefix_max_ttft_ratio, p.timeout,
+            )
+        )  # fmt: skip
+
+
+class SpecDecodeCheck:
+    name = "spec_decode"
+
+    def run(self, ctx: GateContext) -> CheckResult:
+        p = ctx.cfg.probes
+        return _probe_result(
+            probes.spec_decode(ctx.endpoint, ctx.model, p.timeout, p.spec_min_acceptance)
+        )
+
+
+class BenchCheck:
+    """The long-context bench against the live release's samples (see bench_gate)."""
+
+    name = bench_gate.CHECK
+
+    def run(self, ctx: GateContext) -> CheckResult:
+        start = time.monotonic()
+        evidence = bench_gate.run(
+            ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
+            ctx.reporter, ctx.environ,
+        )  # fmt: skip
+        return CheckResult(
+            self.name,
+            Verdict(evidence["verdict"]),
+            evidence["why"],
+            time.monotonic() - start,
+            evidence,
+        )
+
+
+_REGISTRY: dict[str, Callable[[Config], GateCheck]] = {
+    "smoke": lambda cfg: SmokeCheck(),
+    "bench": lambda cfg: BenchCheck(),
+    "correctness": lambda cfg: CorrectnessCheck(),
+    "prefix_reuse": lambda cfg: PrefixReuseCheck(),
+    "vision": lambda cfg: VisionCheck(),
+    "spec_decode": lambda cfg: SpecDecodeCheck(),
+}
 
 
 def register(name: str, factory: Callable[[Config], GateCheck]) -> None:

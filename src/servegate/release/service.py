@@ -9,7 +9,7 @@ from typing import Any
 
 from servegate.engine import openai, ports, provenance
 from servegate.engine.health import wait_healthy
-from servegate.errors import GateFailed, PreflightFailed, ProvenanceMismatch
+from servegate.errors import GateFailed, PreflightFailed, ProvenanceMismatch, ServegateError
 from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.release.context import Context
 from servegate.release.gate import (
@@ -21,6 +21,7 @@ from servegate.release.gate import (
     build_checks,
     run_gate,
 )
+from servegate.release.record import parse_notes
 
 
 @dataclass
@@ -98,6 +99,23 @@ def check_checkout(release_dir: Path, sha: str, report: provenance.Report) -> No
         report.findings.append(provenance.Finding("tracked tree clean", "no changes", shown))
 
 
+def live_record(ctx: Context) -> dict[str, Any] | None:
+    """The release record of the release serving before this promote (its note)."""
+    current = ctx.state.current
+    if current is None:
+        return None
+    try:
+        text = ctx.deployer.repo.notes(current.sha)
+    except ServegateError:
+        return None
+    released = [
+        r
+        for r in parse_notes(text)
+        if r.get("verdict") == "released" and r.get("sha") == current.sha
+    ]
+    return released[-1] if released else None
+
+
 def gate(
     ctx: Context, sha: str, release_dir: Path, evidence: Evidence, smoke_only: bool = False
 ) -> Decision:
@@ -109,8 +127,11 @@ def gate(
         model=model,
         sha=sha,
         release_dir=release_dir,
-        previous_record=None,
+        previous_record=None if smoke_only else live_record(ctx),
         service_log=ctx.manager.log_tail,
+        log_file=ctx.manager.log_file,
+        reporter=ctx.reporter,
+        environ=ctx.environ,
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)

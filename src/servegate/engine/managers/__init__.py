@@ -28,6 +28,8 @@ class ServiceState:
 
 class ServiceManager(Protocol):
     name: str
+    #: the file the service's output goes to (None: a journal); the bench scans it
+    log_file: Path | None
 
     def install(self, spec: LaunchSpec) -> Path:
         """Render the unit/program for ``spec``; returns the file written."""

@@ -84,6 +84,7 @@ class Supervisor:
         self.socket = socket_path(self.dir)
         self.program_conf = self.dir / "programs" / f"{self.unit}.conf"
         self.log = cfg.host_root / "logs" / f"{self.unit}.log"
+        self.log_file: Path | None = self.log
         self._first_pid: int | None = None
         self._restarts = 0
         self._log_offset = 0

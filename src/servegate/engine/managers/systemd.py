@@ -59,6 +59,7 @@ class SystemdUser:
         self.unit = f"{cfg.service.unit}.service"
         self.path = unit_dir() / self.unit
         self._restarts_at_start = 0
+        self.log_file: Path | None = None  # journald
 
     def _ctl(self, *args: str) -> proc.Result:
         return proc.run(["systemctl", "--user", *args], timeout=self.cfg.service.stop_timeout + 30)

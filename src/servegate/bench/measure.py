@@ -1,0 +1,230 @@
+"""Measurements and validity of one trial and one concurrency group.
+
+Definitions (the ones llm-context-bench and the seeds use):
+
+- ``ttft_s``: request sent → first chunk carrying text
+- ``prefill_tps``: ``prompt_tokens / ttft_s``
+- ``decode_window_s``: first text chunk → last text chunk
+- ``generation_tps``: ``(completion_tokens - 1) / decode_window_s``
+- ``mean_inter_token_latency_ms``: ``decode_window_s / (completion_tokens - 1)`` in ms
+- ``output_tps_whole_request``: ``completion_tokens / wall time``
+- ``tokens_per_chunk``: ``completion_tokens / text chunks``
+
+Token counts come from ``usage`` only.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servegate.bench.sse import Stream
+
+_WORDS = re.compile(r"\w+|[^\w\s]")
+
+CACHE_FIELDS = (
+    ("timings.cache_n", ("timings", "cache_n")),
+    (
+        "usage.prompt_tokens_details.cached_tokens",
+        ("usage", "prompt_tokens_details", "cached_tokens"),
+    ),
+    ("usage.cached_tokens", ("usage", "cached_tokens")),
+    ("usage.cache_read_input_tokens", ("usage", "cache_read_input_tokens")),
+    ("usage.prompt_cache_hit_tokens", ("usage", "prompt_cache_hit_tokens")),
+)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What makes a performance trial valid (see docs/bench.md)."""
+
+    max_tokens: int = 1024
+    nominal_tokens: int = 0
+    tolerance_pct: float = 2.0
+    min_text_tokens: int = 128
+    min_unique_ratio: float = 0.08
+    max_dominant_ratio: float = 0.20
+    min_zlib_ratio: float = 0.15
+
+
+def content_stats(text: str) -> dict[str, Any]:
+    words = _WORDS.findall(text.lower())
+    counts = Counter(words)
+    raw = text.encode()
+    return {
+        "text_tokens": len(words),
+        "unique_ratio": round(len(counts) / len(words), 6) if words else 0.0,
+        "dominant_ratio": round(max(counts.values()) / len(words), 6) if words else 1.0,
+        "dominant_token": counts.most_common(1)[0][0] if words else "",
+        "zlib_ratio": round(len(zlib.compress(raw, 9)) / len(raw), 6) if raw else 0.0,
+    }
+
+
+def cached_tokens(stream: Stream) -> dict[str, int]:
+    """Every cached-prompt-token field the engine reported (value > 0 or not)."""
+    found: dict[str, int] = {}
+    doc = {"usage": stream.usage, "timings": stream.timings}
+    for name, path in CACHE_FIELDS:
+        node: Any = doc
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, int | float) and not isinstance(node, bool):
+            found[name] = int(node)
+    return found
+
+
+def _r(value: float | None, places: int = 6) -> float | None:
+    return None if value is None else round(value, places)
+
+
+def trial(stream: Stream, rules: Rules) -> dict[str, Any]:
+    """One streamed request → its measurements, validity and reasons."""
+    usage = stream.usage
+    prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+    done = stream.done_at or stream.last_text_at
+    wall = (done - stream.started) if done else None
+    out: dict[str, Any] = {
+        "ok": not stream.error,
+        "error": stream.error,
+        "http_status": stream.http_status,
+        "prompt_tokens": prompt,
+        "completion_tokens": usage.get("completion_tokens"),
+        "token_count_source": "usage" if usage else "none",
+        "finish_reason": stream.finish_reason,
+        "text_chunks": stream.text_chunks,
+        "events": stream.events,
+        "wall_s": _r(wall),
+        "ttft_s": None,
+        "prefill_tps": None,
+        "decode_window_s": None,
+        "generation_tps": None,
+        "mean_inter_token_latency_ms": None,
+        "output_tps_whole_request": None,
+        "tokens_per_chunk": None,
+        "stream_delivery": "none",
+        "cached_tokens": cached_tokens(stream),
+        "content": content_stats(stream.content),
+        "output_excerpt": stream.content[:160],
+    }
+    completion = out["completion_tokens"] if isinstance(out["completion_tokens"], int) else None
+    first, last = stream.first_text_at, stream.last_text_at
+    if first is not None:
+        ttft = first - stream.started
+        out["ttft_s"] = _r(ttft)
+        if prompt and ttft > 0:
+            out["prefill_tps"] = _r(prompt / ttft, 4)
+    if first is not None and last is not None:
+        window = last - first
+        out["stream_delivery"] = "incremental" if stream.text_chunks > 1 else "buffered"
+        if stream.text_chunks > 1 and window > 0:
+            out["decode_window_s"] = _r(window)
+            if completion and completion > 1:
+                out["generation_tps"] = _r((completion - 1) / window, 4)
+                out["mean_inter_token_latency_ms"] = _r(window * 1000 / (completion - 1), 4)
+    if completion and wall:
+        out["output_tps_whole_request"] = _r(completion / wall, 4)
+    if completion and stream.text_chunks:
+        out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
+    reasons = _reasons(out, rules)
+    out["invalid_reasons"] = sorted(reasons)
+    out["reason_details"] = reasons
+    out["performance_valid"] = not reasons
+    return out
+
+
+def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
+    r: dict[str, str] = {}
+    if not t["ok"]:
+        r["request_failed"] = t["error"]
+        return r
+    completion = t["completion_tokens"]
+    if completion != rules.max_tokens:
+        r["output_length_mismatch"] = (
+            f"{completion} output tokens, not {rules.max_tokens} (finish: {t['finish_reason']})"
+        )
+    prompt = t["prompt_tokens"]
+    if prompt is None:
+        r["prompt_tokens_not_reported"] = "usage carried no prompt_tokens"
+    elif rules.nominal_tokens:
+        drift = (prompt - rules.nominal_tokens) / rules.nominal_tokens * 100
+        if abs(drift) > rules.tolerance_pct:
+            r["input_size_outside_tolerance"] = (
+                f"{prompt} prompt tokens is {drift:+.1f}% from {rules.nominal_tokens} "
+                f"(tolerance ±{rules.tolerance_pct:g}%)"
+            )
+    c = t["content"]
+    if c["text_tokens"] < rules.min_text_tokens:
+        r["too_few_text_tokens"] = f"{c['text_tokens']} < {rules.min_text_tokens}"
+    if c["unique_ratio"] < rules.min_unique_ratio:
+        r["low_unique_token_ratio"] = f"{c['unique_ratio']:.3f} < {rules.min_unique_ratio}"
+    if c["dominant_ratio"] > rules.max_dominant_ratio:
+        r["dominant_repeated_token"] = (
+            f"{c['dominant_token']!r} is {c['dominant_ratio']:.1%} of the output "
+            f"(> {rules.max_dominant_ratio:.0%})"
+        )
+    if c["zlib_ratio"] < rules.min_zlib_ratio:
+        r["highly_compressible_repetition"] = f"zlib ratio {c['zlib_ratio']:.3f}"
+    hits = {k: v for k, v in t["cached_tokens"].items() if v > 0}
+    if hits:
+        r["prompt_cache_hit"] = ", ".join(f"{k}={v}" for k, v in hits.items())
+    if t["stream_delivery"] != "incremental":
+        r["stream_not_incremental"] = f"{t['text_chunks']} text chunk(s): no decode window"
+    return r
+
+
+def invalidate(t: dict[str, Any], code: str, detail: str) -> None:
+    """Mark a trial invalid for a reason found outside its own stream."""
+    t["reason_details"][code] = detail
+    t["invalid_reasons"] = sorted(t["reason_details"])
+    t["performance_valid"] = False
+
+
+def group(
+    trials: Sequence[dict[str, Any]], started: float, stamps: Sequence[Stream]
+) -> dict[str, Any]:
+    """Whole-load totals of streams started together."""
+    firsts = [s.first_text_at for s in stamps if s.first_text_at is not None]
+    lasts = [s.last_text_at for s in stamps if s.last_text_at is not None]
+    dones = [s.done_at or s.last_text_at for s in stamps]
+    prompts = [t["prompt_tokens"] for t in trials]
+    completions = [t["completion_tokens"] for t in trials]
+    complete = all(isinstance(p, int) for p in prompts) and all(
+        isinstance(c, int) for c in completions
+    )
+    out: dict[str, Any] = {
+        "requests": len(trials),
+        "valid_requests": sum(1 for t in trials if t["performance_valid"]),
+        "wall_s": None,
+        "prompt_tokens_total": None,
+        "output_tokens_total": None,
+        "prefill_tps_total": None,
+        "generating_window_s": None,
+        "token_generation_tps_total": None,
+        "requests_per_minute": None,
+        "ttft_max_s": None,
+    }
+    if all(d is not None for d in dones) and dones:
+        wall = max(d for d in dones if d is not None) - started
+        out["wall_s"] = _r(wall)
+        out["requests_per_minute"] = _r(len(trials) / wall * 60, 3) if wall > 0 else None
+    if complete and len(firsts) == len(trials):
+        total_prompt = sum(p for p in prompts if isinstance(p, int))
+        total_out = sum(c for c in completions if isinstance(c, int))
+        out["prompt_tokens_total"] = total_prompt
+        out["output_tokens_total"] = total_out
+        slowest_first = max(firsts) - started
+        out["ttft_max_s"] = _r(slowest_first)
+        out["prefill_tps_total"] = _r(total_prompt / slowest_first, 3) if slowest_first else None
+        if len(lasts) == len(trials):
+            window = max(lasts) - min(firsts)
+            out["generating_window_s"] = _r(window)
+            if window > 0:
+                out["token_generation_tps_total"] = _r((total_out - len(trials)) / window, 3)
+    reasons = Counter(code for t in trials for code in t["invalid_reasons"])
+    out["invalid_reason_totals"] = dict(sorted(reasons.items()))
+    out["group_valid"] = out["valid_requests"] == len(trials) and out["wall_s"] is not None
+    return out

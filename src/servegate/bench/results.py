@@ -1,0 +1,196 @@
+"""Result files as samples: servegate's own, and llm-context-bench's (schema 7 and 8).
+
+Both become :class:`Samples`: per case, the per-trial values of every metric from the
+valid trials, whether the case was valid, and why not. A gate or a comparison only
+ever reads samples, so a team's existing llm-context-bench numbers count as a
+baseline or a candidate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servegate.bench.runner import METRICS, SCHEMA, TIERS
+from servegate.errors import ResultFileError
+
+LCB_SCHEMAS = (7, 8)
+#: llm-context-bench's trial keys → servegate's metric names (same definitions)
+LCB_METRICS = {m: m for m in METRICS}
+
+
+@dataclass
+class CaseSamples:
+    id: str
+    required: bool = True
+    valid: bool = True
+    trials: int = 0
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "required": self.required,
+            "valid": self.valid,
+            "trials": self.trials,
+            "metrics": self.metrics,
+            "reasons": self.reasons,
+        }
+
+
+@dataclass
+class Samples:
+    source: str
+    harness: str
+    fingerprint: dict[str, Any]
+    cases: dict[str, CaseSamples]
+    status: str = "complete"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "harness": self.harness,
+            "fingerprint": self.fingerprint,
+            "status": self.status,
+            "cases": {k: v.as_dict() for k, v in self.cases.items()},
+        }
+
+
+def from_record(doc: Mapping[str, Any], source: str) -> Samples:
+    """Samples kept in a release record (the inverse of :meth:`Samples.as_dict`)."""
+    cases = {
+        cid: CaseSamples(
+            cid,
+            bool(c.get("required", True)),
+            bool(c.get("valid")),
+            int(c.get("trials", 0)),
+            {k: [float(v) for v in vs] for k, vs in (c.get("metrics") or {}).items()},
+            dict(c.get("reasons") or {}),
+        )
+        for cid, c in (doc.get("cases") or {}).items()
+    }
+    return Samples(source, str(doc.get("harness")), dict(doc.get("fingerprint") or {}), cases,
+                   str(doc.get("status", "complete")))  # fmt: skip
+
+
+def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:
+    """servegate's own result document."""
+    cases: dict[str, CaseSamples] = {}
+    for case in doc.get("cases") or []:
+        trials = [t for g in case.get("groups") or [] for t in g.get("trials") or []]
+        cs = _case(case["id"], bool(case.get("required", True)), trials)
+        cases[cs.id] = cs
+    fp = dict(doc.get("fingerprint") or {})
+    return Samples(source, str(doc.get("harness", {}).get("name")), fp, cases,
+                   str(doc.get("status")))  # fmt: skip
+
+
+def _case(cid: str, required: bool, trials: list[Mapping[str, Any]]) -> CaseSamples:
+    cs = CaseSamples(cid, required, valid=bool(trials), trials=len(trials))
+    for t in trials:
+        if not t.get("performance_valid"):
+            cs.valid = False
+            for code in t.get("invalid_reasons") or ["invalid"]:
+                cs.reasons[code] = cs.reasons.get(code, 0) + 1
+            continue
+        for m in METRICS:
+            v = t.get(m)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                cs.metrics.setdefault(m, []).append(float(v))
+    return cs
+
+
+def _tier_of(nominal: Any) -> str | None:
+    for name, n in TIERS.items():
+        if nominal == n:
+            return name
+    return None
+
+
+def from_llm_context_bench(doc: Mapping[str, Any], source: str = "") -> Samples:
+    """An llm-context-bench result (``benchmark_schema_version`` 7 or 8)."""
+    cases: dict[str, CaseSamples] = {}
+    suites = doc.get("suites")
+    if not isinstance(suites, dict):
+        raise ResultFileError(f"{source}: llm-context-bench result without 'suites'")
+    for suite, body in suites.items():
+        for case in (body or {}).get("cases") or []:
+            perf = case.get("performance")
+            if not isinstance(perf, dict):
+                continue
+            tier = _tier_of(case.get("nominal_input_tokens"))
+            if tier is None:
+                continue
+            conc = int(perf.get("concurrency") or 1)
+            cid = f"{suite}-{tier}" + (f"-c{conc}" if conc > 1 else "")
+            cases[cid] = _case(cid, True, list(perf.get("trials") or []))
+    run = doc.get("run_parameters") or {}
+    fp = {
+        "harness": f"llm-context-bench/{doc.get('benchmark_schema_version')}",
+        "fixtures": doc.get("fixture_hashes") or doc.get("fixtures") or {},
+        "sampling": run.get("sampling") or doc.get("sampling") or {},
+        "max_tokens": 1024,
+        "cases": sorted(cases),
+        "digest": "",
+    }
+    return Samples(source, str(fp["harness"]), fp, cases, str(doc.get("status")))
+
+
+def load(path: Path) -> Samples:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultFileError(f"result file {path} not found") from None
+    except (OSError, ValueError) as exc:
+        raise ResultFileError(
+            f"result file {path} is not JSON: {exc}",
+            hint="a result file is rewritten atomically; this one is damaged or not a result",
+        ) from None
+    if not isinstance(doc, dict):
+        raise ResultFileError(f"result file {path} is not a JSON object")
+    if doc.get("kind") == "servegate.bench":
+        if doc.get("schema") != SCHEMA:
+            raise ResultFileError(
+                f"{path}: servegate bench schema {doc.get('schema')!r}, this servegate reads "
+                f"{SCHEMA}",
+                hint="upgrade servegate or re-run the bench",
+            )
+        return from_result(doc, str(path))
+    if "benchmark_schema_version" in doc:
+        if doc["benchmark_schema_version"] not in LCB_SCHEMAS:
+            raise ResultFileError(
+                f"{path}: llm-context-bench schema {doc['benchmark_schema_version']!r}; "
+                f"servegate reads {', '.join(map(str, LCB_SCHEMAS))}"
+            )
+        return from_llm_context_bench(doc, str(path))
+    raise ResultFileError(
+        f"{path} is neither a servegate bench result nor an llm-context-bench result",
+        hint="pass the JSON file written by `servegate bench --output` or llm-context-bench",
+    )
+
+
+def check_comparable(base: Samples, cand: Samples, lenient: bool = False) -> list[str]:
+    """Why two sample sets may not be compared ([] if they may).
+
+    Strict: the fingerprints' digests match. Lenient (``--lenient``, e.g. an
+    llm-context-bench baseline): harness and fixture differences are allowed and
+    reported, but the output length and a shared case must still match.
+    """
+    fb, fc = base.fingerprint, cand.fingerprint
+    if not lenient:
+        if fb.get("digest") and fb.get("digest") == fc.get("digest"):
+            return []
+        diffs = [k for k in sorted(set(fb) | set(fc)) if k != "digest" and fb.get(k) != fc.get(k)]
+        return [f"fingerprints differ in: {', '.join(diffs) or 'digest'}"]
+    problems = []
+    if fb.get("max_tokens") != fc.get("max_tokens"):
+        problems.append(f"max_tokens {fb.get('max_tokens')} vs {fc.get('max_tokens')}")
+    if not set(base.cases) & set(cand.cases):
+        problems.append(
+            f"no case in common ({', '.join(sorted(base.cases))} vs "
+            f"{', '.join(sorted(cand.cases))})"
+        )
+    return problems

@@ -1,0 +1,630 @@
+"""``servegate bench``: long-context cases against an OpenAI-compatible server.
+
+A run sizes every prompt for the served tokenizer, warms the model up once, then
+measures each case (profile x tier x concurrency) in repetitions; the streams of a
+group start together behind a barrier. Every request carries a run-scoped tag at the
+very start of its prompt (and, on vLLM, a ``cache_salt``), so no trial starts from a
+warm prefix cache; on vLLM the ``prefix_cache_hits`` counter must also stay still
+across the group. The result file is rewritten atomically after every group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import hashlib
+import json
+import re
+import statistics
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from servegate import __version__
+from servegate.bench import client, fixtures, measure, prom, sizing
+from servegate.bench.sse import Stream, now
+from servegate.engine.openai import Endpoint
+from servegate.errors import BenchFailed, ConfigError
+from servegate.pipeline.atomic import write_text
+from servegate.pipeline.stages import QuietReporter, Reporter
+
+SCHEMA = 1
+#: bumped whenever a definition, a validity rule or the prompt layout changes
+HARNESS = "servegate-bench/1"
+#: 8k-128k are the field's tiers; 1k-4k are for smoke-sized runs (demos, CI)
+TIERS = {
+    "1k": 1024,
+    "2k": 2048,
+    "4k": 4096,
+    "8k": 8192,
+    "16k": 16384,
+    "32k": 32768,
+    "64k": 65536,
+    "128k": 131072,
+}
+METRICS = (
+    "prefill_tps",
+    "generation_tps",
+    "ttft_s",
+    "mean_inter_token_latency_ms",
+    "output_tps_whole_request",
+    "decode_window_s",
+)
+#: log lines that mean something compiled inside a measured window
+WINDOW_LOG_PATTERNS = (
+    r"Compiling a graph for",
+    r"torch\.compile takes",
+    r"[Cc]apturing (CUDA |cuda |HIP )?graphs?",
+    r"[Tt]riton.*(JIT|[Aa]utotun|[Cc]ompiling)",
+    r"Autotune Choices Stats",
+    r"TunableOp.*[Tt]uning",
+)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = 20
+    min_p: float = 0.0
+    seed: int = 3407
+
+
+@dataclass(frozen=True)
+class Case:
+    profile: str
+    tier: str
+    concurrency: int = 1
+    required: bool = True
+
+    @property
+    def id(self) -> str:
+        base = f"{self.profile}-{self.tier}"
+        return base if self.concurrency == 1 else f"{base}-c{self.concurrency}"
+
+    @property
+    def nominal(self) -> int:
+        return TIERS[self.tier]
+
+
+@dataclass(frozen=True)
+class Spec:
+    endpoint: Endpoint
+    model: str
+    cases: tuple[Case, ...]
+    repetitions: int = 3
+    max_tokens: int = 1024
+    tolerance_pct: float = 2.0
+    warmup: bool = True
+    ignore_eos: bool = False
+    sampling: Sampling = field(default_factory=Sampling)
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float = 1800.0
+    command: str = ""
+    system: str = ""
+    rules: measure.Rules = field(default_factory=measure.Rules)
+    window_log_patterns: tuple[str, ...] = WINDOW_LOG_PATTERNS
+
+
+def parse_cases(
+    profiles: Sequence[str],
+    tiers: Sequence[str],
+    concurrency: Sequence[int],
+    report_only: Sequence[str] = (),
+) -> tuple[Case, ...]:
+    for t in tiers:
+        if t not in TIERS:
+            raise ConfigError(f"unknown tier {t!r}", hint=f"tiers: {', '.join(TIERS)}")
+    for c in concurrency:
+        if not 1 <= c <= 64:
+            raise ConfigError(f"concurrency {c} is outside 1..64")
+    for p in profiles:
+        fixtures.load(p)
+    cases = tuple(
+        Case(p, t, c)
+        for c in concurrency
+        for p in profiles
+        for t in sorted(tiers, key=TIERS.__getitem__)
+    )
+    ids = {c.id for c in cases}
+    unknown = [r for r in report_only if r not in ids]
+    if unknown:
+        raise ConfigError(
+            f"bench.report_only names no case: {', '.join(unknown)}",
+            hint=f"cases of this run: {', '.join(sorted(ids))}",
+        )
+    return tuple(Case(c.profile, c.tier, c.concurrency, c.id not in report_only) for c in cases)
+
+
+class LogWindow:
+    """The server's log file, read between two marks (the measured window)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def mark(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def since(self, mark: int) -> str:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(mark)
+                return f.read(4 * 1024 * 1024).decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def fingerprint(spec: Spec) -> dict[str, Any]:
+    """What must match for two runs' samples to be compared."""
+    profiles = sorted({c.profile for c in spec.cases})
+    parts = {
+        "harness": HARNESS,
+        "fixtures": {p: fixtures.load(p).sha256 for p in profiles},
+        "instructions": hashlib.sha256(
+            json.dumps({p: fixtures.INSTRUCTIONS[p] for p in profiles}).encode()
+        ).hexdigest()[:16],
+        "sampling": asdict(spec.sampling),
+        "max_tokens": spec.max_tokens,
+        "ignore_eos": spec.ignore_eos,
+        "chat_template_kwargs": dict(spec.chat_template_kwargs),
+        "cases": sorted(c.id for c in spec.cases),
+    }
+    parts["digest"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    return parts
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return round(statistics.median(values), 6) if values else None
+
+
+def summarize(case: dict[str, Any]) -> None:
+    """Medians over the valid trials, validity, reason totals (in place)."""
+    trials = [t for g in case["groups"] for t in g["trials"]]
+    valid = [t for t in trials if t["performance_valid"]]
+    summary: dict[str, Any] = {
+        m: _median([t[m] for t in valid if t[m] is not None]) for m in METRICS
+    }
+    summary["prompt_tokens"] = _median([t["prompt_tokens"] for t in valid if t["prompt_tokens"]])
+    summary["trials"] = len(trials)
+    summary["valid_trials"] = len(valid)
+    totals: dict[str, int] = {}
+    for t in trials:
+        for code in t["invalid_reasons"]:
+            totals[code] = totals.get(code, 0) + 1
+    summary["invalid_reason_totals"] = dict(sorted(totals.items()))
+    summary["performance_valid"] = bool(trials) and len(valid) == len(trials)
+    groups = [g["totals"] for g in case["groups"] if g["totals"]["group_valid"]]
+    for key in ("prefill_tps_total", "token_generation_tps_total", "requests_per_minute"):
+        summary[key] = _median([g[key] for g in groups if g[key] is not None])
+    case["summary"] = summary
+
+
+def table(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The flat per-case table (``performance_table``)."""
+    rows = []
+    for case in result["cases"]:
+        s = case["summary"]
+        rows.append(
+            {
+                "case": case["id"],
+                "profile": case["profile"],
+                "tier": case["tier"],
+                "concurrency": case["concurrency"],
+                "required": case["required"],
+                **{m: s.get(m) for m in (*METRICS, "prompt_tokens")},
+                "prefill_tps_total": s.get("prefill_tps_total"),
+                "token_generation_tps_total": s.get("token_generation_tps_total"),
+                "valid_trials": s["valid_trials"],
+                "trials": s["trials"],
+                "performance_valid": s["performance_valid"],
+                "invalid_reason_totals": s["invalid_reason_totals"],
+            }
+        )
+    return rows
+
+
+class Bench:
+    """One bench run: ``prepare()``, ``warm_up()``, ``measure(case, n)``…, ``finish()``."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        output: Path | None,
+        reporter: Reporter | None = None,
+        log: LogWindow | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.output = output
+        self.reporter = reporter or QuietReporter()
+        self.log = log
+        self.environ = environ if environ is not None else {}
+        self.scope = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+        self.engine = "generic"
+        self.prompts: dict[str, str] = {}
+        self.result: dict[str, Any] = self._new_result()
+        self._patterns = [re.compile(p) for p in spec.window_log_patterns]
+
+    # -- the result document ---------------------------------------------------------
+
+    def _new_result(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "schema": SCHEMA,
+            "kind": "servegate.bench",
+            "status": "running",
+            "harness": {"name": HARNESS, "servegate_version": __version__},
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "finished_at": None,
+            "error": "",
+            "run": {
+                "base_url": s.endpoint.base_url,
+                "model": s.model,
+                "command": s.command,
+                "system": s.system,
+                "request_tag_scope": self.scope,
+                "repetitions": s.repetitions,
+                "max_tokens": s.max_tokens,
+                "tolerance_pct": s.tolerance_pct,
+                "ignore_eos": s.ignore_eos,
+                "warmup": s.warmup,
+                "sampling": asdict(s.sampling),
+                "chat_template_kwargs": dict(s.chat_template_kwargs),
+                "rules": asdict(s.rules),
+                "window_log_patterns": list(s.window_log_patterns),
+                "server_log": str(self.log.path) if self.log else None,
+            },
+            "fixtures": {
+                p: {
+                    "sha256": fixtures.load(p).sha256,
+                    "gzip_ratio": round(fixtures.load(p).gzip_ratio, 4),
+                    "sources": len(fixtures.load(p).sources),
+                    "licences": sorted({src["licence"] for src in fixtures.load(p).sources}),
+                }
+                for p in sorted({c.profile for c in s.cases})
+            },
+            "fingerprint": fingerprint(s),
+            "engine": {},
+            "sizing": {},
+            "warmup": None,
+            "cases": [],
+            "performance_table": [],
+        }
+
+    def save(self) -> None:
+        self.result["performance_table"] = table(self.result)
+        if self.output is not None:
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            write_text(self.output, json.dumps(self.result, indent=1) + "\n")
+
+    def fail(self, status: str, message: str) -> None:
+        self.result["status"] = status
+        self.result["error"] = message
+        self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.save()
+
+    def finish(self) -> dict[str, Any]:
+        self.result["status"] = "complete"
+        self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.save()
+        return self.result
+
+    # -- preparing -------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Server reachable, model served, every prompt sized and within the max length."""
+        s = self.spec
+        try:
+            served = client.models(s.endpoint)
+        except (httpx.HTTPError, ValueError) as exc:
+            raise BenchFailed(
+                f"the server at {s.endpoint.base_url} does not answer /v1/models: {exc}",
+                hint="start the server (or pass the right --url); nothing was measured",
+            ) from None
+        ids = [str(m.get("id")) for m in served]
+        if s.model not in ids:
+            raise BenchFailed(
+                f"model {s.model!r} is not served at {s.endpoint.base_url} (served: {ids})",
+                hint="pass --model with one of the served names",
+            )
+        owners = {str(m.get("owned_by")) for m in served}
+        self.engine = "vllm" if "vllm" in owners else "generic"
+        has_metrics = bool(prom.parse(client.metrics_text(s.endpoint)))
+        tok = sizing.probe(s.endpoint, s.model)
+        self.result["engine"] = {
+            "resolved": self.engine,
+            "metrics": has_metrics,
+            "tokenize": tok.available,
+            "tokenizer_fingerprint": tok.fingerprint,
+            "max_model_len": tok.max_model_len,
+        }
+        too_long = [
+            c for c in s.cases if tok.max_model_len and c.nominal + s.max_tokens > tok.max_model_len
+        ]
+        if too_long:
+            need = max(c.nominal for c in too_long) + s.max_tokens
+            raise BenchFailed(
+                f"tier(s) {', '.join(sorted({c.tier for c in too_long}))} need up to {need} "
+                f"tokens (prompt + {s.max_tokens} output) but the server's max model length "
+                f"is {tok.max_model_len}",
+                hint="choose smaller tiers, or serve with a larger --max-model-len",
+            )
+        for case in s.cases:
+            key = f"{case.profile}-{case.tier}"
+            if key in self.prompts:
+                continue
+            fx = fixtures.load(case.profile)
+            self.reporter.progress(f"sizing {key} for the served tokenizer")
+            sized = sizing.size(
+                s.endpoint, s.model, tok, fx, case.nominal,
+                functools.partial(self._sizing_messages, case.profile),
+                self.environ,
+            )  # fmt: skip
+            if sized.tokens is not None and sized.tokens < case.nominal * 0.98:
+                raise BenchFailed(
+                    f"the {case.profile} fixture is {sized.tokens} tokens for this tokenizer: "
+                    f"too short for the {case.tier} tier",
+                    hint="drop that tier for this model",
+                )
+            self.prompts[key] = fx.head(sized.chars)
+            self.result["sizing"][key] = {
+                "chars": sized.chars,
+                "tokens": sized.tokens,
+                "method": sized.method,
+            }
+        self.save()
+
+    def _sizing_messages(self, profile: str, text: str) -> list[dict[str, Any]]:
+        return self.messages(profile, text, self.scope + "-0000")
+
+    def messages(self, profile: str, text: str, tag: str) -> list[dict[str, Any]]:
+        """The tag goes first: prefix caches key on leading tokens."""
+        return [
+            {"role": "system", "content": f"[{tag}] You are a careful, thorough assistant."},
+            {"role": "user", "content": f"{text}\n\n{fixtures.INSTRUCTIONS[profile]}"},
+        ]
+
+    def payload(
+        self, messages: list[dict[str, Any]], max_tokens: int, ignore_eos: bool, tag: str
+    ) -> dict[str, Any]:
+        s = self.spec
+        body: dict[str, Any] = {
+            "model": s.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": s.sampling.temperature,
+            "top_p": s.sampling.top_p,
+        }
+        if s.sampling.seed >= 0:
+            body["seed"] = s.sampling.seed
+        if self.engine == "vllm":
+            body.update(top_k=s.sampling.top_k, min_p=s.sampling.min_p, cache_salt=tag)
+            if ignore_eos:
+                body["ignore_eos"] = True
+        if s.chat_template_kwargs:
+            body["chat_template_kwargs"] = dict(s.chat_template_kwargs)
+        return body
+
+    # -- measuring -------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """One ~1,024-token prompt, 512 output tokens (``ignore_eos`` where accepted)."""
+        if not self.spec.warmup:
+            self.result["warmup"] = {"skipped": True}
+            return
+        self.reporter.progress("warm-up: ~1,024-token prompt, 512 output tokens")
+        tag = f"{self.scope}-warmup"
+        text = fixtures.load("regular").head(3500)
+        body = self.payload(self.messages("regular", text, tag), 512, True, tag)
+        stream = client.stream_chat(self.spec.endpoint, body, self.spec.timeout)
+        self.result["warmup"] = {
+            "ok": not stream.error,
+            "error": stream.error,
+            "usage": stream.usage,
+            "ignore_eos": body.get("ignore_eos", False),
+            "seconds": round((stream.done_at or now()) - stream.started, 3),
+        }
+        self.save()
+        if stream.error:
+            raise BenchFailed(
+                f"the warm-up request failed: {stream.error}",
+                hint="check that the server answers a small chat completion",
+            )
+
+    def case_doc(self, case: Case) -> dict[str, Any]:
+        for doc in self.result["cases"]:
+            if doc["id"] == case.id:
+                found: dict[str, Any] = doc
+                return found
+        doc = {
+            "id": case.id,
+            "profile": case.profile,
+            "tier": case.tier,
+            "nominal_tokens": case.nominal,
+            "concurrency": case.concurrency,
+            "required": case.required,
+            "groups": [],
+            "summary": {},
+        }
+        self.result["cases"].append(doc)
+        return doc
+
+    def measure(self, case: Case, repetitions: int) -> dict[str, Any]:
+        """Run ``repetitions`` more groups of ``case``; returns its case document."""
+        doc = self.case_doc(case)
+        for _ in range(repetitions):
+            n = len(doc["groups"]) + 1
+            group = self._group(case, n)
+            doc["groups"].append(group)
+            summarize(doc)
+            self.save()
+            self._progress(case, n, group)
+        return doc
+
+    def _progress(self, case: Case, n: int, group: dict[str, Any]) -> None:
+        for t in group["trials"]:
+            if t["performance_valid"]:
+                self.reporter.note(
+                    f"{case.id} #{n}: TTFT {t['ttft_s']:.2f}s, prefill {t['prefill_tps']:,.0f} "
+                    f"tok/s, decode {t['generation_tps']:,.1f} tok/s — valid"
+                )
+            else:
+                why = "; ".join(f"{k}: {v}" for k, v in t["reason_details"].items())
+                self.reporter.note(f"{case.id} #{n}: INVALID — {why}")
+
+    def _group(self, case: Case, n: int) -> dict[str, Any]:
+        s = self.spec
+        text = self.prompts[f"{case.profile}-{case.tier}"]
+        tags = [f"{self.scope}-{case.id}-{n:03d}-{i}" for i in range(case.concurrency)]
+        bodies = [
+            self.payload(self.messages(case.profile, text, tag), s.max_tokens, s.ignore_eos, tag)
+            for tag in tags
+        ]
+        streams: list[Stream | None] = [None] * case.concurrency
+        barrier = threading.Barrier(case.concurrency)
+
+        def one(i: int) -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=60)
+            streams[i] = client.stream_chat(s.endpoint, bodies[i], s.timeout)
+
+        before = prom.parse(client.metrics_text(s.endpoint))
+        mark = self.log.mark() if self.log else 0
+        started = now()
+        if case.concurrency == 1:
+            one(0)
+        else:
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(case.concurrency)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        after = prom.parse(client.metrics_text(s.endpoint))
+        done = [st if st is not None else Stream(started, error="worker died") for st in streams]
+        rules = measure.Rules(**{**asdict(s.rules), "max_tokens": s.max_tokens,
+                                 "nominal_tokens": case.nominal,
+                                 "tolerance_pct": s.tolerance_pct})  # fmt: skip
+        trials = []
+        for i, st in enumerate(done):
+            t = measure.trial(st, rules)
+            t["request_tag"] = tags[i]
+            t["stream_index"] = i
+            t["ignore_eos"] = bool(bodies[i].get("ignore_eos"))
+            trials.append(t)
+        self._cross_checks(trials, before, after, mark)
+        totals = measure.group(trials, min(st.started for st in done), done)
+        return {
+            "group": n,
+            "trials": trials,
+            "totals": totals,
+            "server_metrics": self._metric_deltas(before, after),
+        }
+
+    def _cross_checks(
+        self,
+        trials: list[dict[str, Any]],
+        before: dict[str, float],
+        after: dict[str, float],
+        mark: int,
+    ) -> None:
+        hits = prom.delta(before, after, prom.PREFIX_HITS)
+        if hits:
+            for t in trials:
+                measure.invalidate(
+                    t, "prompt_cache_hit",
+                    f"{prom.PREFIX_HITS[0]} rose by {hits:.0f} tokens during the request",
+                )  # fmt: skip
+        if self.log is not None:
+            window = self.log.since(mark)
+            for line in window.splitlines():
+                if any(p.search(line) for p in self._patterns):
+                    for t in trials:
+                        measure.invalidate(t, "compilation_in_window", line.strip()[:200])
+                    break
+
+    @staticmethod
+    def _metric_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "prefix_cache_hits": prom.delta(before, after, prom.PREFIX_HITS),
+            "prefix_cache_queries": prom.delta(before, after, prom.PREFIX_QUERIES),
+            "spec_accepted": prom.delta(before, after, prom.SPEC_ACCEPTED),
+            "spec_draft": prom.delta(before, after, prom.SPEC_DRAFT),
+        }
+        ttft = prom.histogram_mean_delta(before, after, prom.TTFT)
+        itl = prom.histogram_mean_delta(before, after, prom.ITL)
+        out["ttft_mean_s"] = round(ttft[0], 6) if ttft else None
+        out["itl_mean_s"] = round(itl[0], 6) if itl else None
+        return out
+
+
+def run(
+    spec: Spec,
+    output: Path | None,
+    reporter: Reporter | None = None,
+    log: LogWindow | None = None,
+    environ: Mapping[str, str] | None = None,
+    on_bench: Callable[[Bench], None] | None = None,
+) -> dict[str, Any]:
+    """A whole run; the result file keeps what finished whatever happens."""
+    bench = Bench(spec, output, reporter, log, environ)
+    if on_bench:
+        on_bench(bench)
+    try:
+        bench.prepare()
+        bench.warm_up()
+        for case in spec.cases:
+            bench.measure(case, spec.repetitions)
+    except KeyboardInterrupt:
+        bench.fail("interrupted", "interrupted")
+        raise
+    except BenchFailed as exc:
+        bench.fail("failed", str(exc))
+        raise
+    except Exception as exc:
+        bench.fail("failed", repr(exc))
+        raise
+    return bench.finish()
+
+
+def spec_from_config(
+    b: Any, endpoint: Endpoint, model: str, command: str = "", system: str = ""
+) -> Spec:
+    """A :class:`Spec` from the config's ``[bench]`` section."""
+    return Spec(
+        endpoint=endpoint,
+        model=model,
+        cases=parse_cases(b.profiles, b.tiers, b.concurrency, b.report_only),
+        repetitions=b.repetitions,
+        max_tokens=b.max_tokens,
+        tolerance_pct=b.tolerance_pct,
+        warmup=b.warmup,
+        ignore_eos=b.ignore_eos,
+        sampling=Sampling(b.temperature, b.top_p, b.top_k, b.min_p, b.seed),
+        chat_template_kwargs=json.loads(b.chat_template_kwargs) if b.chat_template_kwargs else {},
+        timeout=b.timeout,
+        command=command,
+        system=system,
+        rules=measure.Rules(
+            max_tokens=b.max_tokens,
+            tolerance_pct=b.tolerance_pct,
+            min_text_tokens=b.min_text_tokens,
+            min_unique_ratio=b.min_unique_ratio,
+            max_dominant_ratio=b.max_dominant_ratio,
+            min_zlib_ratio=b.min_zlib_ratio,
+        ),
+        window_log_patterns=tuple(b.window_log_patterns) or WINDOW_LOG_PATTERNS,
+    )
+
+
+def write_result(path: Path, result: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(result, indent=1) + "\n")

@@ -1,0 +1,91 @@
+"""A streaming chat completion, timestamped chunk by chunk.
+
+The parser is deliberately small: it reads ``data:`` lines, stamps every chunk that
+carries text, keeps the last ``usage`` and notes how the stream ended. Token counts
+always come from ``usage``; chunk stamps only bound the decode window.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Stream:
+    started: float
+    first_text_at: float | None = None
+    last_text_at: float | None = None
+    done_at: float | None = None
+    text_chunks: int = 0
+    events: int = 0
+    text: list[str] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
+    saw_done: bool = False
+    error: str = ""
+    http_status: int = 0
+
+    @property
+    def content(self) -> str:
+        return "".join(self.text)
+
+
+def parse_lines(lines: Iterable[str], stream: Stream, clock: Callable[[], float]) -> Stream:
+    """Feed SSE lines (without their line ends) into ``stream``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            if line.startswith("{") and not stream.events:  # an error body, not SSE
+                stream.error = _error_text(line)
+                break
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            stream.saw_done = True
+            stream.done_at = clock()
+            break
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            stream.error = f"malformed stream event: {payload[:120]}"
+            break
+        stream.events += 1
+        if "error" in event:
+            stream.error = _error_text(payload)
+            break
+        for choice in event.get("choices") or ():
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") or delta.get("reasoning_content") or ""
+            if piece:
+                now = clock()
+                if stream.first_text_at is None:
+                    stream.first_text_at = now
+                stream.last_text_at = now
+                stream.text_chunks += 1
+                stream.text.append(piece)
+            if choice.get("finish_reason"):
+                stream.finish_reason = choice["finish_reason"]
+        if event.get("usage"):
+            stream.usage = event["usage"]
+        if event.get("timings"):
+            stream.timings = event["timings"]
+    return stream
+
+
+def _error_text(payload: str) -> str:
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return payload[:300]
+    err = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err)[:300]
+
+
+def now() -> float:
+    return time.perf_counter()

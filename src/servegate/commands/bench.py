@@ -1,0 +1,401 @@
+"""``servegate bench``: measure a server; ``bench compare``: A/B; ``bench gate``: judge files."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from servegate import config as config_mod
+from servegate.bench import probes, results, runner, verdict
+from servegate.bench.runner import METRICS, TIERS
+from servegate.config import DEFAULT_CORRECTNESS, Config
+from servegate.engine import openai
+from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
+from servegate.output import Output
+from servegate.pipeline.lease import gpu_lease, lease_path
+from servegate.release import bench_gate
+
+PROBES = ("correctness", "prefix_reuse", "vision", "spec_decode")
+
+
+@dataclass(frozen=True)
+class Options:
+    url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    profiles: str | None = None
+    tiers: str | None = None
+    repetitions: int | None = None
+    concurrency: str | None = None
+    max_tokens: int | None = None
+    tolerance: float | None = None
+    no_warmup: bool = False
+    ignore_eos: bool = False
+    output: Path | None = None
+    server_command: str = ""
+    system: str = ""
+    server_log: Path | None = None
+    probes: str = ""
+    baseline: Path | None = None
+    lenient: bool = False
+    lease: bool = True
+    seed: int | None = None
+
+
+def load_config(path: Path, environ: Mapping[str, str], need: bool) -> Config | None:
+    """The config if the file exists; without one, --url must say where to measure."""
+    if path.exists():
+        return config_mod.load(path, environ)
+    if need:
+        raise ConfigError(
+            f"config file {path} not found and no --url given",
+            hint="pass --url http://HOST:PORT (and --model), or --config PATH",
+        )
+    return None
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def bench_settings(cfg: Config | None, o: Options) -> config_mod.Bench:
+    b = cfg.bench if cfg else config_mod.Bench()
+    changes: dict[str, Any] = {}
+    if o.profiles:
+        changes["profiles"] = _csv(o.profiles)
+    if o.tiers:
+        changes["tiers"] = tuple(t.lower() for t in _csv(o.tiers))
+    if o.concurrency:
+        try:
+            changes["concurrency"] = tuple(int(c) for c in _csv(o.concurrency))
+        except ValueError:
+            raise ConfigError(f"--concurrency {o.concurrency!r}: give numbers, e.g. 1,4") from None
+    if o.repetitions is not None:
+        changes["repetitions"] = o.repetitions
+        changes["max_repetitions"] = max(o.repetitions, b.max_repetitions)
+    if o.max_tokens is not None:
+        changes["max_tokens"] = o.max_tokens
+    if o.tolerance is not None:
+        changes["tolerance_pct"] = o.tolerance
+    if o.seed is not None:
+        changes["seed"] = o.seed
+    if o.no_warmup:
+        changes["warmup"] = False
+    if o.ignore_eos:
+        changes["ignore_eos"] = True
+    return replace(b, **changes)
+
+
+def endpoint_of(cfg: Config | None, o: Options, environ: Mapping[str, str]) -> openai.Endpoint:
+    key_env = o.api_key_env or (cfg.service.api_key_env if cfg else "")
+    key = environ.get(key_env, "") if key_env else ""
+    if key_env and not key:
+        raise ConfigError(f"the API key variable {key_env} is not set", hint=f"export {key_env}")
+    url = o.url or (f"http://{cfg.service.host}:{cfg.service.port}" if cfg else "")
+    return openai.Endpoint(url.rstrip("/").removesuffix("/v1"), key)
+
+
+@contextlib.contextmanager
+def _maybe_lease(take: bool, what: str, cfg: Config | None) -> Iterator[None]:
+    if not take:
+        yield
+        return
+    path = lease_path(os.environ)
+    if cfg and cfg.host.state_dir:
+        path = Path(cfg.host.state_dir) / "gpu.lease"
+    timeout = cfg.host.lease_timeout if cfg else 3600.0
+    with gpu_lease(path, what, timeout):
+        yield
+
+
+def run(cfg_path: Path, out: Output, o: Options) -> int:
+    environ = os.environ
+    cfg = load_config(cfg_path, environ, need=o.url is None)
+    b = bench_settings(cfg, o)
+    endpoint = endpoint_of(cfg, o, environ)
+    model = o.model or (cfg.service.model if cfg else "")
+    if not model:
+        try:
+            model = openai.first_model(endpoint)
+        except Exception as exc:
+            raise BenchFailed(
+                f"the server at {endpoint.base_url} does not answer /v1/models: {exc}",
+                hint="start the server or pass the right --url",
+            ) from None
+    command = o.server_command or (" ".join(cfg.service.command) if cfg else "")
+    spec = runner.spec_from_config(b, endpoint, model, command, o.system)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
+    output = o.output or where / f"{stamp}-{model.replace('/', '_')}.json"
+    log = runner.LogWindow(o.server_log) if o.server_log else _service_log(cfg)
+    probe_names = _csv(o.probes)
+    unknown = [p for p in probe_names if p not in PROBES]
+    if unknown:
+        raise ConfigError(
+            f"unknown probe(s): {', '.join(unknown)}", hint=f"probes: {', '.join(PROBES)}"
+        )
+    reporter = out.reporter()
+    out.err.print(
+        f"bench: {len(spec.cases)} case(s) x {spec.repetitions} at {endpoint.base_url} "
+        f"({model}); results: {output}",
+        markup=False,
+    )
+    failed_requests = 0
+    with _maybe_lease(o.lease, f"servegate bench {endpoint.base_url}", cfg):
+        try:
+            result = runner.run(spec, output, reporter, log, environ)
+        except BenchFailed as exc:
+            exc.hint = (exc.hint + "; " if exc.hint else "") + f"what finished is in {output}"
+            raise
+        probe_results = [_probe(name, endpoint, model, cfg) for name in probe_names]
+    result["probes"] = [
+        {"name": p.name, "ok": p.ok, "reason": p.reason, "seconds": round(p.seconds, 3),
+         "evidence": p.evidence}
+        for p in probe_results
+    ]  # fmt: skip
+    decision = None
+    if o.baseline:
+        base = results.load(o.baseline)
+        cand = results.from_result(result, str(output))
+        problems = results.check_comparable(
+            base, cand, o.lenient or not base.harness.startswith("servegate")
+        )
+        if problems:
+            raise ResultFileError(
+                f"baseline {o.baseline} cannot be compared: {'; '.join(problems)}",
+                hint="measure both with the same settings (or --lenient for another harness)",
+            )
+        g = cfg.gate if cfg else config_mod.Gate()
+        decision = verdict.evaluate(
+            base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
+            verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline),
+        )  # fmt: skip
+        result["gate"] = decision
+    runner.write_result(output, result)
+    failed_requests = sum(
+        1 for c in result["cases"] for g in c["groups"] for t in g["trials"] if not t["ok"]
+    )
+    if out.json_mode:
+        code = _exit_code(failed_requests, decision, probe_results)
+        return out.emit(result, code)
+    print_tables(out, result)
+    for p in probe_results:
+        out.line(f"probe {p.name}: {'PASS' if p.ok else 'FAIL'} — {p.reason}")
+    if decision:
+        print_gate(out, decision)
+    out.line(f"result file: {output}")
+    code = _exit_code(failed_requests, decision, probe_results)
+    if failed_requests:
+        out.err.print(
+            f"bench failed: {failed_requests} request(s) failed (see request_failed in {output})",
+            markup=False,
+        )
+    return code
+
+
+def _exit_code(
+    failed: int, decision: dict[str, Any] | None, probes_: Sequence[probes.ProbeResult]
+) -> int:
+    if failed:
+        return BenchFailed.exit_code
+    if decision and decision["verdict"] != verdict.PASS:
+        return GateFailed.exit_code
+    if any(not p.ok for p in probes_):
+        return GateFailed.exit_code
+    return 0
+
+
+def _service_log(cfg: Config | None) -> runner.LogWindow | None:
+    if cfg is None or cfg.service.manager != "supervisor":
+        return None
+    path = cfg.host_root / "logs" / f"{cfg.service.unit}.log"
+    return runner.LogWindow(path) if path.exists() else None
+
+
+def _probe(
+    name: str, endpoint: openai.Endpoint, model: str, cfg: Config | None
+) -> probes.ProbeResult:
+    p = cfg.probes if cfg else config_mod.Probes()
+    if name == "correctness":
+        return probes.correctness(endpoint, model, p.correctness or DEFAULT_CORRECTNESS, p.timeout)
+    if name == "prefix_reuse":
+        return probes.prefix_reuse(endpoint, model, p.prefix_tier, p.prefix_min_cached,
+                                   p.prefix_max_ttft_ratio, p.timeout)  # fmt: skip
+    if name == "vision":
+        return probes.vision(endpoint, model, p.vision_size, p.vision_followup_tier,
+                             p.prefix_min_cached, p.prefix_max_ttft_ratio, p.timeout)  # fmt: skip
+    return probes.spec_decode(endpoint, model, p.timeout, p.spec_min_acceptance)
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
+
+
+def print_tables(out: Output, result: Mapping[str, Any]) -> None:
+    """The two tables the field reads: the whole load, and one stream."""
+    load_rows, one_rows = [], []
+    for case in result["cases"]:
+        s = case["summary"]
+        valid = (
+            "yes"
+            if s.get("performance_valid")
+            else "NO: " + ", ".join(s.get("invalid_reason_totals", {}))
+        )
+        groups = [g["totals"] for g in case["groups"]]
+        walls = [g["wall_s"] for g in groups if g["wall_s"]]
+        load_rows.append([
+            case["id"], str(case["concurrency"]), str(len(groups)),
+            _f(sum(walls) / len(walls) if walls else None),
+            _f(s.get("prefill_tps_total")), _f(s.get("token_generation_tps_total")),
+            _f(s.get("requests_per_minute"), 2), valid,
+        ])  # fmt: skip
+        one_rows.append([
+            case["id"], _f(s.get("prompt_tokens"), 0), _f(s.get("prefill_tps")),
+            _f(s.get("generation_tps")), _f(s.get("ttft_s"), 2),
+            _f(s.get("mean_inter_token_latency_ms"), 2), _f(s.get("output_tps_whole_request")),
+            f"{s.get('valid_trials', 0)}/{s.get('trials', 0)}",
+        ])  # fmt: skip
+    out.table(
+        "WHOLE LOAD — every stream of a group together (medians over groups)",
+        ["case", "streams", "groups", "wall s", "TOTAL PP t/s", "TOTAL TG t/s", "req/min", "valid"],
+        load_rows,
+    )
+    out.table(
+        "ONE STREAM — what one request experiences (medians over valid trials)",
+        ["case", "prompt tok", "PP t/s", "TG t/s", "TTFT s", "ITL ms", "out t/s", "valid"],
+        one_rows,
+    )
+    out.line(
+        "PP = prompt_tokens / TTFT; TG = (completion_tokens - 1) / decode window; "
+        "TOTAL PP = all prompt tokens / slowest first token; TOTAL TG = all tokens but each "
+        "stream's first / the group's generating window; token counts from usage."
+    )
+
+
+def print_gate(out: Output, decision: Mapping[str, Any]) -> None:
+    rows = [
+        [
+            r["case"], r["metric"], "yes" if r["required"] else "report",
+            _f(r["baseline_median"], 2), _f(r["candidate_median"], 2), _f(r["ratio"], 3),
+            f"[{r['interval'][0]:.3f}, {r['interval'][1]:.3f}]" if r["interval"] else "-",
+            _f(r["threshold"], 3), _f(r["floor"], 1), r["verdict"],
+        ]
+        for r in decision["rows"]
+    ]  # fmt: skip
+    out.table(
+        f"GATE — {decision['method']}",
+        ["case", "metric", "required", "baseline", "candidate", "ratio", "interval",
+         "threshold", "floor", "verdict"],
+        rows,
+    )  # fmt: skip
+    out.line(f"gate verdict: {decision['verdict']} — {decision['why']}")
+
+
+def gate_files(cfg_path: Path, out: Output, baseline: Path, candidate: Path, lenient: bool) -> int:
+    """Judge a candidate result file against a baseline file with the config's gate rules."""
+    cfg = load_config(cfg_path, os.environ, need=False)
+    base, cand = results.load(baseline), results.load(candidate)
+    foreign = not (base.harness.startswith("servegate") and cand.harness.startswith("servegate"))
+    problems = results.check_comparable(base, cand, lenient or foreign)
+    if problems:
+        raise ResultFileError(
+            f"{baseline} and {candidate} cannot be compared: {'; '.join(problems)}",
+            hint="measure both with the same settings (or --lenient across harnesses)",
+        )
+    g = cfg.gate if cfg else config_mod.Gate()
+    decision = verdict.evaluate(
+        base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
+        verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline),
+    )  # fmt: skip
+    code = 0 if decision["verdict"] == verdict.PASS else GateFailed.exit_code
+    if out.json_mode:
+        return out.emit(decision, code)
+    print_gate(out, decision)
+    return code
+
+
+def compare_files(out: Output, a: Path, b: Path, lenient: bool, confidence: float) -> int:
+    sa, sb = results.load(a), results.load(b)
+    foreign = not (sa.harness.startswith("servegate") and sb.harness.startswith("servegate"))
+    problems = results.check_comparable(sa, sb, lenient or foreign)
+    if problems:
+        raise ResultFileError(
+            f"{a} and {b} cannot be compared: {'; '.join(problems)}",
+            hint="measure both with the same settings (or --lenient across harnesses)",
+        )
+    rows = verdict.compare_table(sa, sb, METRICS, confidence)
+    return _print_compare(out, rows, str(a), str(b), confidence, {})
+
+
+def _print_compare(
+    out: Output,
+    rows: list[dict[str, Any]],
+    a: str,
+    b: str,
+    confidence: float,
+    extra: dict[str, Any],
+) -> int:
+    if out.json_mode:
+        return out.emit({"a": a, "b": b, "confidence": confidence, "rows": rows, **extra})
+    out.table(
+        f"A/B — A: {a}  B: {b}  (B vs A, median ratio, {confidence:.0%} bootstrap interval)",
+        ["case", "metric", "A median", "B median", "delta %", "interval %", "n A", "n B"],
+        [
+            [
+                r["case"], r["metric"], _f(r["a_median"], 3), _f(r["b_median"], 3),
+                _f(r["delta_pct"], 2),
+                _interval(r["interval_pct"]),
+                str(r["n_a"]), str(r["n_b"]),
+            ]
+            for r in rows
+        ],
+    )  # fmt: skip
+    return 0
+
+
+def _interval(iv: list[float] | None) -> str:
+    return f"[{iv[0]:+.2f}, {iv[1]:+.2f}]" if iv else "-"
+
+
+def compare_live(
+    cfg_path: Path, out: Output, o: Options, a_url: str, b_url: str, rounds: int, confidence: float
+) -> int:
+    """Two live endpoints measured in interleaved order (ABAB…), so drift cancels."""
+    environ = os.environ
+    cfg = load_config(cfg_path, environ, need=False)
+    b = bench_settings(cfg, o)
+    sides = {}
+    for name, url in (("A", a_url), ("B", b_url)):
+        ep = endpoint_of(cfg, replace(o, url=url), environ)
+        model = o.model or openai.first_model(ep)
+        spec = runner.spec_from_config(b, ep, model, "", f"compare side {name}")
+        sides[name] = runner.Bench(spec, None, out.reporter(), None, environ)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    outdir = o.output or Path("bench-results") / f"compare-{stamp}"
+    with _maybe_lease(o.lease, f"servegate bench compare {a_url} {b_url}", cfg):
+        for name, bench in sides.items():
+            bench.output = outdir / f"{name}.json"
+            bench.prepare()
+            bench.warm_up()
+        for _ in range(rounds):
+            for case in sides["A"].spec.cases:
+                for name in ("A", "B"):
+                    sides[name].measure(case, 1)
+        for bench in sides.values():
+            bench.finish()
+    sa = results.from_result(sides["A"].result, a_url)
+    sb = results.from_result(sides["B"].result, b_url)
+    rows = verdict.compare_table(sa, sb, METRICS, confidence)
+    return _print_compare(
+        out, rows, a_url, b_url, confidence, {"results": str(outdir), "order": "ABAB"}
+    )
+
+
+__all__ = ["TIERS", "compare_files", "compare_live", "gate_files", "run"]

@@ -1,0 +1,168 @@
+"""The ``bench`` gate check: measure the restarted release and judge it against a baseline.
+
+Baseline: the live release's samples recorded by its own gate (same host, same bench
+fingerprint), or the result file named by ``gate.baseline``. While a required row is
+INCONCLUSIVE the check measures those cases again, up to ``bench.max_repetitions``;
+then ``gate.inconclusive`` decides.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from servegate.bench import results, verdict
+from servegate.bench.runner import Bench, LogWindow, spec_from_config
+from servegate.config import Config
+from servegate.engine.openai import Endpoint
+from servegate.errors import BenchFailed, ResultFileError
+from servegate.pipeline.stages import Reporter
+
+CHECK = "bench"
+
+
+def rules(cfg: Config) -> list[verdict.Rule]:
+    configured = [
+        verdict.Rule(r.metric, r.direction, r.tolerance, r.floor, r.cases) for r in cfg.gate.rules
+    ]
+    chosen = configured or list(verdict.DEFAULT_RULES)
+    if cfg.gate.floors:
+        chosen += verdict.floors(cfg.gate.floors)
+    return chosen
+
+
+def settings(cfg: Config) -> verdict.Settings:
+    g = cfg.gate
+    return verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline)
+
+
+def results_dir(cfg: Config) -> Path:
+    return Path(cfg.bench.results_dir) if cfg.bench.results_dir else cfg.host_root / "bench"
+
+
+def recorded_samples(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The bench samples a release record's gate kept, if any."""
+    if not record:
+        return None
+    for check in (record.get("gate") or {}).get("checks") or []:
+        if check.get("name") == CHECK and isinstance(check.get("evidence"), dict):
+            samples = check["evidence"].get("samples")
+            return samples if isinstance(samples, dict) else None
+    return None
+
+
+def baseline(
+    cfg: Config, previous_record: Mapping[str, Any] | None, fingerprint: Mapping[str, Any]
+) -> tuple[results.Samples | None, str]:
+    """(samples, what they are). A configured result file must match; the live release's
+    samples that don't match are no baseline (and the note says why)."""
+    if cfg.gate.baseline != "live":
+        base = results.load(Path(cfg.gate.baseline))
+        lenient = not base.harness.startswith("servegate")
+        problems = results.check_comparable(
+            base, results.Samples("", "", dict(fingerprint), {}), lenient
+        )
+        if problems:
+            raise ResultFileError(
+                f"baseline {cfg.gate.baseline} cannot be compared: {'; '.join(problems)}",
+                hint="re-measure the baseline with the same [bench] settings, or fix gate.baseline",
+            )
+        return base, f"result file {cfg.gate.baseline}"
+    if previous_record is None:
+        return None, "no live release recorded"
+    sha = str(previous_record.get("sha", ""))[:12]
+    doc = recorded_samples(previous_record)
+    if doc is None:
+        return None, f"the live release {sha} has no recorded bench samples"
+    if previous_record.get("host") != socket.gethostname():
+        return None, f"the live release {sha} was measured on {previous_record.get('host')}"
+    base = results.from_record(doc, f"live release {sha}")
+    if base.fingerprint.get("digest") != fingerprint.get("digest"):
+        diffs = [
+            k for k in sorted(set(base.fingerprint) | set(fingerprint))
+            if k != "digest" and base.fingerprint.get(k) != fingerprint.get(k)
+        ]  # fmt: skip
+        return None, f"the live release {sha} was measured differently ({', '.join(diffs)})"
+    return base, f"live release {sha}"
+
+
+def run(
+    cfg: Config,
+    endpoint: Endpoint,
+    model: str,
+    sha: str,
+    previous_record: Mapping[str, Any] | None,
+    log_file: Path | None,
+    reporter: Reporter,
+    environ: Mapping[str, str],
+) -> dict[str, Any]:
+    """Measure, decide, and return the evidence (``verdict`` is PASS, FAIL or INCONCLUSIVE)."""
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    output = results_dir(cfg) / f"{stamp}-{sha[:12]}.json"
+    spec = spec_from_config(
+        cfg.bench, endpoint, model, " ".join(cfg.service.command), socket.gethostname()
+    )
+    bench = Bench(spec, output, reporter, LogWindow(log_file) if log_file else None, environ)
+    evidence: dict[str, Any] = {
+        "result_file": str(output),
+        "fingerprint": bench.result["fingerprint"],
+    }
+    try:
+        base, about = baseline(cfg, previous_record, bench.result["fingerprint"])
+    except ResultFileError as exc:
+        return {**evidence, "verdict": verdict.FAIL, "why": str(exc), "rows": []}
+    evidence["baseline"] = about
+    try:
+        bench.prepare()
+        bench.warm_up()
+        for case in spec.cases:
+            bench.measure(case, spec.repetitions)
+        st, chosen = settings(cfg), rules(cfg)
+        decision = verdict.evaluate(
+            base, results.from_result(bench.result), chosen, st, final=False
+        )
+        while decision["verdict"] == verdict.INCONCLUSIVE:
+            open_cases = {
+                r["case"] for r in decision["rows"] if r["verdict"] == verdict.INCONCLUSIVE
+            }
+            todo = [
+                c for c in spec.cases
+                if c.id in open_cases and _reps(bench, c.id) < cfg.bench.max_repetitions
+            ]  # fmt: skip
+            if not todo:
+                break
+            reporter.note(
+                f"bench gate INCONCLUSIVE on {', '.join(sorted(open_cases))}: measuring again"
+            )
+            for case in todo:
+                bench.measure(case, 1)
+            decision = verdict.evaluate(
+                base, results.from_result(bench.result), chosen, st, final=False
+            )
+        decision = verdict.evaluate(base, results.from_result(bench.result), chosen, st, final=True)
+    except BenchFailed as exc:
+        bench.fail("failed", str(exc))
+        return {**evidence, "verdict": verdict.FAIL, "why": f"the bench could not measure: {exc}",
+                "rows": [], "samples": results.from_result(bench.result).as_dict()}  # fmt: skip
+    bench.result["gate"] = decision
+    bench.finish()
+    candidate = results.from_result(bench.result, str(output))
+    return {
+        **evidence,
+        "verdict": decision["verdict"],
+        "why": decision["why"],
+        "method": decision["method"],
+        "rows": decision["rows"],
+        "table": bench.result["performance_table"],
+        "samples": candidate.as_dict(),
+    }
+
+
+def _reps(bench: Bench, case_id: str) -> int:
+    for doc in bench.result["cases"]:
+        if doc["id"] == case_id:
+            return len(doc["groups"])
+    return 0

@@ -1,0 +1,168 @@
+"""``servegate bench`` against a real vLLM server (the CPU build, the demo's tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servegate.bench import probes, results, runner, verdict
+from servegate.engine.openai import Endpoint
+from tests.bench.vllm_server import Server, skip_without_vllm, vllm_server
+
+pytestmark = [pytest.mark.vllm, skip_without_vllm]
+
+SERVEGATE = str(Path(sys.executable).with_name("servegate"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with vllm_server(tmp_path_factory.mktemp("vllm")) as s:
+        yield s
+
+
+def bench(*args: str, cwd: Path) -> tuple[int, dict[str, Any], str]:
+    run = subprocess.run(
+        [SERVEGATE, "bench", "--json", "--no-lease", "--config", str(cwd / "none.toml"), *args],
+        capture_output=True, text=True, timeout=1200, cwd=cwd,
+        env={**os.environ},
+    )  # fmt: skip
+    doc = json.loads(run.stdout) if run.stdout.strip() else {}
+    return run.returncode, doc, run.stderr
+
+
+def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    code, doc, err = bench(
+        "--url", server.url, "--profiles", "regular,coding", "--tiers", "2k", "--repetitions", "2",
+        "--max-tokens", "256", "--seed", "-1", "--output", str(out), "--server-log", str(server.log),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "complete"
+    assert result["engine"]["resolved"] == "vllm"
+    assert result["engine"]["tokenize"] is True
+    assert {k: v["method"] for k, v in result["sizing"].items()} == {
+        "regular-2k": "tokenize",
+        "coding-2k": "tokenize",
+    }
+    assert result["warmup"]["ok"]
+    assert result["warmup"]["ignore_eos"] is True
+    for case in result["cases"]:
+        for group in case["groups"]:
+            for t in group["trials"]:
+                assert t["performance_valid"], t["reason_details"]
+                assert t["completion_tokens"] == 256
+                assert abs(t["prompt_tokens"] - 2048) <= 2048 * 0.02
+                assert t["ignore_eos"] is False  # never on a measured request
+                assert t["prefill_tps"] == pytest.approx(t["prompt_tokens"] / t["ttft_s"], rel=1e-3)
+                assert t["generation_tps"] == pytest.approx(255 / t["decode_window_s"], rel=1e-3)
+                assert t["tokens_per_chunk"] >= 1.0
+            # the server saw exactly these requests: its histogram agrees with us
+            sm = group["server_metrics"]
+            assert sm["prefix_cache_hits"] == 0
+            assert sm["ttft_mean_s"] == pytest.approx(group["trials"][0]["ttft_s"], rel=0.25)
+    rows = {r["case"]: r for r in result["performance_table"]}
+    assert set(rows) == {"regular-2k", "coding-2k"}
+    assert all(r["performance_valid"] and r["valid_trials"] == 2 for r in rows.values())
+    # sizing is cached per model and tokenizer: the next run does not tokenize again
+    code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
+                           "--repetitions", "1", "--max-tokens", "256", "--seed", "-1",
+                           "--no-warmup", "--output", str(tmp_path / "r2.json"), cwd=tmp_path)  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert doc["result"]["sizing"]["regular-2k"]["method"] == "cache"
+    # the baseline gate: the same server against itself passes
+    code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
+                           "--repetitions", "2", "--max-tokens", "256", "--seed", "-1",
+                           "--no-warmup", "--baseline", str(out), "--output", str(tmp_path / "r3.json"),
+                           cwd=tmp_path)  # fmt: skip
+    assert code == 14, "a baseline measured with other cases has another fingerprint"
+    assert "fingerprints differ" in err
+
+
+def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path: Path) -> None:
+    """vLLM reports no cached tokens in usage: only the /metrics delta betrays the hit."""
+    spec = runner.Spec(Endpoint(server.url), "demo", runner.parse_cases(["regular"], ["2k"], [1]),
+                       repetitions=1, max_tokens=256, warmup=False,
+                       sampling=runner.Sampling(seed=-1))  # fmt: skip
+    first = runner.Bench(spec, tmp_path / "a.json")
+    first.prepare()
+    doc = first.measure(spec.cases[0], 1)
+    assert doc["groups"][0]["trials"][0]["performance_valid"]
+    again = runner.Bench(spec, tmp_path / "b.json")
+    again.scope = first.scope  # the same tag: the prompt's prefix is in the cache
+    again.prepare()
+    t = again.measure(spec.cases[0], 1)["groups"][0]["trials"][0]
+    assert not t["performance_valid"]
+    assert "prompt_cache_hit" in t["invalid_reasons"]
+    assert "vllm:prefix_cache_hits" in t["reason_details"]["prompt_cache_hit"]
+    assert t["cached_tokens"] == {}  # usage said nothing
+    assert (
+        t["prefill_tps"] > doc["groups"][0]["trials"][0]["prefill_tps"] * 2
+    )  # the "impossible" number
+
+
+def test_bad_input_is_a_clear_failure_and_keeps_the_partial_result(
+    server: Server, tmp_path: Path
+) -> None:
+    out = tmp_path / "too-long.json"
+    code, doc, _ = bench(
+        "--url", server.url, "--tiers", "16k", "--output", str(out), cwd=tmp_path
+    )
+    assert code == 13
+    assert "max model length is 10240" in doc["error"]["message"]
+    assert json.loads(out.read_text())["status"] == "failed"
+    down = tmp_path / "down.json"
+    code, doc, _ = bench("--url", "http://127.0.0.1:9", "--model", "demo", "--tiers", "2k",
+                           "--output", str(down), cwd=tmp_path)  # fmt: skip
+    assert code == 13
+    assert "does not answer /v1/models" in doc["error"]["message"]
+    code, doc, _ = bench("--url", server.url, "--model", "nope", "--tiers", "2k", cwd=tmp_path)
+    assert code == 13
+    assert "'nope' is not served" in doc["error"]["message"]
+
+
+def test_prefix_reuse_probe_on_a_real_server(server: Server) -> None:
+    r = probes.prefix_reuse(Endpoint(server.url), "demo", "4k", 0.70, 0.5, 300)
+    assert r.ok, r
+    assert r.evidence["cached_source"] == "/metrics prefix_cache_hits delta"
+    assert r.evidence["cached_share"] >= 0.7
+    too_long = probes.prefix_reuse(Endpoint(server.url), "demo", "16k", 0.70, 0.5, 300)
+    assert not too_long.ok
+    assert "does not fit" in too_long.reason
+
+
+def test_correctness_probe_fails_a_model_that_answers_nonsense(server: Server) -> None:
+    """The demo model has random weights: it must fail, with the answer shown."""
+    from servegate.config import DEFAULT_CORRECTNESS
+
+    r = probes.correctness(Endpoint(server.url), "demo", DEFAULT_CORRECTNESS[:2], 120)
+    assert not r.ok
+    assert len(r.evidence["answers"]) == 4  # each prompt asked twice
+    assert "Paris" in r.reason
+
+
+def test_spec_decode_probe_reports_absent_counters(server: Server) -> None:
+    r = probes.spec_decode(Endpoint(server.url), "demo", 120)
+    assert r.ok
+    assert "exports no speculative-decoding counters" in r.reason
+    strict = probes.spec_decode(Endpoint(server.url), "demo", 120, min_acceptance=0.5)
+    assert not strict.ok
+
+
+def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path: Path) -> None:
+    spec = runner.Spec(Endpoint(server.url), "demo", runner.parse_cases(["regular"], ["1k"], [1]),
+                       repetitions=3, max_tokens=256, warmup=False,
+                       sampling=runner.Sampling(seed=-1))  # fmt: skip
+    a = results.from_result(runner.run(spec, tmp_path / "a.json"))
+    b = results.from_result(runner.run(spec, tmp_path / "b.json"))
+    assert results.check_comparable(a, b) == []
+    d = verdict.evaluate(a, b, [verdict.Rule("generation_tps", "higher", 0.10)])
+    assert d["verdict"] == "PASS", d["rows"]

@@ -1,0 +1,136 @@
+"""Measurement definitions and validity rules, on streams with known timestamps."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from servegate.bench import fixtures, measure
+from servegate.bench.sse import Stream, parse_lines
+
+
+class Clock:
+    """Advances by ``step`` seconds on every read."""
+
+    def __init__(self, step: float = 1.0) -> None:
+        self.t = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def sse(events: list[dict[str, object]], done: bool = True) -> Iterator[str]:
+    for e in events:
+        yield "data: " + json.dumps(e)
+        yield ""
+    if done:
+        yield "data: [DONE]"
+
+
+def varied(n: int) -> list[str]:
+    """``n`` chunks of real prose (the regular fixture), a few words each."""
+    words = fixtures.load("regular").text.split()
+    return [" ".join(words[3 * i : 3 * i + 3]) + " " for i in range(n)]
+
+
+def stream_of(pieces: list[str], prompt: int, completion: int, **usage: object) -> Stream:
+    events: list[dict[str, object]] = [{"choices": [{"delta": {"role": "assistant"}}]}]
+    events += [{"choices": [{"delta": {"content": p}}]} for p in pieces]
+    events.append(
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, **usage},
+        }
+    )
+    return parse_lines(sse(events), Stream(started=0.0), Clock())
+
+
+def test_definitions_follow_the_fields_rules() -> None:
+    st = stream_of(varied(400), prompt=16384, completion=1024)
+    t = measure.trial(st, measure.Rules(nominal_tokens=16384))
+    # the role-only delta carries no text: first text at t=1, last at t=400, [DONE] at 401
+    assert t["ttft_s"] == 1.0
+    assert t["prefill_tps"] == 16384.0
+    assert t["decode_window_s"] == 399.0
+    assert t["generation_tps"] == pytest.approx(1023 / 399, rel=1e-4)
+    assert t["mean_inter_token_latency_ms"] == pytest.approx(399_000 / 1023, rel=1e-4)
+    assert t["output_tps_whole_request"] == pytest.approx(1024 / 401, rel=1e-4)
+    assert t["tokens_per_chunk"] == pytest.approx(1024 / 400, rel=1e-4)
+    assert t["token_count_source"] == "usage"
+    assert t["performance_valid"], t["reason_details"]
+
+
+def test_every_validity_rule_names_its_reason() -> None:
+    rules = measure.Rules(nominal_tokens=16384)
+    short = measure.trial(stream_of(varied(300), 16384, 731), rules)
+    assert "output_length_mismatch" in short["invalid_reasons"]
+    hyphens = measure.trial(stream_of(["- "] * 300, 16384, 1024), rules)
+    assert {
+        "dominant_repeated_token",
+        "low_unique_token_ratio",
+        "highly_compressible_repetition",
+    } <= set(hyphens["invalid_reasons"])
+    assert "'-'" in hyphens["reason_details"]["dominant_repeated_token"]
+    few = measure.trial(stream_of(["a b c"] * 3, 16384, 1024), rules)
+    assert "too_few_text_tokens" in few["invalid_reasons"]
+    big = measure.trial(stream_of(varied(300), 18063, 1024), rules)
+    assert "input_size_outside_tolerance" in big["invalid_reasons"]
+    assert "+10.2%" in big["reason_details"]["input_size_outside_tolerance"]
+    wide = measure.trial(
+        stream_of(varied(300), 18063, 1024), measure.Rules(nominal_tokens=16384, tolerance_pct=12)
+    )
+    assert "input_size_outside_tolerance" not in wide["invalid_reasons"]
+    cached = measure.trial(
+        stream_of(varied(300), 16384, 1024, prompt_tokens_details={"cached_tokens": 16000}), rules
+    )
+    assert (
+        cached["reason_details"]["prompt_cache_hit"]
+        == "usage.prompt_tokens_details.cached_tokens=16000"
+    )
+    buffered = measure.trial(stream_of(["".join(varied(300))], 16384, 1024), rules)
+    assert "stream_not_incremental" in buffered["invalid_reasons"]
+    assert buffered["generation_tps"] is None  # no false decode rate from one flush
+
+
+def test_a_failed_stream_is_data_not_an_exception() -> None:
+    st = parse_lines(
+        iter(['{"error": {"message": "context length exceeded"}}']), Stream(0.0), Clock()
+    )
+    t = measure.trial(st, measure.Rules())
+    assert t["invalid_reasons"] == ["request_failed"]
+    assert "context length exceeded" in t["error"]
+    cut = parse_lines(
+        sse([{"choices": [{"delta": {"content": "x"}}]}], done=False), Stream(0.0), Clock()
+    )
+    assert not cut.saw_done
+
+
+def test_group_totals_wait_for_the_slowest_stream() -> None:
+    streams, trials = [], []
+    for offset in (0.0, 4.0):
+        st = Stream(
+            started=0.0,
+            first_text_at=2.0 + offset,
+            last_text_at=12.0 + offset,
+            done_at=12.5 + offset,
+            text_chunks=500,
+        )
+        st.usage = {"prompt_tokens": 8192, "completion_tokens": 1024}
+        st.text = varied(300)
+        st.saw_done = True
+        streams.append(st)
+        trials.append(measure.trial(st, measure.Rules(nominal_tokens=8192)))
+    g = measure.group(trials, 0.0, streams)
+    assert g["ttft_max_s"] == 6.0
+    assert g["prefill_tps_total"] == pytest.approx(2 * 8192 / 6.0, rel=1e-4)
+    assert g["generating_window_s"] == 14.0  # first stream's first token → last stream's last
+    assert g["token_generation_tps_total"] == pytest.approx(2 * 1023 / 14.0, rel=1e-4)
+    assert g["group_valid"]
+    measure.invalidate(trials[1], "compilation_in_window", "Compiling a graph for dynamic shape")
+    g2 = measure.group(trials, 0.0, streams)
+    assert not g2["group_valid"]
+    assert g2["invalid_reason_totals"] == {"compilation_in_window": 1}

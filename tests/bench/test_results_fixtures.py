@@ -1,0 +1,148 @@
+"""Result files (own and llm-context-bench), fixtures, the image, Prometheus text."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from servegate.bench import fixtures, image, prom, results
+from servegate.errors import ResultFileError
+
+
+def lcb_trial(prefill: float, gen: float, valid: bool = True) -> dict[str, object]:
+    return {
+        "prefill_tps": prefill,
+        "generation_tps": gen,
+        "ttft_s": 16384 / prefill,
+        "mean_inter_token_latency_ms": 1000 / gen,
+        "output_tps_whole_request": gen * 0.9,
+        "decode_window_s": 1023 / gen,
+        "performance_valid": valid,
+        "invalid_reasons": [] if valid else ["dominant_repeated_token"],
+    }
+
+
+def lcb_doc(schema: int) -> dict[str, object]:
+    """The shape llm-context-bench 0.3 (schema 7) / 0.4 (schema 8) writes."""
+    perf: dict[str, object] = {
+        "trials": [lcb_trial(1957.8, 69.7), lcb_trial(1950.0, 68.9)],
+        "summary": {},
+    }
+    if schema == 8:
+        perf["concurrency"] = 1
+        perf["groups"] = []
+    return {
+        "benchmark_schema_version": schema,
+        "status": "complete",
+        "suites": {
+            "regular": {
+                "cases": [
+                    {
+                        "id": "regular-05-context-16k",
+                        "nominal_input_tokens": 16384,
+                        "performance": perf,
+                    }
+                ]
+            },
+            "coding": {
+                "cases": [
+                    {
+                        "id": "coding-05-context-32k",
+                        "nominal_input_tokens": 32768,
+                        "performance": {"trials": [lcb_trial(1900, 60, valid=False)]},
+                    }
+                ]
+            },
+        },
+        "performance_table": [],
+    }
+
+
+@pytest.mark.parametrize("schema", [7, 8])
+def test_llm_context_bench_files_become_samples(tmp_path: Path, schema: int) -> None:
+    path = tmp_path / "lcb.json"
+    path.write_text(json.dumps(lcb_doc(schema)))
+    s = results.load(path)
+    assert s.harness == f"llm-context-bench/{schema}"
+    assert s.cases["regular-16k"].metrics["generation_tps"] == [69.7, 68.9]
+    assert not s.cases["coding-32k"].valid
+    assert s.cases["coding-32k"].reasons == {"dominant_repeated_token": 1}
+
+
+def test_bad_result_files_say_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(ResultFileError, match="not found"):
+        results.load(tmp_path / "missing.json")
+    (tmp_path / "cut.json").write_text('{"schema": 1, "kind": "servegate.bench", "cases": [')
+    with pytest.raises(ResultFileError, match="not JSON"):
+        results.load(tmp_path / "cut.json")
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    with pytest.raises(ResultFileError, match="neither"):
+        results.load(tmp_path / "other.json")
+    (tmp_path / "old.json").write_text('{"benchmark_schema_version": 5, "suites": {}}')
+    with pytest.raises(ResultFileError, match="schema 5"):
+        results.load(tmp_path / "old.json")
+    (tmp_path / "new.json").write_text('{"schema": 99, "kind": "servegate.bench"}')
+    with pytest.raises(ResultFileError, match="schema 99"):
+        results.load(tmp_path / "new.json")
+
+
+def test_fingerprints_must_match_unless_lenient() -> None:
+    a = results.Samples(
+        "a",
+        "servegate-bench/1",
+        {"digest": "1", "max_tokens": 1024, "sampling": {"seed": 1}},
+        {"regular-16k": results.CaseSamples("regular-16k")},
+    )
+    b = results.Samples(
+        "b",
+        "servegate-bench/1",
+        {"digest": "2", "max_tokens": 1024, "sampling": {"seed": 2}},
+        {"regular-16k": results.CaseSamples("regular-16k")},
+    )
+    assert results.check_comparable(a, a) == []
+    assert results.check_comparable(a, b) == ["fingerprints differ in: sampling"]
+    assert results.check_comparable(a, b, lenient=True) == []
+
+
+def test_fixtures_are_real_locked_and_not_filler() -> None:
+    m = fixtures.manifest()
+    for profile in fixtures.PROFILES:
+        fx = fixtures.load(profile)
+        assert fx.sha256 == m["fixtures"][profile]["sha256"]
+        assert fx.gzip_ratio > 0.2  # prose/code, not repeated filler
+        assert all(src["licence"] for src in fx.sources)
+        assert len(fx.text) > 500_000
+        head = fx.head(10_000)
+        assert len(head) <= 10_000
+        assert fx.text[len(head)] == "\n"  # cut at the end of a line
+    assert "def " in fixtures.load("coding").text
+    filler = ("lorem ipsum " * 10_000).encode()
+    assert fixtures.gzip_ratio(filler) < fixtures.MIN_GZIP_RATIO
+    assert gzip.compress(b"x")  # the module's ratio uses zlib level 9 like the field
+
+
+def test_generated_image_has_the_regions_it_claims() -> None:
+    data = image.regions_png(120)
+    w, h, rows = image.read_png_rgb(data)
+    assert (w, h) == (120, 120)
+    mid = rows[60]
+    assert tuple(mid[3 * 10 : 3 * 10 + 3]) == image.BLUE
+    assert tuple(mid[3 * 100 : 3 * 100 + 3]) == image.YELLOW
+    assert tuple(rows[0][0:3]) == image.WHITE
+
+
+def test_prometheus_sums_labels_and_deltas() -> None:
+    before = prom.parse(
+        '# HELP x\nvllm:prefix_cache_hits_total{engine="0",model_name="demo"} 100.0\n'
+        'vllm:time_to_first_token_seconds_sum{m="a"} 2.0\nvllm:time_to_first_token_seconds_count{m="a"} 4\n'
+    )
+    after = prom.parse(
+        'vllm:prefix_cache_hits_total{engine="0",model_name="demo"} 164.0\n'
+        'vllm:time_to_first_token_seconds_sum{m="a"} 5.0\nvllm:time_to_first_token_seconds_count{m="a"} 6\n'
+    )
+    assert prom.delta(before, after, prom.PREFIX_HITS) == 64.0
+    assert prom.histogram_mean_delta(before, after, prom.TTFT) == (1.5, 2.0)
+    assert prom.delta(before, after, prom.SPEC_ACCEPTED) is None
