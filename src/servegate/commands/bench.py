@@ -290,7 +290,7 @@ def print_gate(out: Output, decision: Mapping[str, Any]) -> None:
         for r in decision["rows"]
     ]  # fmt: skip
     out.table(
-        f"GATE — {decision['method']}",
+        f"GATE — {decision.get('method', '')}",
         ["case", "metric", "required", "baseline", "candidate", "ratio", "interval",
          "threshold", "floor", "verdict"],
         rows,

@@ -1,4 +1,4 @@
-"""``servegate demo``: promote two good commits and a bad one on a local sandbox."""
+"""``servegate demo``: promote two good commits, then two bad ones, on a local sandbox."""
 
 from __future__ import annotations
 
@@ -18,7 +18,20 @@ STEPS = (
     ("good #1", scenario.good_first, "released"),
     ("good #2", scenario.good_second, "released"),
     ("bad", scenario.bad_shared_kernels, "rolled_back"),
+    ("slow", scenario.slow_eager, "rolled_back"),
 )
+
+
+def _bench_summary(outcome: Outcome) -> str:
+    """The bench gate's decode row, e.g. "PASS 1.01x" (or "-" without one)."""
+    checks = (outcome.record or {}).get("gate", {}).get("checks", [])
+    for check in checks:
+        if check.get("name") != "bench":
+            continue
+        rows = [r for r in check["evidence"].get("rows", []) if r["metric"] == "generation_tps"]
+        ratio = rows[0]["ratio"] if rows and rows[0]["ratio"] is not None else None
+        return f"{check['verdict']}" + (f" decode {ratio:.2f}x" if ratio else " (first)")
+    return "-"
 
 
 def _row(step: str, outcome: Outcome, subject: str) -> list[str]:
@@ -34,6 +47,7 @@ def _row(step: str, outcome: Outcome, subject: str) -> list[str]:
         outcome.verdict,
         f"{outcome.seconds:.0f}s",
         f"{startup:.0f}s",
+        _bench_summary(outcome),
         what,
     ]
 
@@ -70,7 +84,7 @@ def run(out: Output, workdir: Path, keep_running: bool) -> int:
         )
     out.table(
         f"servegate demo — {time.monotonic() - start:.0f}s",
-        ["step", "sha", "commit", "verdict", "total", "start-up", "tag / reason"],
+        ["step", "sha", "commit", "verdict", "total", "start-up", "bench gate", "tag / reason"],
         rows,
     )
     out.line(f"sandbox: {sb.root}   config: {sb.config}")

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 
+from servegate.commands.bench import print_gate
 from servegate.config import Config
 from servegate.errors import RollbackFailed, ServegateError
 from servegate.output import Output
@@ -11,6 +12,11 @@ from servegate.release.promote import Outcome, promote
 
 def show(out: Output, outcome: Outcome) -> None:
     out.stages(f"release promote {outcome.sha[:12]}", outcome.stages)
+    for check in (outcome.record or {}).get("gate", {}).get("checks", []):
+        if check.get("name") == "bench" and check["evidence"].get("rows"):
+            print_gate(out, check["evidence"])
+            out.line(f"bench baseline: {check['evidence'].get('baseline')}; "
+                     f"result file: {check['evidence'].get('result_file')}")  # fmt: skip
     if outcome.verdict == "released":
         out.line(f"released {outcome.sha} as {outcome.tag} in {outcome.seconds:.1f}s")
     elif outcome.verdict == "rolled_back":

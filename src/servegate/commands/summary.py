@@ -19,6 +19,14 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _num(value: Any, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _iv(value: Any) -> str:
+    return f"[{value[0]:.3f}, {value[1]:.3f}]" if value else "-"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     result = doc.get("result") or {}
     error = doc.get("error") or {}
@@ -43,6 +51,29 @@ def markdown(doc: dict[str, Any]) -> str:
             ),
             "",
         ]
+    for check in checks:
+        ev = check.get("evidence") or {}
+        rows = ev.get("rows") or []
+        if check.get("name") != "bench" or not rows:
+            continue
+        lines += [
+            f"### Bench gate: {check['verdict']}",
+            "",
+            f"Baseline: {ev.get('baseline')}; {ev.get('method', '')}.",
+            "",
+            *_table(
+                ["case", "metric", "baseline", "candidate", "ratio", "interval", "threshold",
+                 "floor", "verdict"],
+                [
+                    [r["case"], r["metric"], _num(r["baseline_median"]),
+                     _num(r["candidate_median"]), _num(r["ratio"], 3),
+                     _iv(r["interval"]), _num(r["threshold"], 3),
+                     _num(r["floor"]), r["verdict"]]
+                    for r in rows
+                ],
+            ),
+            "",
+        ]  # fmt: skip
     stages = result.get("stages") or []
     if stages:
         lines += [

@@ -79,7 +79,9 @@ def config_text(sb: Sandbox) -> str:
         "--port",
         "{port}",
         "--max-model-len",
-        "4096",
+        "10240",
+        "--dtype",
+        "float32",
         "--gpu-memory-utilization",
         "0.3",
     ]
@@ -116,6 +118,27 @@ modules = ["demo_stack"]
 [probes]
 smoke_prompt = "Say hello."
 smoke_max_tokens = 16
+
+# the long-context bench, sized for a 2-CPU box: prose at the 2k tier, 512 tokens out
+[bench]
+profiles = ["regular"]
+tiers = ["2k"]
+repetitions = 3
+max_repetitions = 4
+max_tokens = 512
+seed = -1  # vLLM's CPU backend crashes on per-request seeds with chunked prefill
+
+# decode may not lose more than 5 % against the live release's recorded samples
+[gate]
+checks = ["smoke", "bench"]
+
+[[gate.rules]]
+metric = "generation_tps"
+tolerance = 0.05
+
+[[gate.rules]]
+metric = "prefill_tps"
+tolerance = 0.15
 
 [release]
 tag = "demo/{{date}}-{{time}}-{{short}}"

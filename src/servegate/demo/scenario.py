@@ -1,4 +1,4 @@
-"""The demo's three commits: two good ones and one whose server fails its check."""
+"""The demo's commits: two good ones, one that fails provenance, one that fails the gate."""
 
 from __future__ import annotations
 
@@ -52,5 +52,22 @@ def bad_shared_kernels(sb: Sandbox) -> str:
             (serve, "import sys\n", "import os\nimport shutil\nimport sys\nimport tempfile\n"),
             (serve, '\n\nif __name__ == "__main__":', SHARED_COPY),
             (serve, "load_kernels(LIBRARY)", "load_kernels(shared_copy(LIBRARY))"),
+        ],
+    )
+
+
+def slow_eager(sb: Sandbox) -> str:
+    """Starts faster and serves every answer correctly — but without torch.compile its
+    decode is slower than the live release's: the bench gate must fail it."""
+    return commit(
+        sb,
+        "launcher: skip torch.compile to start faster",
+        [
+            (
+                "demo_stack/serve.py",
+                'sys.argv[0] = "vllm.entrypoints.openai.api_server"',
+                'sys.argv[0] = "vllm.entrypoints.openai.api_server"\n'
+                '    sys.argv.append("--enforce-eager")  # no compile at start-up',
+            )
         ],
     )

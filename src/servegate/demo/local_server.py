@@ -1,4 +1,4 @@
-"""A real vLLM (CPU) server with the demo's tiny model, for the bench tests."""
+"""A real vLLM (CPU) server with the demo's tiny model: for the bench tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -13,16 +13,9 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
-import pytest
 
 from servegate.demo import vllm_env
 from servegate.pipeline.stages import QuietReporter
-from tests.conftest import REAL_HOME
-
-skip_without_vllm = pytest.mark.skipif(
-    os.environ.get("SERVEGATE_SKIP_VLLM") == "1" and os.environ.get("CI") != "true",
-    reason="SERVEGATE_SKIP_VLLM=1: the real-vLLM tests were left out",
-)
 
 
 @dataclass(frozen=True)
@@ -41,10 +34,12 @@ def free_port() -> int:
 
 @contextmanager
 def vllm_server(
-    workdir: Path, *extra: str, env_extra: dict[str, str] | None = None
+    workdir: Path, *extra: str, home: Path | None = None, env_extra: dict[str, str] | None = None
 ) -> Iterator[Server]:
+    """Make the tiny model under ``workdir`` (once) and serve it until the block ends."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XDG_")}
-    env["HOME"] = str(REAL_HOME)  # the vLLM venv and its compile cache live there
+    if home is not None:
+        env["HOME"] = str(home)  # where the vLLM venv and its compile cache live
     python = vllm_env.ensure(env, QuietReporter())
     model = workdir / "model"
     if not model.exists():
@@ -57,7 +52,8 @@ def vllm_server(
                TOKENIZERS_PARALLELISM="false", **(env_extra or {}))  # fmt: skip
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", "demo", "--host", "127.0.0.1", "--port", str(port),
-            "--max-model-len", "10240", "--gpu-memory-utilization", "0.3", *extra]  # fmt: skip
+            "--max-model-len", "10240", "--gpu-memory-utilization", "0.3",
+            "--dtype", "float32", *extra]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip

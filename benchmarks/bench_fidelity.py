@@ -1,0 +1,68 @@
+"""Do servegate's TTFT and inter-token latency agree with vLLM's own histograms?
+
+    .venv/bin/python benchmarks/bench_fidelity.py [--tiers 2k,8k] [--repetitions 3]
+
+Starts the real vLLM CPU server with the demo's tiny model, runs ``servegate bench``
+(one stream per group, so each group's ``/metrics`` delta holds exactly one request),
+and compares every trial's ``ttft_s`` and ``mean_inter_token_latency_ms`` with the mean
+of ``vllm:time_to_first_token_seconds`` and ``vllm:inter_token_latency_seconds``
+observed across that request. Target: within 2 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from servegate.bench import runner
+from servegate.demo.local_server import vllm_server
+from servegate.engine.openai import Endpoint
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiers", default="2k,8k")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=1024)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, vllm_server(Path(tmp)) as server:
+        spec = runner.Spec(
+            Endpoint(server.url), "demo",
+            runner.parse_cases(["regular", "coding"], args.tiers.split(","), [1]),
+            repetitions=args.repetitions, max_tokens=args.max_tokens,
+            sampling=runner.Sampling(seed=-1),
+        )  # fmt: skip
+        result = runner.run(spec, Path(tmp) / "fidelity.json")
+    ttft_dev, itl_dev = [], []
+    print(f"{'case':<14}{'TTFT s':>9}{'vLLM':>9}{'dev %':>8}{'ITL ms':>9}{'vLLM':>9}{'dev %':>8}")
+    for case in result["cases"]:
+        for group in case["groups"]:
+            t, sm = group["trials"][0], group["server_metrics"]
+            if not t["performance_valid"] or sm["ttft_mean_s"] is None or sm["itl_mean_s"] is None:
+                print(f"{case['id']:<14} skipped: {t['invalid_reasons'] or 'no histogram delta'}")
+                continue
+            d1 = (t["ttft_s"] / sm["ttft_mean_s"] - 1) * 100
+            itl_server = sm["itl_mean_s"] * 1000
+            d2 = (t["mean_inter_token_latency_ms"] / itl_server - 1) * 100
+            ttft_dev.append(abs(d1))
+            itl_dev.append(abs(d2))
+            itl = t["mean_inter_token_latency_ms"]
+            print(
+                f"{case['id']:<14}{t['ttft_s']:>9.3f}{sm['ttft_mean_s']:>9.3f}{d1:>+8.2f}"
+                f"{itl:>9.3f}{itl_server:>9.3f}{d2:>+8.2f}"
+            )
+    if not ttft_dev:
+        print("no valid trial")
+        return 1
+    ok = max(ttft_dev) <= 2 and max(itl_dev) <= 2
+    print(f"TTFT |dev| median {statistics.median(ttft_dev):.2f} %, max {max(ttft_dev):.2f} %; "
+          f"ITL |dev| median {statistics.median(itl_dev):.2f} %, max {max(itl_dev):.2f} % "
+          f"(n={len(ttft_dev)}; target <= 2 %): {'OK' if ok else 'OUTSIDE'}")  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
