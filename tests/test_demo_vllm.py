@@ -84,6 +84,16 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     assert bad["rollback"]["sha"] == second["sha"]
     assert bad["rollback"]["provenance_ok"] is True
 
+    # the stack's bench history, drawn from the release records
+    report = subprocess.run(
+        [str(exe), "report", "--config", str(workdir / "servegate.toml"), "--json",
+         "--out", str(tmp_path / "report")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["result"]["points"] == 3  # bad never reached the gate
+    assert (tmp_path / "report" / "bench-history.png").read_bytes()[:4] == b"\x89PNG"
+
     # records reached the remote: two tags, four notes
     origin = git.Repo(workdir / "origin.git")
     assert sorted(t.commit.hexsha for t in origin.tags) == sorted([first["sha"], second["sha"]])

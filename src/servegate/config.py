@@ -19,6 +19,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -438,6 +439,14 @@ def _validate_bench(cfg: Config) -> None:
             re.compile(pattern)
         except re.error as exc:
             raise ConfigError(f"bench.window_log_patterns: {pattern!r}: {exc}") from None
+    if cfg.gate.floors:
+        floors = resources.files("servegate.bench").joinpath("floors")
+        if not floors.joinpath(f"{cfg.gate.floors}.toml").is_file():
+            shipped = sorted(p.name.removesuffix(".toml") for p in floors.iterdir())
+            raise ConfigError(
+                f"gate.floors = {cfg.gate.floors!r} is not a shipped floor set",
+                hint=f"shipped: {', '.join(shipped)}",
+            )
     if not 0.5 <= cfg.gate.confidence < 1:
         raise ConfigError("gate.confidence must be in [0.5, 1)")
     for rule in cfg.gate.rules:

@@ -34,9 +34,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield s
 
 
-def bench(*args: str, cwd: Path) -> tuple[int, dict[str, Any], str]:
+def bench(*args: str, cwd: Path, sub: str = "") -> tuple[int, dict[str, Any], str]:
+    head = [SERVEGATE, "bench", *([sub] if sub else [])]
     run = subprocess.run(
-        [SERVEGATE, "bench", "--json", "--no-lease", "--config", str(cwd / "none.toml"), *args],
+        [*head, "--json", "--no-lease", "--config", str(cwd / "none.toml"), *args],
         capture_output=True, text=True, timeout=1200, cwd=cwd,
         env={**os.environ},
     )  # fmt: skip
@@ -171,3 +172,38 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
     assert results.check_comparable(a, b) == []
     d = verdict.evaluate(a, b, [verdict.Rule("generation_tps", "higher", 0.10)])
     assert d["verdict"] == "PASS", d["rows"]
+
+
+def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_path: Path) -> None:
+    code, doc, err = bench(
+        "--profiles", "regular", "--tiers", "1k", "--max-tokens", "256", "--seed", "-1",
+        "--output", str(tmp_path / "ab"),
+        "--a-url", server.url, "--b-url", server.url, "--rounds", "2",
+        cwd=tmp_path, sub="compare",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    result = doc["result"]
+    assert result["order"] == "ABAB"
+    rows = {r["metric"]: r for r in result["rows"]}
+    assert rows["generation_tps"]["n_a"] == rows["generation_tps"]["n_b"] == 2
+    assert rows["generation_tps"]["interval_pct"][0] <= rows["generation_tps"]["delta_pct"]
+    a, b = tmp_path / "ab" / "A.json", tmp_path / "ab" / "B.json"
+    assert json.loads(a.read_text())["status"] == "complete"
+    run = subprocess.run([SERVEGATE, "bench", "compare", str(a), str(b), "--json"],
+                         capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["result"]["rows"][0]["case"] == "regular-1k"
+    gate = subprocess.run([SERVEGATE, "bench", "gate", str(a), str(b), "--json",
+                           "--config", str(tmp_path / "none.toml")],
+                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert gate.returncode in (0, 9)
+    assert json.loads(gate.stdout)["result"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    report = subprocess.run([SERVEGATE, "report", str(a), str(b), "--out", str(tmp_path / "rep"),
+                             "--config", str(tmp_path / "none.toml")],
+                            capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    png = (tmp_path / "rep" / "bench-history.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "rep" / "bench-history.html").read_text()
+    assert "regular-1k" in page
+    assert "data:image/png;base64," in page

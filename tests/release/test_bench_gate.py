@@ -1,0 +1,93 @@
+"""Which baseline the bench gate compares with, and why not when it does not."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from servegate import config
+from servegate.bench import results
+from servegate.release import bench_gate
+
+CFG = """
+[stack]
+remote = "x"
+[host]
+root = "/tmp/sg"
+[service]
+command = ["x"]
+port = 5
+"""
+
+
+def cfg(extra: str = "") -> config.Config:
+    return config.parse(CFG + extra, environ={})
+
+
+FP = {"digest": "abc", "harness": "servegate-bench/1", "max_tokens": 1024, "cases": ["regular-16k"]}
+
+
+def record(fp: dict[str, object], host: str | None = None) -> dict[str, object]:
+    samples = results.Samples("x", "servegate-bench/1", fp, {
+        "regular-16k": results.CaseSamples("regular-16k", True, True, 3, {"generation_tps": [63.0, 64.0, 65.0]}),
+    })  # fmt: skip
+    return {
+        "sha": "a" * 40,
+        "host": host or socket.gethostname(),
+        "verdict": "released",
+        "gate": {
+            "checks": [
+                {"name": "bench", "verdict": "PASS", "evidence": {"samples": samples.as_dict()}}
+            ]
+        },
+    }
+
+
+def test_the_live_release_samples_are_the_baseline() -> None:
+    base, about = bench_gate.baseline(cfg(), record(FP), FP)
+    assert base is not None
+    assert about == "live release aaaaaaaaaaaa"
+    assert base.cases["regular-16k"].metrics["generation_tps"] == [63.0, 64.0, 65.0]
+
+
+@pytest.mark.parametrize(
+    ("rec", "why"),
+    [
+        (None, "no live release recorded"),
+        (
+            {"sha": "b" * 40, "gate": {"checks": [{"name": "smoke"}]}},
+            "has no recorded bench samples",
+        ),
+        (record(FP, host="elsewhere"), "was measured on elsewhere"),
+        (record({**FP, "digest": "zzz", "max_tokens": 512}), "measured differently (max_tokens)"),
+    ],
+)
+def test_no_comparable_baseline_says_why(rec: dict[str, object] | None, why: str) -> None:
+    base, about = bench_gate.baseline(cfg(), rec, FP)
+    assert base is None
+    assert why in about
+
+
+def test_a_configured_baseline_file_must_match(tmp_path: Path) -> None:
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps({"schema": 1, "kind": "servegate.bench", "status": "complete",
+                                "harness": {"name": "servegate-bench/1"},
+                                "fingerprint": {**FP, "digest": "other", "max_tokens": 256},
+                                "cases": []}))  # fmt: skip
+    from servegate.errors import ResultFileError
+
+    with pytest.raises(ResultFileError, match="fingerprints differ in: max_tokens"):
+        bench_gate.baseline(cfg(f'[gate]\nbaseline = "{path}"\n'), None, FP)
+
+
+def test_rules_default_and_floor_sets() -> None:
+    assert [r.metric for r in bench_gate.rules(cfg())] == ["prefill_tps", "generation_tps"]
+    with_floors = bench_gate.rules(cfg('[gate]\nfloors = "v620-tp4"\n'))
+    assert any(r.floor == 1750.0 for r in with_floors)
+    own = bench_gate.rules(
+        cfg('[[gate.rules]]\nmetric = "ttft_s"\ndirection = "lower"\ntolerance = 0.1\n')
+    )
+    assert [(r.metric, r.direction, r.tolerance) for r in own] == [("ttft_s", "lower", 0.1)]
