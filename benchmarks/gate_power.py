@@ -53,7 +53,7 @@ def measure(url: str, runs: int, out: Path, name: str) -> list[results.Samples]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--slow-arg", default="--enforce-eager")
+    parser.add_argument("--slow-arg", default="--dtype=bfloat16")
     args = parser.parse_args()
     found: dict[str, list[results.Samples]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -49,7 +49,7 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
     out = tmp_path / "r.json"
     code, doc, err = bench(
         "--url", server.url, "--profiles", "regular,coding", "--tiers", "2k", "--repetitions", "2",
-        "--max-tokens", "256", "--seed", "-1", "--output", str(out), "--server-log", str(server.log),
+        "--max-tokens", "512", "--seed", "-1", "--output", str(out), "--server-log", str(server.log),
         cwd=tmp_path,
     )  # fmt: skip
     assert code == 0, err[-3000:]
@@ -67,11 +67,11 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
         for group in case["groups"]:
             for t in group["trials"]:
                 assert t["performance_valid"], t["reason_details"]
-                assert t["completion_tokens"] == 256
+                assert t["completion_tokens"] == 512
                 assert abs(t["prompt_tokens"] - 2048) <= 2048 * 0.02
                 assert t["ignore_eos"] is False  # never on a measured request
                 assert t["prefill_tps"] == pytest.approx(t["prompt_tokens"] / t["ttft_s"], rel=1e-3)
-                assert t["generation_tps"] == pytest.approx(255 / t["decode_window_s"], rel=1e-3)
+                assert t["generation_tps"] == pytest.approx(511 / t["decode_window_s"], rel=1e-3)
                 assert t["tokens_per_chunk"] >= 1.0
             # the server saw exactly these requests: its histogram agrees with us
             sm = group["server_metrics"]
@@ -82,23 +82,32 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
     assert all(r["performance_valid"] and r["valid_trials"] == 2 for r in rows.values())
     # sizing is cached per model and tokenizer: the next run does not tokenize again
     code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
-                           "--repetitions", "1", "--max-tokens", "256", "--seed", "-1",
+                           "--repetitions", "1", "--max-tokens", "512", "--seed", "-1",
                            "--no-warmup", "--output", str(tmp_path / "r2.json"), cwd=tmp_path)  # fmt: skip
     assert code == 0, err[-3000:]
     assert doc["result"]["sizing"]["regular-2k"]["method"] == "cache"
     # the baseline gate: the same server against itself passes
     code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
-                           "--repetitions", "2", "--max-tokens", "256", "--seed", "-1",
+                           "--repetitions", "2", "--max-tokens", "512", "--seed", "-1",
                            "--no-warmup", "--baseline", str(out), "--output", str(tmp_path / "r3.json"),
                            cwd=tmp_path)  # fmt: skip
     assert code == 14, "a baseline measured with other cases has another fingerprint"
-    assert "fingerprints differ" in err
+    assert "fingerprints differ in: cases" in doc["error"]["message"]
+    assert not (tmp_path / "r3.json").exists()  # refused before measuring
+    # the same settings: judged against it, with the gate table in the result
+    code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
+                           "--repetitions", "2", "--max-tokens", "512", "--seed", "-1",
+                           "--no-warmup", "--baseline", str(tmp_path / "r2.json"), cwd=tmp_path)  # fmt: skip
+    assert code in (0, 9), err[-3000:]
+    gate = doc["result"]["gate"]
+    assert {r["metric"] for r in gate["rows"]} == {"prefill_tps", "generation_tps"}
+    assert all(r["n_baseline"] == 1 and r["n_candidate"] == 2 for r in gate["rows"])
 
 
 def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path: Path) -> None:
     """vLLM reports no cached tokens in usage: only the /metrics delta betrays the hit."""
     spec = runner.Spec(Endpoint(server.url), "demo", runner.parse_cases(["regular"], ["2k"], [1]),
-                       repetitions=1, max_tokens=256, warmup=False,
+                       repetitions=1, max_tokens=512, warmup=False,
                        sampling=runner.Sampling(seed=-1))  # fmt: skip
     first = runner.Bench(spec, tmp_path / "a.json")
     first.prepare()
@@ -165,7 +174,7 @@ def test_spec_decode_probe_reports_absent_counters(server: Server) -> None:
 
 def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path: Path) -> None:
     spec = runner.Spec(Endpoint(server.url), "demo", runner.parse_cases(["regular"], ["1k"], [1]),
-                       repetitions=3, max_tokens=256, warmup=False,
+                       repetitions=3, max_tokens=512, warmup=False,
                        sampling=runner.Sampling(seed=-1))  # fmt: skip
     a = results.from_result(runner.run(spec, tmp_path / "a.json"))
     b = results.from_result(runner.run(spec, tmp_path / "b.json"))
@@ -176,7 +185,7 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
 
 def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_path: Path) -> None:
     code, doc, err = bench(
-        "--profiles", "regular", "--tiers", "1k", "--max-tokens", "256", "--seed", "-1",
+        "--profiles", "regular", "--tiers", "1k", "--max-tokens", "512", "--seed", "-1",
         "--output", str(tmp_path / "ab"),
         "--a-url", server.url, "--b-url", server.url, "--rounds", "2",
         cwd=tmp_path, sub="compare",

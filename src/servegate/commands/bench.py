@@ -139,6 +139,21 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
         raise ConfigError(
             f"unknown probe(s): {', '.join(unknown)}", hint=f"probes: {', '.join(PROBES)}"
         )
+    base = None
+    if o.baseline:  # checked before anything is measured
+        base = results.load(o.baseline)
+        mine = results.Samples(str(output), runner.HARNESS, runner.fingerprint(spec), {})
+        lenient = o.lenient or not base.harness.startswith("servegate")
+        problems = results.check_comparable(base, mine, lenient)
+        if lenient and not problems:
+            shared = set(base.cases) & {c.id for c in spec.cases}
+            problems = [] if shared else ["no case in common"]
+        if problems:
+            raise ResultFileError(
+                f"baseline {o.baseline} cannot be compared: {'; '.join(problems)}",
+                hint="measure with the baseline's settings (or --lenient for another harness); "
+                "nothing was measured",
+            )
     reporter = out.reporter()
     out.err.print(
         f"bench: {len(spec.cases)} case(s) x {spec.repetitions} at {endpoint.base_url} "
@@ -159,17 +174,8 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
         for p in probe_results
     ]  # fmt: skip
     decision = None
-    if o.baseline:
-        base = results.load(o.baseline)
+    if base is not None:
         cand = results.from_result(result, str(output))
-        problems = results.check_comparable(
-            base, cand, o.lenient or not base.harness.startswith("servegate")
-        )
-        if problems:
-            raise ResultFileError(
-                f"baseline {o.baseline} cannot be compared: {'; '.join(problems)}",
-                hint="measure both with the same settings (or --lenient for another harness)",
-            )
         g = cfg.gate if cfg else config_mod.Gate()
         decision = verdict.evaluate(
             base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
