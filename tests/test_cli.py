@@ -94,3 +94,24 @@ def test_summary_renders_gate_and_verdict(
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     assert main(["summary", str(bad)]) == 2
+
+
+def test_summary_shows_the_bench_gate_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    row = {"case": "regular-16k", "metric": "generation_tps", "required": True,
+           "baseline_median": 63.0, "candidate_median": 30.1, "ratio": 0.478,
+           "interval": [0.41, 0.52], "threshold": 0.95, "floor": None, "verdict": "FAIL", "why": "x"}  # fmt: skip
+    doc = {"exit_code": 9, "result": {"verdict": "rolled_back", "sha": "a" * 40, "reason": "gate verdict FAIL",
+           "record": {"gate": {"checks": [{"name": "bench", "verdict": "FAIL", "reason": "r", "seconds": 1.0,
+                                           "evidence": {"rows": [row], "baseline": "live release abc",
+                                                        "method": "bootstrap"}}]}}}}  # fmt: skip
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    assert main(["summary", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "### Bench gate: FAIL" in text
+    assert (
+        "| regular-16k | generation_tps | 63.0 | 30.1 | 0.478 | [0.410, 0.520] | 0.950 | - | FAIL |"
+        in text
+    )

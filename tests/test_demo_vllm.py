@@ -56,7 +56,8 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     assert first["record"]["gate"]["verdict"] == "PASS"
 
     # the bench gate: the first release has no baseline (validity decides); the second is
-    # compared with the first's recorded samples; the slow one (no torch.compile) fails
+    # compared with the first's recorded samples; the slow one (bfloat16, emulated on this
+    # CPU) fails on prefill
     def bench(step: dict[str, Any]) -> dict[str, Any]:
         (check,) = [c for c in step["record"]["gate"]["checks"] if c["name"] == "bench"]
         return dict(check)
@@ -68,9 +69,9 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
     assert b4["evidence"]["baseline"] == f"live release {second['sha'][:12]}"
     assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
-    (decode,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "generation_tps"]
-    assert decode["verdict"] == "FAIL"
-    assert decode["ratio"] < 0.95
+    (prefill,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "prefill_tps"]
+    assert prefill["verdict"] == "FAIL"
+    assert prefill["ratio"] < 0.6
     assert slow["exit_code"] == 9
     assert slow["rollback"]["ok"] is True
     assert slow["rollback"]["sha"] == second["sha"]

@@ -18,19 +18,22 @@ STEPS = (
     ("good #1", scenario.good_first, "released"),
     ("good #2", scenario.good_second, "released"),
     ("bad", scenario.bad_shared_kernels, "rolled_back"),
-    ("slow", scenario.slow_eager, "rolled_back"),
+    ("slow", scenario.slow_bf16, "rolled_back"),
 )
 
 
 def _bench_summary(outcome: Outcome) -> str:
-    """The bench gate's decode row, e.g. "PASS 1.01x" (or "-" without one)."""
+    """The bench gate's verdict and ratios, e.g. "PASS prefill 1.02x decode 0.97x"."""
     checks = (outcome.record or {}).get("gate", {}).get("checks", [])
     for check in checks:
         if check.get("name") != "bench":
             continue
-        rows = [r for r in check["evidence"].get("rows", []) if r["metric"] == "generation_tps"]
-        ratio = rows[0]["ratio"] if rows and rows[0]["ratio"] is not None else None
-        return f"{check['verdict']}" + (f" decode {ratio:.2f}x" if ratio else " (first)")
+        ratios = [
+            f"{r['metric'].split('_')[0].replace('generation', 'decode')} {r['ratio']:.2f}x"
+            for r in check["evidence"].get("rows", [])
+            if r["ratio"] is not None
+        ]
+        return " ".join([check["verdict"], *ratios]) if ratios else f"{check['verdict']} (first)"
     return "-"
 
 

@@ -128,17 +128,19 @@ max_repetitions = 4
 max_tokens = 512
 seed = -1  # vLLM's CPU backend crashes on per-request seeds with chunked prefill
 
-# decode may not lose more than 5 % against the live release's recorded samples
+# prefill and decode against the live release's recorded samples. The tolerances are
+# sized for a shared 2-CPU machine, whose speed drifts by up to a third within minutes
+# (benchmarks/gate_power.py shows it); on a serving box with GPUs use 5 %.
 [gate]
 checks = ["smoke", "bench"]
 
 [[gate.rules]]
-metric = "generation_tps"
-tolerance = 0.05
+metric = "prefill_tps"
+tolerance = 0.40
 
 [[gate.rules]]
-metric = "prefill_tps"
-tolerance = 0.15
+metric = "generation_tps"
+tolerance = 0.40
 
 [release]
 tag = "demo/{{date}}-{{time}}-{{short}}"
