@@ -179,8 +179,13 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
     a = results.from_result(runner.run(spec, tmp_path / "a.json"))
     b = results.from_result(runner.run(spec, tmp_path / "b.json"))
     assert results.check_comparable(a, b) == []
-    d = verdict.evaluate(a, b, [verdict.Rule("generation_tps", "higher", 0.10)])
+    # this shared 2-CPU box drifts by up to 40 % within minutes: a wide tolerance here,
+    # benchmarks/gate_power.py measures the gate's power
+    d = verdict.evaluate(a, b, [verdict.Rule("generation_tps", "higher", 0.5)])
     assert d["verdict"] == "PASS", d["rows"]
+    (row,) = d["rows"]
+    assert row["n_baseline"] == row["n_candidate"] == 3
+    assert row["interval"][0] <= row["ratio"] <= row["interval"][1]
 
 
 def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_path: Path) -> None:

@@ -129,18 +129,18 @@ max_tokens = 512
 seed = -1  # vLLM's CPU backend crashes on per-request seeds with chunked prefill
 
 # prefill and decode against the live release's recorded samples. The tolerances are
-# sized for a shared 2-CPU machine, whose speed drifts by up to a third within minutes
+# sized for a shared 2-CPU machine, whose speed drifts by up to 40 % within minutes
 # (benchmarks/gate_power.py shows it); on a serving box with GPUs use 5 %.
 [gate]
 checks = ["smoke", "bench"]
 
 [[gate.rules]]
 metric = "prefill_tps"
-tolerance = 0.40
+tolerance = 0.50
 
 [[gate.rules]]
 metric = "generation_tps"
-tolerance = 0.40
+tolerance = 0.50
 
 [release]
 tag = "demo/{{date}}-{{time}}-{{short}}"
