@@ -456,10 +456,11 @@ def _validate_bench(cfg: Config) -> None:
 
 #: what ``servegate build`` and ``servegate focus`` need of a config: [build] and [focus]
 #: alone; the deploy sections may be left out for them
+UNCONFIGURED_COMMAND = ("(not configured)",)
 DEPLOY_PLACEHOLDERS = {
     "stack": {"remote": ""},
     "host": {"root": ""},
-    "service": {"command": ["(not configured)"], "port": 1},
+    "service": {"command": list(UNCONFIGURED_COMMAND), "port": 1},
 }
 
 

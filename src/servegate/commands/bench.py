@@ -48,9 +48,10 @@ class Options:
 
 
 def load_config(path: Path, environ: Mapping[str, str], need: bool) -> Config | None:
-    """The config if the file exists; without one, --url must say where to measure."""
+    """The config if the file exists; without one, --url must say where to measure. With
+    --url the file may hold [bench], [gate] and [probes] alone."""
     if path.exists():
-        return config_mod.load(path, environ)
+        return config_mod.load(path, environ, build_only=not need)
     if need:
         raise ConfigError(
             f"config file {path} not found and no --url given",
@@ -127,7 +128,8 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
                 f"the server at {endpoint.base_url} does not answer /v1/models: {exc}",
                 hint="start the server or pass the right --url",
             ) from None
-    command = o.server_command or (" ".join(cfg.service.command) if cfg else "")
+    configured = cfg is not None and cfg.service.command != config_mod.UNCONFIGURED_COMMAND
+    command = o.server_command or (" ".join(cfg.service.command) if cfg and configured else "")
     spec = runner.spec_from_config(b, endpoint, model, command, o.system)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")

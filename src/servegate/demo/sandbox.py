@@ -127,6 +127,9 @@ repetitions = 3
 max_repetitions = 4
 max_tokens = 512
 seed = -1  # vLLM's CPU backend crashes on per-request seeds with chunked prefill
+# the demo model has random weights: its text is noise in which one token (often a
+# quote or a comma) can pass the field's 20 % now and then
+max_dominant_ratio = 0.35
 
 # prefill and decode against the live release's recorded samples. The tolerances are
 # sized for a shared 2-CPU machine, whose speed drifts by up to 40 % within minutes

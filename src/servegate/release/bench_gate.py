@@ -40,7 +40,9 @@ def settings(cfg: Config) -> verdict.Settings:
 
 
 def results_dir(cfg: Config) -> Path:
-    return Path(cfg.bench.results_dir) if cfg.bench.results_dir else cfg.host_root / "bench"
+    if cfg.bench.results_dir:
+        return Path(cfg.bench.results_dir)
+    return cfg.host_root / "bench" if cfg.host.root else Path("bench-results")
 
 
 def recorded_samples(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
