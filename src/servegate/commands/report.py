@@ -19,7 +19,7 @@ from servegate.release.state import HostState
 def collect(cfg: Config | None, files: list[Path]) -> list[history.Point]:
     """Every release record with bench samples (oldest first), then the given files."""
     points: list[history.Point] = []
-    if cfg is not None and (cfg.host_root / "state.json").exists():
+    if cfg is not None and cfg.host.root and (cfg.host_root / "state.json").exists():
         state = HostState.load(cfg.host_root / "state.json")
         repo = make_deployer(cfg).repo
         seen: set[str] = set()
@@ -47,14 +47,15 @@ def collect(cfg: Config | None, files: list[Path]) -> list[history.Point]:
 
 
 def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
-    cfg = config_mod.load(cfg_path, os.environ) if cfg_path.exists() else None
+    # a config without [host] (e.g. bench settings alone) still reads the given files
+    cfg = config_mod.load(cfg_path, os.environ, build_only=True) if cfg_path.exists() else None
     points = collect(cfg, files)
     if not points:
         raise NothingToDo(
             "no bench measurements found: no release record with bench samples, no result files",
             hint="add 'bench' to gate.checks and promote, or pass result files",
         )
-    png, page = history.render(points, outdir, cfg.stack.remote if cfg else "bench history")
+    png, page = history.render(points, outdir, (cfg.stack.remote if cfg else "") or "bench history")
     if out.json_mode:
         return out.emit({"png": str(png), "html": str(page), "points": len(points)})
     out.line(f"{len(points)} point(s) → {png} and {page}")
