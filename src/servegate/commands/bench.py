@@ -177,12 +177,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     ]  # fmt: skip
     decision = None
     if base is not None:
-        cand = results.from_result(result, str(output))
-        g = cfg.gate if cfg else config_mod.Gate()
-        decision = verdict.evaluate(
-            base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
-            verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline),
-        )  # fmt: skip
+        decision = judge(cfg, base, results.from_result(result, str(output)))
         result["gate"] = decision
     runner.write_result(output, result)
     failed_requests = sum(
@@ -306,30 +301,8 @@ def print_gate(out: Output, decision: Mapping[str, Any]) -> None:
     out.line(f"gate verdict: {decision['verdict']} — {decision['why']}")
 
 
-def gate_files(cfg_path: Path, out: Output, baseline: Path, candidate: Path, lenient: bool) -> int:
-    """Judge a candidate result file against a baseline file with the config's gate rules."""
-    cfg = load_config(cfg_path, os.environ, need=False)
-    base, cand = results.load(baseline), results.load(candidate)
-    foreign = not (base.harness.startswith("servegate") and cand.harness.startswith("servegate"))
-    problems = results.check_comparable(base, cand, lenient or foreign)
-    if problems:
-        raise ResultFileError(
-            f"{baseline} and {candidate} cannot be compared: {'; '.join(problems)}",
-            hint="measure both with the same settings (or --lenient across harnesses)",
-        )
-    g = cfg.gate if cfg else config_mod.Gate()
-    decision = verdict.evaluate(
-        base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
-        verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline),
-    )  # fmt: skip
-    code = 0 if decision["verdict"] == verdict.PASS else GateFailed.exit_code
-    if out.json_mode:
-        return out.emit(decision, code)
-    print_gate(out, decision)
-    return code
-
-
-def compare_files(out: Output, a: Path, b: Path, lenient: bool, confidence: float) -> int:
+def load_pair(a: Path, b: Path, lenient: bool) -> tuple[results.Samples, results.Samples]:
+    """Two result files that may be compared (another harness on either side: lenient)."""
     sa, sb = results.load(a), results.load(b)
     foreign = not (sa.harness.startswith("servegate") and sb.harness.startswith("servegate"))
     problems = results.check_comparable(sa, sb, lenient or foreign)
@@ -338,6 +311,32 @@ def compare_files(out: Output, a: Path, b: Path, lenient: bool, confidence: floa
             f"{a} and {b} cannot be compared: {'; '.join(problems)}",
             hint="measure both with the same settings (or --lenient across harnesses)",
         )
+    return sa, sb
+
+
+def judge(cfg: Config | None, base: results.Samples, cand: results.Samples) -> dict[str, Any]:
+    """The gate's decision with the config's rules (the defaults without a config)."""
+    g = cfg.gate if cfg else config_mod.Gate()
+    return verdict.evaluate(
+        base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
+        verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline),
+    )  # fmt: skip
+
+
+def gate_files(cfg_path: Path, out: Output, baseline: Path, candidate: Path, lenient: bool) -> int:
+    """Judge a candidate result file against a baseline file with the config's gate rules."""
+    cfg = load_config(cfg_path, os.environ, need=False)
+    base, cand = load_pair(baseline, candidate, lenient)
+    decision = judge(cfg, base, cand)
+    code = 0 if decision["verdict"] == verdict.PASS else GateFailed.exit_code
+    if out.json_mode:
+        return out.emit(decision, code)
+    print_gate(out, decision)
+    return code
+
+
+def compare_files(out: Output, a: Path, b: Path, lenient: bool, confidence: float) -> int:
+    sa, sb = load_pair(a, b, lenient)
     rows = verdict.compare_table(sa, sb, METRICS, confidence)
     return _print_compare(out, rows, str(a), str(b), confidence, {})
 
