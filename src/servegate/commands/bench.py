@@ -12,7 +12,7 @@ from typing import Any
 
 from servegate import config as config_mod
 from servegate.bench import probes, results, runner, verdict
-from servegate.bench.runner import METRICS, TIERS
+from servegate.bench.runner import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import openai
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
@@ -162,7 +162,6 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
         f"({model}); results: {output}",
         markup=False,
     )
-    failed_requests = 0
     with _maybe_lease(o.lease, f"servegate bench {endpoint.base_url}", cfg):
         try:
             result = runner.run(spec, output, reporter, log, environ)
@@ -403,6 +402,3 @@ def compare_live(
     return _print_compare(
         out, rows, a_url, b_url, confidence, {"results": str(outdir), "order": "ABAB"}
     )
-
-
-__all__ = ["TIERS", "compare_files", "compare_live", "gate_files", "run"]
