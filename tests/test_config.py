@@ -31,7 +31,7 @@ def test_minimal_config_gets_defaults() -> None:
     assert cfg.host.strategy == "worktree"
     assert cfg.service.manager == "supervisor"
     assert cfg.gate.checks == ("smoke",)
-    assert cfg.interpreter == "python"
+    assert cfg.service.command[0] == "python"
     with pytest.raises(AttributeError):
         cfg.service.port = 1  # type: ignore[misc]
 

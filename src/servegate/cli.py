@@ -21,7 +21,7 @@ from servegate import __version__
 from servegate import config as config_mod
 from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ConfigError, ServegateError
 from servegate.output import Output
-from servegate.pipeline.git import scrub_git_env
+from servegate.pipeline.gitenv import scrub_git_env
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +108,32 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     rep.add_argument("--out", type=Path, default=Path("servegate-report"), help="output directory")
     rep.add_argument("files", nargs="*", type=Path, metavar="FILE", help="extra result files")
     _common(rep)
+
+
+def _launch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--profile", help="a shipped profile name or a profile file (default: the config's)"
+    )
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a profile parameter (repeatable)",
+    )
+    p.add_argument("--release", metavar="DIR", help="the release directory ({release})")
+    p.add_argument("--sha", help="the release's commit (keys the compile caches)")
+    p.add_argument("--port", type=int, help="the service port ({port})")
+    _common(p)
+
+
+def _profile_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ren = sub.add_parser("render", help="the exact command, environment and unit of a launch")
+    ren.add_argument("--format", choices=("all", "shell", "env", "unit", "json"), default="all")
+    _launch_options(ren)
+    lnt = sub.add_parser("lint", help="check a launch against the lint rules (exit 15 on fail)")
+    lnt.add_argument("--rules", action="store_true", help="list the rules instead")
+    _launch_options(lnt)
 
 
 def release_parser(prog: str = "release") -> argparse.ArgumentParser:
@@ -199,6 +225,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     ins.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     ins.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
     _bench_commands(sub)
+    _profile_commands(sub)
     demo = sub.add_parser("demo", help="promote, promote, fail and roll back on a local sandbox")
     demo.add_argument(
         "--workdir",
@@ -241,6 +268,8 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         return inspect.run(out, args.files, tuple(args.arch))
     if args.command == "bench":
         return _bench(args, out)
+    if args.command in ("render", "lint"):
+        return _launch_command(args, out)
     if args.command == "report":
         from servegate.commands import report
 
@@ -269,6 +298,17 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         "verify": lambda: verify.run(cfg, out),
     }
     return handlers[args.release_command]()
+
+
+def _launch_command(args: argparse.Namespace, out: Output) -> int:
+    from servegate.commands import lint, render
+    from servegate.engine.lint import ruleset
+
+    t = render.target(args.config, args.profile, args.param, args.release, args.sha, args.port)
+    if args.command == "render":
+        return render.run(out, t, args.format)
+    rules = ruleset(t.cfg)
+    return lint.list_rules(out, rules) if args.rules else lint.run(out, t, rules)
 
 
 def _bench(args: argparse.Namespace, out: Output) -> int:

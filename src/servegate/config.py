@@ -99,9 +99,19 @@ class Build:
 
 @dataclass(frozen=True)
 class Service:
-    #: argv of the server, e.g. ``[".../python", "-m", "vllm.entrypoints.openai.api_server", ...]``
-    command: tuple[str, ...]
     port: int
+    #: argv of the server, e.g. ``[".../python", "-m", "vllm.entrypoints.openai.api_server", ...]``
+    #: (or give ``profile`` instead)
+    command: tuple[str, ...] = ()
+    #: a launch profile: a shipped name (``v620-tp4``) or a path relative to this file
+    profile: str = ""
+    #: the profile's parameters (``[service.params]``)
+    params: Mapping[str, str] = field(default_factory=dict)
+    #: ``vllm`` or ``openai`` (any other OpenAI-compatible server); a profile says its own
+    engine: Literal["vllm", "openai"] = "vllm"
+    #: point the Inductor/Triton/vLLM compile caches at a directory keyed by the
+    #: compilation config and the release (a rollback reuses its warm cache)
+    compile_cache: bool = True
     #: ``supervisor`` (works anywhere) or ``systemd-user`` (a user unit)
     manager: Manager = "supervisor"
     unit: str = "servegate-stack"
@@ -254,6 +264,18 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Lint:
+    """Lint and log rules (docs/profiles.md): the shipped ones plus a team's files."""
+
+    #: rule files (``[[lint]]`` / ``[[log]]`` tables), relative to this config file
+    rules: tuple[str, ...] = ()
+    #: rule ids turned off
+    disable: tuple[str, ...] = ()
+    #: rule id → ``fail`` / ``warn`` / ``fact``
+    severity: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Release:
     #: annotated tag name; placeholders {date} {time} {short} {sha} {n}
     tag: str = "release/{date}-{time}-{short}"
@@ -301,6 +323,7 @@ class Config:
     probes: Probes = field(default_factory=Probes)
     bench: Bench = field(default_factory=Bench)
     gate: Gate = field(default_factory=Gate)
+    lint: Lint = field(default_factory=Lint)
     release: Release = field(default_factory=Release)
     focus: Focus = field(default_factory=Focus)
     path: str = ""
@@ -308,10 +331,6 @@ class Config:
     @property
     def host_root(self) -> Path:
         return Path(self.host.root)
-
-    @property
-    def interpreter(self) -> str:
-        return self.provenance.interpreter or self.service.command[0]
 
 
 def _suggest(key: str, choices: typing.Iterable[str]) -> str:
@@ -400,8 +419,19 @@ def _build(
 
 
 def _validate(cfg: Config) -> None:
-    if not cfg.service.command:
-        raise ConfigError("service.command is empty", hint="give the server's argv as a list")
+    svc = cfg.service
+    if bool(svc.command) == bool(svc.profile):
+        raise ConfigError(
+            "[service] needs either command or profile" + (" — not both" if svc.command else ""),
+            hint='e.g. profile = "v620-tp4" with [service.params], or command = [argv...]',
+        )
+    if svc.profile and (svc.memory_max or svc.memory_swap_max):
+        raise ConfigError(
+            "service.memory_max/memory_swap_max are set while service.profile is used",
+            hint="set the unit's limits in the profile's [unit] table",
+        )
+    if svc.params and not svc.profile:
+        raise ConfigError("[service.params] needs service.profile")
     if not 0 < cfg.service.port < 65536:
         raise ConfigError(f"service.port = {cfg.service.port} is not a TCP port")
     check_arch_names(cfg.build.archs)

@@ -119,6 +119,22 @@ class ResultFileError(ServegateError):
     title = "result file"
 
 
+class LintFailed(ServegateError):
+    """A lint rule of severity ``fail`` matched the launch (profile, arguments,
+    environment or unit); promote stops before the live service is touched."""
+
+    exit_code = 15
+    title = "lint failed"
+
+
+class LogRuleFailed(ServegateError):
+    """A log rule of severity ``fail`` matched the server's output during start-up (or a
+    ``require`` line never appeared)."""
+
+    exit_code = 16
+    title = "log rule failed"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -136,4 +152,6 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     NothingToDo,
     BenchFailed,
     ResultFileError,
+    LintFailed,
+    LogRuleFailed,
 )

@@ -37,7 +37,7 @@ VLLM_TUNED_CONFIG_FOLDER = "{release}/tuned-moe"
 def unit_text(tmp_path: Path) -> str:
     cfg = config.parse(CONFIG, environ={})
     spec = launch_spec(cfg, Path("/srv/servegate/releases/532ed3f930f4"), "532ed3f930f4" + "0" * 28)
-    return render_unit(cfg, spec)
+    return render_unit(spec)
 
 
 def test_unit_has_the_seed_settings(tmp_path: Path) -> None:

@@ -89,6 +89,7 @@ def test_second_promote_then_rollback_on_demand(host: Host, stack: Stack) -> Non
         ("env-elsewhere", 8, "environment PYTHONPATH"),
         ("foreign-so", 8, "mapped from outside the release"),
         ("empty-answer", 9, "smoke"),
+        ("graph-downgrade", 16, "Overriding to NONE"),
     ],
 )
 def test_failure_after_switch_rolls_back(
@@ -119,6 +120,25 @@ def test_failing_build_leaves_live_service_untouched(host: Host, stack: Stack) -
     pid = host.context().manager.main_pid()
     bad = stack.commit("build-fail")
     assert release_main(["promote", bad, "--config", str(host.path)]) == 5
+    assert host.context().manager.main_pid() == pid
+    assert_serving(host, good)
+
+
+def test_lint_failure_stops_before_the_live_service_is_touched(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = released(host, stack)
+    pid = host.context().manager.main_pid()
+    text = host.path.read_text().replace(
+        'TINY_SECRET_TOKEN = "hunter2"',
+        'TINY_SECRET_TOKEN = "hunter2"\nPYTORCH_TUNABLEOP_ENABLED = "1"\nVLLM_RDNA_AR_MAXKB = "64"',
+    )
+    host.path.write_text(text)
+    candidate = stack.commit("ok", "next")
+    assert release_main(["promote", candidate, "--config", str(host.path), "--json"]) == 15
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["class"] == "LintFailed"
+    assert "tunableop.tuning-on" in doc["error"]["message"]
     assert host.context().manager.main_pid() == pid
     assert_serving(host, good)
 

@@ -253,6 +253,8 @@ class Bench:
         self.prompts: dict[str, str] = {}
         self.result: dict[str, Any] = self._new_result()
         self._patterns = [re.compile(p) for p in spec.window_log_patterns]
+        #: more checks of a measured window's log: the text → reasons the trials are invalid
+        self.window_check: Callable[[str], list[str]] | None = None
 
     # -- the result document ---------------------------------------------------------
 
@@ -551,6 +553,9 @@ class Bench:
                     for t in trials:
                         measure.invalidate(t, "compilation_in_window", line.strip()[:200])
                     break
+            for reason in self.window_check(window) if self.window_check else []:
+                for t in trials:
+                    measure.invalidate(t, "log_rule", reason[:200])
 
     @staticmethod
     def _metric_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:

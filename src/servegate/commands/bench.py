@@ -15,6 +15,7 @@ from servegate.bench import probes, results, runner, verdict
 from servegate.bench.runner import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import openai
+from servegate.engine.launch import launch_spec, redact_argv
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
 from servegate.output import Output
 from servegate.pipeline.lease import gpu_lease, lease_path
@@ -128,8 +129,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
                 f"the server at {endpoint.base_url} does not answer /v1/models: {exc}",
                 hint="start the server or pass the right --url",
             ) from None
-    configured = cfg is not None and cfg.service.command != config_mod.UNCONFIGURED_COMMAND
-    command = o.server_command or (" ".join(cfg.service.command) if cfg and configured else "")
+    command = o.server_command or _live_command(cfg)
     spec = runner.spec_from_config(b, endpoint, model, command, o.system)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
@@ -210,6 +210,14 @@ def _exit_code(
     if any(not p.ok for p in probes_):
         return GateFailed.exit_code
     return 0
+
+
+def _live_command(cfg: Config | None) -> str:
+    """The configured service's launch command (secrets redacted), as promote starts it."""
+    if cfg is None or cfg.service.command == config_mod.UNCONFIGURED_COMMAND:
+        return ""
+    spec = launch_spec(cfg, cfg.host_root / "current", "", strict=False)
+    return " ".join(redact_argv(spec.argv))
 
 
 def _service_log(cfg: Config | None) -> runner.LogWindow | None:

@@ -66,25 +66,6 @@ def _copy_tree(src: resources.abc.Traversable, dest: Path) -> None:
 
 def config_text(sb: Sandbox) -> str:
     q = json.dumps
-    command = [
-        str(sb.python),
-        "-m",
-        "demo_stack.serve",
-        "--model",
-        str(sb.model),
-        "--served-model-name",
-        "demo",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--max-model-len",
-        "10240",
-        "--dtype",
-        "float32",
-        "--gpu-memory-utilization",
-        "0.3",
-    ]
     return f"""# servegate config of the demo sandbox (see docs/config.md)
 [stack]
 remote = {q(str(sb.origin))}
@@ -102,14 +83,12 @@ port = {sb.port}
 startup_timeout = 600
 stop_timeout = 60
 model = "demo"
-command = {q(command)}
+# the launch: the shipped CPU demo profile (`servegate render` prints it)
+profile = "cpu-demo"
 
-[service.env]
-PYTHONPATH = "{{release}}"
-HF_HUB_OFFLINE = "1"
-TRANSFORMERS_OFFLINE = "1"
-VLLM_CPU_KVCACHE_SPACE = "1"
-TOKENIZERS_PARALLELISM = "false"
+[service.params]
+python = {q(str(sb.python))}
+model = {q(str(sb.model))}
 
 [provenance]
 extensions = ["build/*.so"]

@@ -1,36 +1,70 @@
-"""The exact command and environment a release is launched with."""
+"""The exact command and environment a release is launched with.
+
+It comes from the service's launch profile (``service.profile``, see
+:mod:`servegate.engine.profiles`) or from ``service.command``/``service.env``; either
+way servegate keys the compile caches per compilation config and release
+(:func:`keyed_caches`), so a changed config never reuses a stale graph.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servegate.config import Config, fill
+from servegate.engine import profiles
+from servegate.engine.profiles import Expect, UnitSettings
+from servegate.errors import ConfigError
 
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
 REDACTED = "<redacted>"
 
+#: compile caches servegate keys per compilation config and release → directory name
+COMPILE_CACHES = {
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "TRITON_CACHE_DIR": "triton",
+    "VLLM_CACHE_ROOT": "vllm",
+}
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """argv + environment + working directory of one release's server."""
+    """argv + environment + working directory of one release's server, and its unit."""
 
     unit: str
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: Path
     sha: str
+    limits: UnitSettings = field(default_factory=UnitSettings)
+    engine: str = "vllm"
+    #: the launch profile's name ("" for ``service.command``)
+    profile: str = ""
+    expect: Expect = field(default_factory=Expect)
+    #: the ``--options`` as values (JSON arguments as objects)
+    args: Mapping[str, Any] = field(default_factory=dict)
+    #: the compile-cache key (empty: caches not keyed)
+    cache_key: str = ""
+    #: placeholders or parameters left unfilled (only with ``strict=False``)
+    unresolved: tuple[str, ...] = ()
 
     def redacted(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "argv": redact_argv(self.argv),
             "env": redact_env(self.env),
             "cwd": str(self.cwd),
         }
+        if self.profile:
+            out["profile"] = self.profile
+        if self.cache_key:
+            out["compile_cache_key"] = self.cache_key
+        return out
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -64,12 +98,127 @@ def placeholders(cfg: Config, release_dir: Path, sha: str) -> dict[str, str]:
     }
 
 
-def launch_spec(cfg: Config, release_dir: Path, sha: str) -> LaunchSpec:
+def parse_options(argv: tuple[str, ...]) -> dict[str, Any]:
+    """``--name value…`` → {name: value}: no value → True, one → the string (a JSON
+    object parsed), several → a list. Everything before the first option is skipped."""
+    out: dict[str, Any] = {}
+    name = ""
+    values: list[str] = []
+
+    def flush() -> None:
+        if not name:
+            return
+        if not values:
+            out[name] = True
+        elif len(values) == 1:
+            out[name] = _maybe_json(values[0])
+        else:
+            out[name] = list(values)
+
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            flush()
+            name, _, inline = arg[2:].partition("=")
+            values = [inline] if inline else []
+        elif name:
+            values.append(arg)
+    flush()
+    return out
+
+
+def _maybe_json(value: str) -> Any:
+    if value.startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def load_profile(cfg: Config) -> profiles.Profile:
+    base = Path(cfg.path).parent if cfg.path and not cfg.path.startswith("<") else None
+    return profiles.load(cfg.service.profile, base)
+
+
+def launch_spec(cfg: Config, release_dir: Path, sha: str, *, strict: bool = True) -> LaunchSpec:
+    """What ``sha`` in ``release_dir`` is started with; ``strict=False`` (render) leaves
+    unknown placeholders and missing parameters in place instead of failing."""
     places = placeholders(cfg, release_dir, sha)
-    return LaunchSpec(
-        unit=cfg.service.unit,
-        argv=tuple(fill(a, **places) for a in cfg.service.command),
-        env={k: fill(v, **places) for k, v in cfg.service.env.items()},
-        cwd=release_dir,
-        sha=sha,
-    )
+    svc = cfg.service
+    if svc.profile:
+        prof = load_profile(cfg)
+        res = profiles.resolve(prof, svc.params, places, strict=strict)
+        env = _merge_service_env(prof, res.env, {k: fill(v, **places) for k, v in svc.env.items()})
+        spec = LaunchSpec(
+            unit=svc.unit,
+            argv=res.argv,
+            env=env,
+            cwd=Path(res.cwd),
+            sha=sha,
+            limits=prof.unit,
+            engine=prof.header.engine,
+            profile=prof.name,
+            expect=prof.expect,
+            args=res.args,
+            unresolved=res.unresolved,
+        )
+    else:
+        argv = tuple(fill(a, **places) for a in svc.command)
+        spec = LaunchSpec(
+            unit=svc.unit,
+            argv=argv,
+            env={k: fill(v, **places) for k, v in svc.env.items()},
+            cwd=release_dir,
+            sha=sha,
+            limits=UnitSettings(
+                memory_max=svc.memory_max,
+                memory_swap_max=svc.memory_swap_max,
+                start_limit_interval=svc.start_limit_interval,
+                start_limit_burst=svc.start_limit_burst,
+                timeout_stop=int(svc.stop_timeout),
+            ),
+            engine=svc.engine,
+            args=parse_options(argv),
+        )
+    if svc.compile_cache and spec.engine == "vllm":
+        return keyed_caches(spec, cfg.host_root / "compile-cache")
+    return spec
+
+
+def _merge_service_env(
+    prof: profiles.Profile, env: Mapping[str, str], extra: Mapping[str, str]
+) -> dict[str, str]:
+    merged = dict(env)
+    for key, value in extra.items():
+        if key in merged and merged[key] != value:
+            raise ConfigError(
+                f"{key} is set twice with different values: {merged[key]!r} in the profile "
+                f"({prof.where('env.' + key)}) and {value!r} in [service.env]",
+                hint=f"set {key} in one place: a profile that includes {prof.name}, "
+                "or [service.env] after removing it from the profile",
+            )
+        merged[key] = value
+    return merged
+
+
+def cache_key(spec: LaunchSpec) -> str:
+    """A fingerprint of the compilation config, the rest of the launch and the release."""
+    parts = {
+        "sha": spec.sha,
+        "compilation-config": spec.args.get("compilation-config"),
+        "argv": list(spec.argv),
+        "env": {k: v for k, v in sorted(spec.env.items()) if k not in COMPILE_CACHES},
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def keyed_caches(spec: LaunchSpec, default_root: Path) -> LaunchSpec:
+    """Point the Inductor, Triton and vLLM caches at directories of this launch's key:
+    the profile's own directory + ``/<key>``, or ``<host root>/compile-cache/<key>/…``.
+    A rollback (same release, same launch) finds its warm cache again."""
+    key = cache_key(spec)
+    env = dict(spec.env)
+    for name, sub in COMPILE_CACHES.items():
+        base = spec.env.get(name)
+        env[name] = f"{base.rstrip('/')}/{key}" if base else str(default_root / key / sub)
+    return LaunchSpec(**{**spec.__dict__, "env": env, "cache_key": key})

@@ -10,18 +10,17 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import git
 
 from servegate.errors import CommandFailed, GitRefusal
+from servegate.pipeline.gitenv import scrub_git_env
 
 NOTES_REF = "refs/notes/servegate"
 SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
-#: variables a git hook or a parent git command leaks; they would redirect our git calls
-LEAKY = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_PREFIX")
 
 
 def open_repo(path: Path) -> git.Repo:
@@ -33,11 +32,6 @@ def open_repo(path: Path) -> git.Repo:
 
 def head_of(repo: git.Repo, rev: str = "HEAD") -> str:
     return str(repo.git.rev_parse("--verify", f"{rev}^{{commit}}"))
-
-
-def scrub_git_env(environ: MutableMapping[str, str]) -> None:
-    for key in [k for k in environ if k in LEAKY or k.startswith("GIT_ALTERNATE")]:
-        del environ[key]
 
 
 def _fail(action: str, exc: git.GitCommandError) -> CommandFailed:

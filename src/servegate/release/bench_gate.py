@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,14 +100,16 @@ def run(
     log_file: Path | None,
     reporter: Reporter,
     environ: Mapping[str, str],
+    *,
+    command: str = "",
+    window_check: Callable[[str], list[str]] | None = None,
 ) -> dict[str, Any]:
     """Measure, decide, and return the evidence (``verdict`` is PASS, FAIL or INCONCLUSIVE)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     output = results_dir(cfg) / f"{stamp}-{sha[:12]}.json"
-    spec = spec_from_config(
-        cfg.bench, endpoint, model, " ".join(cfg.service.command), socket.gethostname()
-    )
+    spec = spec_from_config(cfg.bench, endpoint, model, command, socket.gethostname())
     bench = Bench(spec, output, reporter, LogWindow(log_file) if log_file else None, environ)
+    bench.window_check = window_check
     evidence: dict[str, Any] = {
         "result_file": str(output),
         "fingerprint": bench.result["fingerprint"],

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servegate.config import Config
-from servegate.engine import openai, provenance
+from servegate.engine import lint, openai, provenance
 from servegate.engine.launch import LaunchSpec, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
+from servegate.engine.rules import RuleSet
 from servegate.pipeline.lease import state_dir
 from servegate.pipeline.stages import Reporter, StageRunner
 from servegate.release.deploy import Deployer, make_deployer
@@ -51,6 +53,16 @@ class Context:
         root = Path(self.cfg.host.state_dir) if self.cfg.host.state_dir else state_dir(os.environ)
         return root / "gpu.lease"
 
+    @functools.cached_property
+    def rules(self) -> RuleSet:
+        """The lint and log rules: shipped, plus the config's ``[lint]`` files."""
+        return lint.ruleset(self.cfg)
+
+    @property
+    def cache_dir(self) -> Path:
+        """servegate's own caches on the host (the installed vLLM's variable list, …)."""
+        return self.cfg.host_root / "cache"
+
     @property
     def build_cache(self) -> Path:
         return self.cfg.host_root / "build-cache"
@@ -65,7 +77,8 @@ class Context:
         names = self.cfg.provenance.env or tuple(spec.env)
         return provenance.Expectation(
             release_dir=Path(os.path.realpath(spec.cwd)),
-            interpreter=self.cfg.interpreter.replace("{release}", str(spec.cwd)),
+            interpreter=self.cfg.provenance.interpreter.replace("{release}", str(spec.cwd))
+            or spec.argv[0],
             env={k: spec.env.get(k, "") for k in names},
             extensions=self.cfg.provenance.extensions,
             artifact_hashes=artifacts,

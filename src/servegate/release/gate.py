@@ -44,6 +44,10 @@ class GateContext:
     log_file: Path | None = None
     reporter: Reporter = field(default_factory=QuietReporter)
     environ: Mapping[str, str] = field(default_factory=dict)
+    #: the launch command (secrets redacted), recorded in bench results
+    command: str = ""
+    #: log rules for a measured window: the text → reasons a trial is invalid
+    window_check: Callable[[str], list[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ class BenchCheck:
         start = time.monotonic()
         evidence = bench_gate.run(
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
-            ctx.reporter, ctx.environ,
+            ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
         )  # fmt: skip
         return CheckResult(
             self.name,

@@ -108,28 +108,41 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
         cached = [t["name"] for t in built.targets if t["cached"]]
         reuse = f", cache hit: {', '.join(cached)}" if cached else ""
         st.detail = f"{len(built.artifacts)} artifact(s) hashed{archs}{reuse}"
+    evidence = service.Evidence()
+    with runner.stage("lint") as st:
+        findings = service.lint(ctx, sha, release_dir, evidence)
+        warned = f", {len(findings)} warning(s)" if findings else ""
+        st.detail = f"{len(ctx.rules.of('lint'))} rules{warned}"
     with ExitStack() as lease:
         with runner.stage("lease") as st:
             what = f"release promote {sha[:12]}"
             lease.enter_context(gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout))
             st.detail = str(ctx.lease_path)
-        return _switch_and_prove(ctx, sha, release_dir, built, start)
+        return _switch_and_prove(ctx, sha, release_dir, built, evidence, start)
 
 
 def _switch_and_prove(
-    ctx: Context, sha: str, release_dir: Path, built: BuildResult, start: float
+    ctx: Context,
+    sha: str,
+    release_dir: Path,
+    built: BuildResult,
+    evidence: service.Evidence,
+    start: float,
 ) -> Outcome:
     """From stopping the old release to the record, holding the GPU lease."""
     runner = ctx.runner
     previous = ctx.state.current
-    evidence = service.Evidence()
     try:
         with runner.stage("switch") as st:
             service.switch(ctx, sha, release_dir, evidence)
             st.detail = f"{ctx.manager.name} restarted {ctx.cfg.service.unit}"
         with runner.stage("healthy") as st:
-            service.healthy(ctx, evidence)
-            st.detail = f"start-up {evidence.startup_seconds:.1f}s"
+            service.healthy(ctx, sha, release_dir, evidence)
+            facts = evidence.startup_log.get("facts", {})
+            shown = ", ".join(f"{k} {v}" for k, v in list(facts.items())[:3])
+            st.detail = f"start-up {evidence.startup_seconds:.1f}s" + (
+                f"; {shown}" if shown else ""
+            )
         with runner.stage("provenance") as st:
             report = service.prove(ctx, sha, release_dir, built.artifacts, evidence)
             st.detail = f"{len(report.processes)} process(es), {len(report.extensions)} mapping(s)"
@@ -206,6 +219,8 @@ def _record(
             "build_targets": built.targets,
             "build_log": built.log,
             "launch": evidence.launch,
+            "lint": evidence.lint,
+            "startup_log": evidence.startup_log,
             "service_manager": ctx.manager.name,
             "service_pid": evidence.service_pid,
             "provenance": evidence.provenance,

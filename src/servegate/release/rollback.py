@@ -48,7 +48,7 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
             service.switch(ctx, target.sha, release_dir, evidence)
             st.detail = f"back to {target.sha[:12]}"
         with runner.stage("rb healthy") as st:
-            service.healthy(ctx, evidence)
+            service.healthy(ctx, target.sha, release_dir, evidence)
             st.detail = f"start-up {evidence.startup_seconds:.1f}s"
         with runner.stage("rb provenance"):
             service.prove(ctx, target.sha, release_dir, artifacts, evidence)

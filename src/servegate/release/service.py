@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegate.engine import openai, ports, provenance
+from servegate.engine import lint as lint_mod
+from servegate.engine import logscan, openai, ports, provenance
 from servegate.engine.health import wait_healthy
-from servegate.errors import GateFailed, PreflightFailed, ProvenanceMismatch, ServegateError
+from servegate.engine.rules import Finding
+from servegate.errors import (
+    GateFailed,
+    LogRuleFailed,
+    PreflightFailed,
+    ProvenanceMismatch,
+    ServegateError,
+)
 from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.release.context import Context
 from servegate.release.gate import (
@@ -33,6 +41,12 @@ class Evidence:
     gate: dict[str, Any] = field(default_factory=dict)
     launch: dict[str, Any] = field(default_factory=dict)
     service_pid: int | None = None
+    #: lint findings (warnings; a fail stops before the switch)
+    lint: list[dict[str, str]] = field(default_factory=list)
+    #: the start-up log scan: findings and facts (KV cache tokens, graph capture, …)
+    startup_log: dict[str, Any] = field(default_factory=dict)
+    #: where the new release's output starts in the service log
+    log_mark: str = ""
 
 
 def service_pids(ctx: Context) -> set[int]:
@@ -53,6 +67,17 @@ def check_port_free(ctx: Context) -> None:
         )
 
 
+def lint(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> list[Finding]:
+    """The launch checked against the lint rules; a ``fail`` stops here, nothing touched."""
+    spec = ctx.spec(release_dir, sha)
+    findings = lint_mod.lint(spec, ctx.rules, ctx.cache_dir)
+    evidence.lint = [f.as_dict() for f in findings]
+    if any(f.severity == "fail" for f in findings):
+        what = f"profile {spec.profile}" if spec.profile else "service.command"
+        raise lint_mod.failure(findings, what)
+    return findings
+
+
 def switch(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> None:
     """Stop the old release and start ``release_dir`` in its place."""
     spec = ctx.spec(release_dir, sha)
@@ -60,13 +85,29 @@ def switch(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> Non
     ctx.manager.stop()
     ctx.deployer.activate(release_dir)
     ctx.manager.install(spec)
+    evidence.log_mark = ctx.manager.log_mark()
     ctx.manager.start()
 
 
-def healthy(ctx: Context, evidence: Evidence) -> None:
+def healthy(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> None:
+    """Healthy within the start-up timeout, and a start-up log no fail rule matches."""
     evidence.startup_seconds = wait_healthy(
         ctx.manager, ctx.endpoint, ctx.cfg.service.startup_timeout, ctx.reporter
     )
+    spec = ctx.spec(release_dir, sha)
+    scan = logscan.scan(
+        ctx.manager.log_since(evidence.log_mark), ctx.rules, lint_mod.facts(spec), "startup"
+    )
+    evidence.startup_log = scan.as_dict()
+    if scan.failures:
+        lines = "\n".join(
+            f"  - {f.rule}: {f.message}" + (f"\n      line: {f.evidence}" if f.evidence else "")
+            for f in scan.failures
+        )
+        raise LogRuleFailed(
+            f"the start-up log of {sha[:12]} matched {len(scan.failures)} fail rule(s):\n{lines}",
+            hint=scan.failures[0].remedy or "read the service log",
+        )
 
 
 def prove(
@@ -116,6 +157,17 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     return released[-1] if released else None
 
 
+def window_check(ctx: Context, sha: str, release_dir: Path) -> Callable[[str], list[str]]:
+    """The log rules of severity fail for a measured bench window, as invalid reasons."""
+    facts = lint_mod.facts(ctx.spec(release_dir, sha))
+
+    def check(text: str) -> list[str]:
+        scan = logscan.scan(text, ctx.rules, facts, "window")
+        return [f"{f.rule}: {f.evidence or f.message}" for f in scan.failures]
+
+    return check
+
+
 def gate(
     ctx: Context, sha: str, release_dir: Path, evidence: Evidence, smoke_only: bool = False
 ) -> Decision:
@@ -132,6 +184,8 @@ def gate(
         log_file=ctx.manager.log_file,
         reporter=ctx.reporter,
         environ=ctx.environ,
+        command=" ".join(ctx.spec(release_dir, sha).redacted()["argv"]),
+        window_check=window_check(ctx, sha, release_dir),
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)

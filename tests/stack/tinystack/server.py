@@ -75,6 +75,12 @@ def main() -> None:
     if MODE == "env-elsewhere" and os.environ.get("PYTHONPATH") != "/tmp":
         env = dict(os.environ, PYTHONPATH="/tmp")
         os.execve(sys.executable, [sys.executable, "-m", "tinystack.server", *sys.argv[1:]], env)
+    if MODE == "graph-downgrade":  # the line vLLM logs at INFO when it drops the graphs
+        print(
+            "INFO [vllm.py:812] Cudagraph mode PIECEWISE is not compatible with compilation "
+            "mode 0. Overriding to NONE.",
+            flush=True,
+        )
     lib = ctypes.CDLL(str(library()))
     assert lib.tiny_version() == 7
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)

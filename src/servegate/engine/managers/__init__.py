@@ -47,6 +47,12 @@ class ServiceManager(Protocol):
 
     def log_tail(self, lines: int) -> str: ...
 
+    def log_mark(self) -> str:
+        """A position in the service's output; :meth:`log_since` reads what follows it."""
+        ...
+
+    def log_since(self, mark: str) -> str: ...
+
 
 def make_manager(cfg: Config) -> ServiceManager:
     if cfg.service.manager == "systemd-user":
@@ -69,3 +75,13 @@ def read_tail(path: Path, lines: int, since: int = 0) -> str:
     except FileNotFoundError:
         return ""
     return "\n".join(data.rstrip("\n").splitlines()[-lines:])
+
+
+def read_from(path: Path, offset: int, limit: int = 16 * 1024 * 1024) -> str:
+    """What a log file holds after byte ``offset`` (at most ``limit`` bytes)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read(limit).decode(errors="replace")
+    except OSError:
+        return ""

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from servegate.config import Config
 from servegate.engine.launch import LaunchSpec
-from servegate.engine.managers import ServiceState, read_tail
+from servegate.engine.managers import ServiceState, read_from, read_tail
 from servegate.errors import ServiceFailed
 from servegate.pipeline import proc
 
@@ -247,3 +247,9 @@ class Supervisor:
 
     def log_tail(self, lines: int) -> str:
         return read_tail(self.log, lines, self._log_offset)
+
+    def log_mark(self) -> str:
+        return str(self.log.stat().st_size if self.log.exists() else 0)
+
+    def log_since(self, mark: str) -> str:
+        return read_from(self.log, int(mark or 0))

@@ -17,13 +17,14 @@ def quote_arg(value: str) -> str:
     return f'"{escaped}"'
 
 
-def render_unit(cfg: Config, spec: LaunchSpec) -> str:
-    svc = cfg.service
+def render_unit(spec: LaunchSpec) -> str:
+    lim = spec.limits
+    what = f"profile {spec.profile}" if spec.profile else "service.command"
     lines = [
         "[Unit]",
-        f"Description=servegate: {svc.unit} at {spec.sha[:12]}",
-        f"StartLimitIntervalSec={svc.start_limit_interval}",
-        f"StartLimitBurst={svc.start_limit_burst}",
+        f"Description=servegate: {spec.unit} at {spec.sha[:12]} ({what})",
+        f"StartLimitIntervalSec={lim.start_limit_interval}",
+        f"StartLimitBurst={lim.start_limit_burst}",
         "",
         "[Service]",
         "Type=simple",
@@ -32,15 +33,15 @@ def render_unit(cfg: Config, spec: LaunchSpec) -> str:
     lines += [f"Environment={quote_arg(f'{k}={v}')}" for k, v in spec.env.items()]
     lines += [
         "ExecStart=" + " ".join(quote_arg(a) for a in spec.argv),
-        "Restart=on-failure",
-        "RestartSec=5",
-        f"TimeoutStopSec={int(svc.stop_timeout)}",
-        "KillMode=control-group",
+        f"Restart={lim.restart}",
+        f"RestartSec={lim.restart_sec}",
+        f"TimeoutStopSec={lim.timeout_stop}",
+        f"KillMode={lim.kill_mode}",
     ]
-    if svc.memory_max:
-        lines.append(f"MemoryMax={svc.memory_max}")
-    if svc.memory_swap_max:
-        lines.append(f"MemorySwapMax={svc.memory_swap_max}")
+    if lim.memory_max:
+        lines.append(f"MemoryMax={lim.memory_max}")
+    if lim.memory_swap_max:
+        lines.append(f"MemorySwapMax={lim.memory_swap_max}")
     lines += ["", "[Install]", "WantedBy=default.target", ""]
     return "\n".join(lines)
 
@@ -66,7 +67,7 @@ class SystemdUser:
 
     def install(self, spec: LaunchSpec) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(render_unit(self.cfg, spec))
+        self.path.write_text(render_unit(spec))
         self._ctl("daemon-reload")
         return self.path
 
@@ -119,3 +120,21 @@ class SystemdUser:
             timeout=30,
         )
         return out.output.strip() if out.ok else ""
+
+    def log_mark(self) -> str:
+        out = proc.run(
+            ["journalctl", "--user", "-u", self.unit, "-n", "0", "--show-cursor", "--no-pager"],
+            check=False,
+            timeout=30,
+        )
+        cursor = [ln for ln in out.output.splitlines() if ln.startswith("-- cursor: ")]
+        return cursor[-1].removeprefix("-- cursor: ").strip() if cursor else ""
+
+    def log_since(self, mark: str) -> str:
+        where = ["--after-cursor", mark] if mark else ["-b"]
+        out = proc.run(
+            ["journalctl", "--user", "-u", self.unit, *where, "-o", "cat", "--no-pager"],
+            check=False,
+            timeout=60,
+        )
+        return out.output if out.ok else ""

@@ -1,0 +1,129 @@
+"""``servegate render``: the exact command, environment and systemd unit of a launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from servegate import config as config_mod
+from servegate.config import Config, Host, Service, Stack
+from servegate.engine import render as render_mod
+from servegate.engine.launch import LaunchSpec, launch_spec, load_profile
+from servegate.errors import ConfigError
+from servegate.output import Output
+from servegate.release.state import HostState
+
+FORMATS = ("all", "shell", "env", "unit", "json")
+
+
+@dataclass(frozen=True)
+class Target:
+    cfg: Config
+    spec: LaunchSpec
+    files: tuple[str, ...]
+    #: what the output should tell its reader (unkeyed caches, unfilled placeholders)
+    notes: tuple[str, ...]
+
+
+def parse_params(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--param {pair!r} is not NAME=VALUE", hint="e.g. --param model=/m")
+        out[name] = value
+    return out
+
+
+def _config(
+    config_path: Path, profile: str | None, params: Mapping[str, str], port: int | None
+) -> Config:
+    if profile and not config_path.exists():
+        service = Service(port=port or 8000, profile=profile, params=dict(params))
+        return Config(stack=Stack(""), host=Host(""), service=service)
+    cfg = config_mod.load(config_path, os.environ, build_only=bool(profile))
+    svc = cfg.service
+    if profile:
+        svc = dataclasses.replace(svc, profile=profile, command=(), params=dict(params))
+    elif params:
+        svc = dataclasses.replace(svc, params={**svc.params, **params})
+    if port:
+        svc = dataclasses.replace(svc, port=port)
+    return dataclasses.replace(cfg, service=svc)
+
+
+def target(
+    config_path: Path,
+    profile: str | None,
+    params: Sequence[str],
+    release: str | None,
+    sha: str | None,
+    port: int | None,
+) -> Target:
+    """The launch promote would make: from the config, or a profile given by name/path."""
+    cfg = _config(config_path, profile, parse_params(params), port)
+    notes: list[str] = []
+    if sha is None and cfg.host.root:
+        live = HostState.load(cfg.host_root / "state.json").current
+        sha = live.sha if live else None
+    if not sha:
+        cfg = dataclasses.replace(
+            cfg, service=dataclasses.replace(cfg.service, compile_cache=False)
+        )
+        notes.append(
+            "compile caches as the launch sets them; promote keys them per release "
+            "(pass --sha to see the keyed directories)"
+        )
+    if release is None:
+        release = str(cfg.host_root / "current") if cfg.host.root else "{release}"
+    spec = launch_spec(cfg, Path(release), sha or "", strict=False)
+    if spec.unresolved:
+        notes.append(
+            "not filled in: "
+            + ", ".join("{" + n + "}" for n in spec.unresolved)
+            + " (pass --param NAME=VALUE / --release / --sha)"
+        )
+    files = load_profile(cfg).files if cfg.service.profile else (cfg.path,)
+    return Target(cfg, spec, tuple(files), tuple(notes))
+
+
+def title(t: Target) -> str:
+    what = f"profile {t.spec.profile}" if t.spec.profile else f"service.command of {t.cfg.path}"
+    return f"servegate render: {what}"
+
+
+def run(out: Output, t: Target, fmt: str) -> int:
+    spec = t.spec
+    if out.json_mode or fmt == "json":
+        out.json_mode = True
+        return out.emit(
+            {
+                "profile": spec.profile,
+                "files": list(t.files),
+                "argv": list(spec.argv),
+                "env": dict(spec.env),
+                "cwd": str(spec.cwd),
+                "unit": render_mod.unit(spec),
+                "compile_cache_key": spec.cache_key,
+                "notes": list(t.notes),
+            }
+        )
+    for note in t.notes:
+        out.err.print(f"note: {note}", markup=False)
+    parts = {
+        "shell": render_mod.shell(spec, title(t)),
+        "env": render_mod.environment(spec),
+        "unit": render_mod.unit(spec),
+    }
+    if fmt != "all":
+        print(parts[fmt], end="")
+        return 0
+    print(parts["shell"])
+    print(f"# --- environment ({len(spec.env)} variables) ---")
+    print(parts["env"])
+    print(f"# --- systemd unit {spec.unit}.service ---")
+    print(parts["unit"], end="")
+    return 0
