@@ -76,7 +76,7 @@ def test_the_kept_block_is_the_seeds_own_text() -> None:
 
 
 def test_v620_tp4_renders_the_seeds_command_variable_by_variable() -> None:
-    seed_argv, seed_env = seed_command()
+    _, seed_env = seed_command()
     ours = v620()
     assert len(seed_env) == 42
     for name, value in seed_env.items():
@@ -110,7 +110,8 @@ def test_piecewise_variant_states_only_the_difference() -> None:
     assert "[env]" not in text
     base, piece = v620().argv, v620("v620-tp4-piecewise").argv
     differ = [i for i, (a, b) in enumerate(zip(base, piece, strict=True)) if a != b]
-    assert len(differ) == 1 and base[differ[0] - 1] == "--compilation-config"
+    assert len(differ) == 1
+    assert base[differ[0] - 1] == "--compilation-config"
     assert json.loads(piece[differ[0]]) == {
         "mode": 3,
         "cudagraph_mode": "FULL_AND_PIECEWISE",
@@ -174,7 +175,8 @@ def test_variable_set_twice_by_two_includes(tmp_path: Path) -> None:
         profiles.load(str(top))
     text = str(err.value)
     assert "A is set twice with different values: '1'" in text
-    assert "a.toml:8" in text and "b.toml:2" in text
+    assert "a.toml:8" in text
+    assert "b.toml:2" in text
     # the including file decides, and then it holds
     write(top, '[profile]\ninclude = ["a.toml", "b.toml"]\n[env]\nA = "3"\n')
     assert profiles.load(str(top)).env["A"] == "3"
@@ -262,7 +264,8 @@ def test_compile_caches_are_keyed_by_config_and_release(tmp_path: Path) -> None:
     cfg = service_config(tmp_path)
     one = launch_spec(cfg, Path(REPO), SHA)
     again = launch_spec(cfg, Path(REPO), SHA)
-    assert one.cache_key and one.cache_key == again.cache_key  # a rollback: warm cache
+    assert one.cache_key
+    assert one.cache_key == again.cache_key  # a rollback finds its warm cache
     assert one.env["TORCHINDUCTOR_CACHE_DIR"] == f"{REPO}/cache/inductor/{one.cache_key}"
     assert one.env["TRITON_CACHE_DIR"] == f"{REPO}/cache/triton/{one.cache_key}"
     assert one.env["VLLM_CACHE_ROOT"] == f"{REPO}/cache/vllm/{one.cache_key}"
