@@ -77,14 +77,17 @@ def target(
             "compile caches as the launch sets them; promote keys them per release "
             "(pass --sha to see the keyed directories)"
         )
+    unfilled: list[str] = []
     if release is None:
         release = str(cfg.host_root / "current") if cfg.host.root else "{release}"
+        unfilled += [] if cfg.host.root else ["release"]
     spec = launch_spec(cfg, Path(release), sha or "", strict=False)
-    if spec.unresolved:
+    unfilled += spec.unresolved
+    if unfilled:
         notes.append(
             "not filled in: "
-            + ", ".join("{" + n + "}" for n in spec.unresolved)
-            + " (pass --param NAME=VALUE / --release / --sha)"
+            + ", ".join("{" + n + "}" for n in unfilled)
+            + " (pass --param NAME=VALUE / --release DIR)"
         )
     files = load_profile(cfg).files if cfg.service.profile else (cfg.path,)
     return Target(cfg, spec, tuple(files), tuple(notes))
