@@ -72,6 +72,11 @@ def _bench_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="force the output length (recorded)")
     p.add_argument("--output", type=Path, metavar="FILE", help="result file (JSON)")
     p.add_argument("--no-lease", action="store_true", help="do not take the host's GPU lease")
+    p.add_argument(
+        "--engine",
+        choices=("vllm", "openai"),
+        help="the server's engine (default: the config's; with --url: from /v1/models)",
+    )
 
 
 def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -338,6 +343,7 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
         lenient=args.lenient,
         lease=not args.no_lease,
         seed=args.seed,
+        engine=args.engine,
     )
     if sub == "compare":
         if args.a_url and args.b_url:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from servegate.bench import fixtures, image, prom, results
+from servegate.engine import adapters
 from servegate.errors import ResultFileError
 
 
@@ -143,6 +144,8 @@ def test_prometheus_sums_labels_and_deltas() -> None:
         'vllm:prefix_cache_hits_total{engine="0",model_name="demo"} 164.0\n'
         'vllm:time_to_first_token_seconds_sum{m="a"} 5.0\nvllm:time_to_first_token_seconds_count{m="a"} 6\n'
     )
-    assert prom.delta(before, after, prom.PREFIX_HITS) == 64.0
-    assert prom.histogram_mean_delta(before, after, prom.TTFT) == (1.5, 2.0)
-    assert prom.delta(before, after, prom.SPEC_ACCEPTED) is None
+    names = adapters.VLLM.metrics
+    assert prom.delta(before, after, names.prefix_hits) == 64.0
+    assert prom.histogram_mean_delta(before, after, names.ttft) == (1.5, 2.0)
+    assert prom.delta(before, after, names.spec_accepted) is None
+    assert adapters.OPENAI.metrics.prefix_hits == ()  # a generic server: nothing assumed

@@ -37,10 +37,14 @@ def stream_chat(endpoint: Endpoint, payload: dict[str, Any], timeout: float) -> 
 
 
 def tokenize(endpoint: Endpoint, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """vLLM's ``/tokenize`` for a chat prompt: ``count``, ``max_model_len``, ``tokens``."""
+    """The engine's tokenizer for a chat prompt (vLLM's ``/tokenize``): ``count``,
+    ``max_model_len``, ``tokens``. ValueError when the engine has none."""
+    path = endpoint.adapter.tokenize_path
+    if not path:
+        raise ValueError(f"the {endpoint.adapter.name} engine has no tokenize endpoint")
     with endpoint.client(120.0) as client:
         resp = client.post(
-            "/tokenize",
+            path,
             json={"model": model, "messages": messages, "add_generation_prompt": True},
         )
         resp.raise_for_status()
@@ -49,10 +53,13 @@ def tokenize(endpoint: Endpoint, model: str, messages: list[dict[str, Any]]) -> 
 
 
 def metrics_text(endpoint: Endpoint, timeout: float = 10.0) -> str:
-    """The Prometheus text of ``/metrics``; empty when the server has none."""
+    """The Prometheus text of the engine's ``/metrics``; empty when the server has none."""
+    path = endpoint.adapter.metrics_path
+    if not path:
+        return ""
     try:
         with endpoint.client(timeout) as client:
-            resp = client.get("/metrics")
+            resp = client.get(path)
     except httpx.HTTPError:
         return ""
     return resp.text if resp.status_code == 200 else ""
@@ -60,7 +67,7 @@ def metrics_text(endpoint: Endpoint, timeout: float = 10.0) -> str:
 
 def models(endpoint: Endpoint, timeout: float = 10.0) -> list[dict[str, Any]]:
     with endpoint.client(timeout) as client:
-        resp = client.get("/v1/models")
+        resp = client.get(endpoint.adapter.models_path)
         resp.raise_for_status()
         data = resp.json().get("data") or []
     return [m for m in data if isinstance(m, dict)]

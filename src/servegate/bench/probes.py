@@ -141,15 +141,17 @@ def _turn(
     endpoint: openai.Endpoint, model: str, messages: list[dict[str, Any]], salt: str, timeout: float
 ) -> Turn:
     before = prom.parse(client.metrics_text(endpoint))
-    body = {"model": model, "messages": messages, "max_tokens": 16, "temperature": 0,
-            "cache_salt": salt}  # fmt: skip
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 16,
+                            "temperature": 0}  # fmt: skip
+    if endpoint.adapter.extended_sampling:
+        body["cache_salt"] = salt
     st = client.stream_chat(endpoint, body, timeout)
     after = prom.parse(client.metrics_text(endpoint))
     usage_cache = cached_tokens(st)
     return Turn(
         (st.first_text_at - st.started) if st.first_text_at else None,
         st.usage.get("prompt_tokens") if isinstance(st.usage.get("prompt_tokens"), int) else None,
-        prom.delta(before, after, prom.PREFIX_HITS),
+        prom.delta(before, after, endpoint.adapter.metrics.prefix_hits),
         max(usage_cache.values()) if usage_cache else None,
         st.content,
         st.error,
@@ -313,8 +315,9 @@ def spec_decode(
             "max_tokens": 256, "temperature": 0}  # fmt: skip
     st = client.stream_chat(endpoint, body, timeout)
     after = prom.parse(client.metrics_text(endpoint))
-    accepted = prom.delta(before, after, prom.SPEC_ACCEPTED)
-    drafted = prom.delta(before, after, prom.SPEC_DRAFT)
+    names = endpoint.adapter.metrics
+    accepted = prom.delta(before, after, names.spec_accepted)
+    drafted = prom.delta(before, after, names.spec_draft)
     evidence = {"accepted": accepted, "drafted": drafted, "error": st.error}
     if st.error:
         return ProbeResult("spec_decode", False, f"the request failed: {st.error}",

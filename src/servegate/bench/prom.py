@@ -7,12 +7,7 @@ from collections.abc import Mapping
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
-PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
-TTFT = "vllm:time_to_first_token_seconds"
-ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_DRAFT = "vllm:spec_decode_num_draft_tokens_total"
+# the series' names come from the engine's adapter (servegate.engine.adapters)
 
 
 def parse(text: str) -> dict[str, float]:

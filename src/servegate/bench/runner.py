@@ -20,7 +20,7 @@ import statistics
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import httpx
 from servegate import __version__
 from servegate.bench import client, fixtures, measure, prom, sizing
 from servegate.bench.sse import Stream, now
+from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ConfigError
 from servegate.pipeline.atomic import write_text
@@ -249,7 +250,7 @@ class Bench:
         self.log = log
         self.environ = environ if environ is not None else {}
         self.scope = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-        self.engine = "generic"
+        self.engine = spec.endpoint.engine.name if spec.endpoint.engine else "unknown"
         self.prompts: dict[str, str] = {}
         self.result: dict[str, Any] = self._new_result()
         self._patterns = [re.compile(p) for p in spec.window_log_patterns]
@@ -338,8 +339,9 @@ class Bench:
                 f"model {s.model!r} is not served at {s.endpoint.base_url} (served: {ids})",
                 hint="pass --model with one of the served names",
             )
-        owners = {str(m.get("owned_by")) for m in served}
-        self.engine = "vllm" if "vllm" in owners else "generic"
+        engine = s.endpoint.engine or adapters.detect(served)
+        self.spec = s = replace(s, endpoint=replace(s.endpoint, engine=engine))
+        self.engine = engine.name
         has_metrics = bool(prom.parse(client.metrics_text(s.endpoint)))
         tok = sizing.probe(s.endpoint, s.model)
         self.result["engine"] = {
@@ -409,7 +411,7 @@ class Bench:
         }
         if s.sampling.seed >= 0:
             body["seed"] = s.sampling.seed
-        if self.engine == "vllm":
+        if s.endpoint.adapter.extended_sampling:
             body.update(top_k=s.sampling.top_k, min_p=s.sampling.min_p, cache_salt=tag)
             if ignore_eos:
                 body["ignore_eos"] = True
@@ -539,12 +541,13 @@ class Bench:
         after: dict[str, float],
         mark: int,
     ) -> None:
-        hits = prom.delta(before, after, prom.PREFIX_HITS)
+        names = self.spec.endpoint.adapter.metrics
+        hits = prom.delta(before, after, names.prefix_hits)
         if hits:
             for t in trials:
                 measure.invalidate(
                     t, "prompt_cache_hit",
-                    f"{prom.PREFIX_HITS[0]} rose by {hits:.0f} tokens during the request",
+                    f"{names.prefix_hits[0]} rose by {hits:.0f} tokens during the request",
                 )  # fmt: skip
         if self.log is not None:
             window = self.log.since(mark)
@@ -557,16 +560,16 @@ class Bench:
                 for t in trials:
                     measure.invalidate(t, "log_rule", reason[:200])
 
-    @staticmethod
-    def _metric_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    def _metric_deltas(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+        names = self.spec.endpoint.adapter.metrics
         out: dict[str, Any] = {
-            "prefix_cache_hits": prom.delta(before, after, prom.PREFIX_HITS),
-            "prefix_cache_queries": prom.delta(before, after, prom.PREFIX_QUERIES),
-            "spec_accepted": prom.delta(before, after, prom.SPEC_ACCEPTED),
-            "spec_draft": prom.delta(before, after, prom.SPEC_DRAFT),
+            "prefix_cache_hits": prom.delta(before, after, names.prefix_hits),
+            "prefix_cache_queries": prom.delta(before, after, names.prefix_queries),
+            "spec_accepted": prom.delta(before, after, names.spec_accepted),
+            "spec_draft": prom.delta(before, after, names.spec_draft),
         }
-        ttft = prom.histogram_mean_delta(before, after, prom.TTFT)
-        itl = prom.histogram_mean_delta(before, after, prom.ITL)
+        ttft = prom.histogram_mean_delta(before, after, names.ttft)
+        itl = prom.histogram_mean_delta(before, after, names.itl)
         out["ttft_mean_s"] = round(ttft[0], 6) if ttft else None
         out["itl_mean_s"] = round(itl[0], 6) if itl else None
         return out

@@ -14,8 +14,8 @@ from servegate import config as config_mod
 from servegate.bench import probes, results, runner, verdict
 from servegate.bench.runner import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
-from servegate.engine import openai
-from servegate.engine.launch import launch_spec, redact_argv
+from servegate.engine import adapters, openai
+from servegate.engine.launch import engine_of, launch_spec, redact_argv
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
 from servegate.output import Output
 from servegate.pipeline.lease import gpu_lease, lease_path
@@ -46,6 +46,8 @@ class Options:
     lenient: bool = False
     lease: bool = True
     seed: int | None = None
+    #: vllm, openai, or None: the config's engine (with --url: detected from /v1/models)
+    engine: str | None = None
 
 
 def load_config(path: Path, environ: Mapping[str, str], need: bool) -> Config | None:
@@ -99,7 +101,10 @@ def endpoint_of(cfg: Config | None, o: Options, environ: Mapping[str, str]) -> o
     if key_env and not key:
         raise ConfigError(f"the API key variable {key_env} is not set", hint=f"export {key_env}")
     url = o.url or (f"http://{cfg.service.host}:{cfg.service.port}" if cfg else "")
-    return openai.Endpoint(url.rstrip("/").removesuffix("/v1"), key)
+    engine = adapters.by_name(o.engine) if o.engine else None
+    if engine is None and cfg is not None and not o.url:
+        engine = engine_of(cfg)
+    return openai.Endpoint(url.rstrip("/").removesuffix("/v1"), key, engine)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from typing import Any
 
 from servegate.config import Config
 from servegate.engine import openai
+from servegate.engine.launch import engine_of
 from servegate.engine.managers import make_manager
 from servegate.output import Output
 from servegate.release.state import Entry, HostState
@@ -25,7 +26,10 @@ def run(cfg: Config, out: Output) -> int:
     state = HostState.load(cfg.host_root / "state.json")
     manager = make_manager(cfg)
     svc = manager.state()
-    healthy, why = openai.health(openai.Endpoint(f"http://{cfg.service.host}:{cfg.service.port}"))
+    endpoint = openai.Endpoint(
+        f"http://{cfg.service.host}:{cfg.service.port}", engine=engine_of(cfg)
+    )
+    healthy, why = openai.health(endpoint)
     result = {
         "current": _entry(state.current),
         "previous": _entry(state.previous),

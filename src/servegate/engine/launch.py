@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from servegate.config import Config, fill
-from servegate.engine import profiles
+from servegate.engine import adapters, profiles
+from servegate.engine.adapters import Engine
 from servegate.engine.profiles import Expect, UnitSettings
 from servegate.errors import ConfigError
 
@@ -138,6 +139,12 @@ def _maybe_json(value: str) -> Any:
 def load_profile(cfg: Config) -> profiles.Profile:
     base = Path(cfg.path).parent if cfg.path and not cfg.path.startswith("<") else None
     return profiles.load(cfg.service.profile, base)
+
+
+def engine_of(cfg: Config) -> Engine:
+    """The adapter of the configured service's engine (its profile's, or service.engine)."""
+    name = load_profile(cfg).header.engine if cfg.service.profile else cfg.service.engine
+    return adapters.by_name(name)
 
 
 def launch_spec(cfg: Config, release_dir: Path, sha: str, *, strict: bool = True) -> LaunchSpec:

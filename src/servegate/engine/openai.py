@@ -7,11 +7,20 @@ from typing import Any
 
 import httpx
 
+from servegate.engine.adapters import VLLM, Engine
+
 
 @dataclass(frozen=True)
 class Endpoint:
     base_url: str
     api_key: str = ""
+    #: the engine's adapter; None: not named (the bench detects it from /v1/models)
+    engine: Engine | None = None
+
+    @property
+    def adapter(self) -> Engine:
+        """The named engine, or vLLM's paths and names for a server not yet identified."""
+        return self.engine or VLLM
 
     def client(self, timeout: float) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -19,15 +28,18 @@ class Endpoint:
 
 
 def health(endpoint: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:
-    """(healthy, why not): ``/health`` answers 200 and ``/v1/models`` lists a model."""
+    """(healthy, why not): the engine's health path (vLLM: ``/health``) answers 200 and its
+    model list (``/v1/models``) names a model."""
+    engine = endpoint.adapter
     try:
         with endpoint.client(timeout) as client:
-            resp = client.get("/health")
-            if resp.status_code != 200:
-                return False, f"/health answered {resp.status_code}"
-            models = client.get("/v1/models")
+            if engine.health_path:
+                resp = client.get(engine.health_path)
+                if resp.status_code != 200:
+                    return False, f"{engine.health_path} answered {resp.status_code}"
+            models = client.get(engine.models_path)
             if models.status_code != 200:
-                return False, f"/v1/models answered {models.status_code}"
+                return False, f"{engine.models_path} answered {models.status_code}"
             if not model_ids(models.json()):
                 return False, "/v1/models lists no model"
     except (httpx.HTTPError, ValueError) as exc:
@@ -42,7 +54,7 @@ def model_ids(payload: Any) -> list[str]:
 
 def first_model(endpoint: Endpoint, timeout: float = 10.0) -> str:
     with endpoint.client(timeout) as client:
-        ids = model_ids(client.get("/v1/models").json())
+        ids = model_ids(client.get(endpoint.adapter.models_path).json())
     return ids[0] if ids else ""
 
 

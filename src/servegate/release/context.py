@@ -10,7 +10,7 @@ from pathlib import Path
 
 from servegate.config import Config
 from servegate.engine import lint, openai, provenance
-from servegate.engine.launch import LaunchSpec, launch_spec
+from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
 from servegate.engine.rules import RuleSet
 from servegate.pipeline.lease import state_dir
@@ -39,7 +39,9 @@ class Context:
             manager=make_manager(cfg),
             deployer=make_deployer(cfg),
             state=HostState.load(cfg.host_root / "state.json"),
-            endpoint=openai.Endpoint(f"http://{cfg.service.host}:{cfg.service.port}", api_key),
+            endpoint=openai.Endpoint(
+                f"http://{cfg.service.host}:{cfg.service.port}", api_key, engine_of(cfg)
+            ),
             runner=StageRunner(reporter),
             environ=dict(environ),
         )
