@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -17,8 +18,8 @@ from tests.bench.test_stream_faults import Engine
 
 
 class Recording(Engine):
-    paths: list[str] = []
-    bodies: list[dict[str, object]] = []
+    paths: ClassVar[list[str]] = []
+    bodies: ClassVar[list[dict[str, object]]] = []
 
     def do_GET(self) -> None:
         self.paths.append(self.path)
