@@ -101,7 +101,12 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     notes = origin.git.notes("--ref", "refs/notes/servegate", "list").splitlines()
     assert len(notes) == 4
     verdict = json.loads(origin.git.notes("--ref", "refs/notes/servegate", "show", bad["sha"]))
+    origin.close()  # GitPython's cat-file helpers end here, not at interpreter exit
     assert verdict["verdict"] == "rolled_back"
+    assert first["record"]["launch"]["profile"] == "cpu-demo"
+    facts = first["record"]["startup_log"]["facts"]
+    assert facts["kv_cache_tokens"] > 0  # read from vLLM's own start-up log
+    assert first["record"]["launch"]["compile_cache_key"]
 
     # kernels are built by servegate's own recipe for gfx1030; the bad commit left them
     # unchanged, so its build was a cache hit

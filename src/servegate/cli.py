@@ -55,6 +55,10 @@ def _release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _common(p)
     p = sub.add_parser("verify", help="prove the live service runs the live release's checkout")
     _common(p)
+    p = sub.add_parser(
+        "recover", help="undo a promote or rollback that was interrupted after its switch"
+    )
+    _common(p)
 
 
 def _bench_run_options(p: argparse.ArgumentParser) -> None:
@@ -272,7 +276,8 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
 
         return inspect.run(out, args.files, tuple(args.arch))
     if args.command == "bench":
-        return _bench(args, out)
+        remote = _remote_bench(args.argv_seen, out)
+        return remote if remote is not None else _bench(args, out)
     if args.command in ("render", "lint"):
         return _launch_command(args, out)
     if args.command == "report":
@@ -293,9 +298,12 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import config_check
 
         return config_check.run(cfg, out)
-    from servegate.commands import history, promote, rollback, status, verify
+    if cfg.remote_hosts:
+        return _remote(cfg, args, out)
+    from servegate.commands import history, promote, recover, rollback, status, verify
 
     handlers: dict[str, Callable[[], int]] = {
+        "recover": lambda: recover.run(cfg, out),
         "promote": lambda: promote.run(cfg, out, args.sha, args.allow_non_ff),
         "rollback": lambda: rollback.run(cfg, out, args.to),
         "status": lambda: status.run(cfg, out),
@@ -303,6 +311,40 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         "verify": lambda: verify.run(cfg, out),
     }
     return handlers[args.release_command]()
+
+
+def _remote(cfg: config_mod.Config, args: argparse.Namespace, out: Output) -> int:
+    """`release …` on hosts over SSH (host.ssh or [[fleet.hosts]])."""
+    from servegate.commands import fleet
+
+    sub = args.release_command
+    if sub == "promote":
+        return fleet.promote(cfg, out, args.sha, args.allow_non_ff)
+    if sub == "status":
+        return fleet.status(cfg, out)
+    extra = {
+        "rollback": ["--to", args.to] if getattr(args, "to", None) else [],
+        "history": ["-n", str(getattr(args, "n", 20))],
+        "verify": [],
+        "recover": [],
+    }[sub]
+    return fleet.each_command(cfg, out, [sub, *extra])
+
+
+def _remote_bench(argv: Sequence[str], out: Output) -> int | None:
+    """`servegate bench …` with a config of remote hosts: run there, as typed here."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", type=Path, default=Path("servegate.toml"))
+    known, rest = parser.parse_known_args(list(argv))
+    if not known.config.exists():
+        return None
+    cfg = config_mod.load(known.config, os.environ, build_only=True)
+    if not cfg.remote_hosts:
+        return None
+    from servegate.commands import fleet
+
+    after = rest[rest.index("bench") + 1 :] if "bench" in rest else rest
+    return fleet.bench(cfg, out, [a for a in after if a != "--json"])
 
 
 def _launch_command(args: argparse.Namespace, out: Output) -> int:
@@ -373,6 +415,7 @@ def run(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, default_command: str = ""
 ) -> int:
     args = parser.parse_args(argv)
+    args.argv_seen = list(sys.argv[1:] if argv is None else argv)
     if default_command:
         args.command = default_command
     scrub_git_env(os.environ)

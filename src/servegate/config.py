@@ -41,7 +41,10 @@ class Stack:
 @dataclass(frozen=True)
 class Host:
     #: everything servegate keeps on the host lives under this directory
-    root: str
+    root: str = ""
+    #: ``user@box[:port]``: the host is reached over SSH and runs servegate itself
+    #: (its own config: ``ssh.config``); empty: this machine
+    ssh: str = ""
     #: ``worktree``: releases/<sha> per release + ``current`` symlink; ``in-place``: one checkout
     strategy: Strategy = "worktree"
     #: release worktrees kept (the live and previous release are always kept)
@@ -264,6 +267,46 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Ssh:
+    """How servegate reaches hosts over SSH (``host.ssh`` or ``[[fleet.hosts]]``)."""
+
+    #: the config file on the host (a host's own ``config`` in [[fleet.hosts]] wins)
+    config: str = ""
+    #: servegate on the host (a path, or a name on the host's PATH)
+    servegate: str = "servegate"
+    #: host keys are checked against this file; an unknown or changed key is refused
+    known_hosts: str = "~/.ssh/known_hosts"
+    #: a private key file; empty: the SSH agent and ~/.ssh's default keys
+    identity: str = ""
+    connect_timeout: float = 10.0
+    #: seconds one remote command (a whole promote) may take
+    command_timeout: float = 7200.0
+
+
+@dataclass(frozen=True)
+class FleetHost:
+    """One host of a fleet (a ``[[fleet.hosts]]`` table)."""
+
+    address: str
+    #: its config file, if not ``ssh.config``
+    config: str = ""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """Several hosts: canaries first, gated, then the rest in waves."""
+
+    hosts: tuple[FleetHost, ...] = ()
+    #: the first N hosts are promoted (and gated) on their own, one by one, first
+    canary: int = 1
+    #: hosts per wave after the canaries; a wave stops at its first failure
+    wave_size: int = 1
+    #: after a failure: roll back the hosts of the failing ``wave``, or ``all`` hosts
+    #: this promote touched (canaries and earlier waves too)
+    on_failure: Literal["wave", "all"] = "wave"
+
+
+@dataclass(frozen=True)
 class Lint:
     """Lint and log rules (docs/profiles.md): the shipped ones plus a team's files."""
 
@@ -324,6 +367,8 @@ class Config:
     bench: Bench = field(default_factory=Bench)
     gate: Gate = field(default_factory=Gate)
     lint: Lint = field(default_factory=Lint)
+    ssh: Ssh = field(default_factory=Ssh)
+    fleet: Fleet = field(default_factory=Fleet)
     release: Release = field(default_factory=Release)
     focus: Focus = field(default_factory=Focus)
     path: str = ""
@@ -331,6 +376,13 @@ class Config:
     @property
     def host_root(self) -> Path:
         return Path(self.host.root)
+
+    @property
+    def remote_hosts(self) -> tuple[FleetHost, ...]:
+        """The hosts reached over SSH: the fleet, or ``host.ssh`` as a fleet of one."""
+        if self.fleet.hosts:
+            return self.fleet.hosts
+        return (FleetHost(self.host.ssh),) if self.host.ssh else ()
 
 
 def _suggest(key: str, choices: typing.Iterable[str]) -> str:
@@ -446,8 +498,28 @@ def _validate(cfg: Config) -> None:
         if target.kind == "cmake" and not target.outputs:
             raise ConfigError(f"build.targets {target.name!r} (cmake) needs outputs (globs)")
     _validate_bench(cfg)
+    _validate_remote(cfg)
     if cfg.host.keep_releases < 2:
         raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
+
+
+def _validate_remote(cfg: Config) -> None:
+    if not cfg.remote_hosts:
+        return
+    if cfg.host.ssh and cfg.fleet.hosts:
+        raise ConfigError("give host.ssh (one host) or [[fleet.hosts]], not both")
+    missing = [h.address for h in cfg.remote_hosts if not (h.config or cfg.ssh.config)]
+    if missing:
+        raise ConfigError(
+            f"no config file on the host is named for {missing[0]}",
+            hint="set ssh.config (the path of servegate.toml on the hosts) or config in "
+            "its [[fleet.hosts]] table",
+        )
+    addresses = [h.address for h in cfg.remote_hosts]
+    if len(set(addresses)) != len(addresses):
+        raise ConfigError(f"fleet.hosts names a host twice: {addresses}")
+    if cfg.fleet.canary < 0 or cfg.fleet.wave_size < 1:
+        raise ConfigError("fleet.canary must be >= 0 and fleet.wave_size >= 1")
 
 
 def _validate_bench(cfg: Config) -> None:
@@ -501,9 +573,14 @@ def parse(
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    if build_only:
+    remote = bool(data.get("host", {}).get("ssh") or data.get("fleet", {}).get("hosts"))
+    if build_only or remote:
         for section, placeholder in DEPLOY_PLACEHOLDERS.items():
             data.setdefault(section, placeholder)
+    elif isinstance(data.get("host"), dict) and not data["host"].get("root"):
+        raise ConfigError(
+            "missing required key 'root' in section [host]", hint="see docs/config.md"
+        )
     cfg: Config = _build(Config, data, "", environ)
     cfg = dataclasses.replace(cfg, path=path)
     _validate(cfg)

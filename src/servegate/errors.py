@@ -135,6 +135,21 @@ class LogRuleFailed(ServegateError):
     title = "log rule failed"
 
 
+class HostUnreachable(ServegateError):
+    """A host could not be reached over SSH, or the connection was lost during a command;
+    the message says whether the host may have been changed and what the next run does."""
+
+    exit_code = 17
+    title = "host unreachable"
+
+
+class HostKeyRejected(ServegateError):
+    """A host's SSH key is not in known_hosts, or differs from it: no connection made."""
+
+    exit_code = 18
+    title = "host key rejected"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -154,4 +169,6 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     ResultFileError,
     LintFailed,
     LogRuleFailed,
+    HostUnreachable,
+    HostKeyRejected,
 )

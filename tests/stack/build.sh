@@ -7,6 +7,9 @@ fi
 if [ "$(cat mode 2>/dev/null)" = build-dirty ]; then
   echo "/* generated */" >> tiny.c
 fi
+if [ "$(cat mode 2>/dev/null)" = slow-build ]; then
+  echo "building slowly"; sleep 20
+fi
 mkdir -p build
 cc -shared -fPIC -O2 -o build/libtiny.so tiny.c
 echo "built build/libtiny.so"

@@ -4,6 +4,8 @@ import dataclasses
 from typing import Any
 
 from servegate.config import Config
+from servegate.engine.launch import launch_spec
+from servegate.engine.lint import ruleset
 from servegate.output import Output
 from servegate.release.gate import build_checks
 
@@ -20,11 +22,17 @@ def _plain(value: Any) -> Any:
 
 def run(cfg: Config, out: Output) -> int:
     checks = [c.name for c in build_checks(cfg)]
+    # the launch resolves (profile, includes, parameters, placeholders) and the rules load
+    spec = launch_spec(cfg, cfg.host_root / "current", "0" * 40)
+    rules = ruleset(cfg)
     if out.json_mode:
         return out.emit(_plain(cfg))
     out.line(f"{cfg.path}: OK")
     out.line(f"  stack    {cfg.stack.remote} ({cfg.stack.branch})")
     out.line(f"  host     {cfg.host.root} ({cfg.host.strategy}, keep {cfg.host.keep_releases})")
     out.line(f"  service  {cfg.service.unit} via {cfg.service.manager} on port {cfg.service.port}")
+    launch = f"profile {spec.profile}" if spec.profile else "service.command"
+    out.line(f"  launch   {launch}: {spec.argv[0]} … ({len(spec.argv)} words, {len(spec.env)} env)")
+    out.line(f"  rules    {len(rules.of('lint'))} lint, {len(rules.of('log'))} log")
     out.line(f"  gate     {', '.join(checks)}")
     return 0

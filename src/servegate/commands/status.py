@@ -42,6 +42,7 @@ def run(cfg: Config, out: Output) -> int:
             "why_not": why,
         },
         "last_attempt": _entry(state.history[-1]) if state.history else None,
+        "pending": state.pending,
     }
     if out.json_mode:
         return out.emit(result)
@@ -52,6 +53,12 @@ def run(cfg: Config, out: Output) -> int:
         f"service:      {cfg.service.unit} via {manager.name}: {svc.raw}, pid {svc.pid}, "
         + ("healthy" if healthy else f"NOT healthy ({why})")
     )
+    if state.pending:
+        p = state.pending
+        out.line(
+            f"INTERRUPTED:  a {p.get('kind', 'promote')} of {str(p.get('sha'))[:12]} started "
+            f"{p.get('at')} stopped after the switch; the next promote or rollback undoes it"
+        )
     last = state.history[-1] if state.history else None
     if last is not None and last.verdict == "rolled_back":
         out.line(f"last attempt: {last.sha[:12]} rolled back at {last.at}: {last.reason}")

@@ -23,7 +23,7 @@ from servegate.pipeline.lock import HostLock
 from servegate.release import record as rec
 from servegate.release import service
 from servegate.release.context import Context
-from servegate.release.rollback import restore_after_failure
+from servegate.release.rollback import mark_pending, recover, restore_after_failure
 from servegate.release.state import Entry
 
 
@@ -84,6 +84,7 @@ def require_clean_after_build(release_dir: Path) -> None:
 def promote(ctx: Context, requested: str, allow_non_ff: bool = False) -> Outcome:
     start = time.monotonic()
     with HostLock(ctx.lock_path, f"release promote {requested}"):
+        recover(ctx)
         return _promote(ctx, requested, allow_non_ff, start)
 
 
@@ -132,6 +133,7 @@ def _switch_and_prove(
     """From stopping the old release to the record, holding the GPU lease."""
     runner = ctx.runner
     previous = ctx.state.current
+    mark_pending(ctx, "promote", sha, release_dir)
     try:
         with runner.stage("switch") as st:
             service.switch(ctx, sha, release_dir, evidence)
@@ -191,6 +193,7 @@ def _record_release(
         dict(built.artifacts),
     )
     state = ctx.state
+    state.pending = None
     state.previous = previous if previous is None or previous.sha != sha else state.previous
     state.current = entry
     state.history.append(entry)
@@ -251,6 +254,7 @@ def _roll_back(
     record["stages"] = ctx.runner.as_list()
     record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
     when = rec.now().isoformat(timespec="seconds")
+    ctx.state.pending = None
     ctx.state.history.append(
         Entry(
             sha,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from servegate.engine.launch import placeholders
@@ -89,6 +91,63 @@ def restore_after_failure(ctx: Context, failed_sha: str) -> dict[str, Any]:
     return result
 
 
+def mark_pending(ctx: Context, kind: str, sha: str, release_dir: Path) -> None:
+    """Written before the service is touched, cleared by the record: if this process dies
+    in between, the next run finds it (:func:`recover`)."""
+    ctx.state.pending = {
+        "kind": kind,
+        "sha": sha,
+        "release_dir": str(release_dir),
+        "at": rec.now().isoformat(timespec="seconds"),
+        "pid": os.getpid(),
+    }
+    ctx.state.save()
+
+
+def recover(ctx: Context) -> dict[str, Any] | None:
+    """Finish what a promote or rollback that died after its switch left behind (a lost
+    SSH connection, a kill): put the last recorded live release back, verified, and record
+    the attempt. Called under the host lock by the next promote or rollback."""
+    pending = ctx.state.pending
+    if not pending:
+        return None
+    sha = str(pending.get("sha", ""))
+    live = ctx.state.current
+    back = live.sha[:12] if live else "nothing (no release was recorded)"
+    ctx.reporter.note(
+        f"an interrupted {pending.get('kind', 'promote')} of {sha[:12]} (started "
+        f"{pending.get('at', '?')}) left the service half switched; putting back {back}"
+    )
+    with ctx.runner.stage("recover") as st:
+        with gpu_lease(ctx.lease_path, f"recover from {sha[:12]}", ctx.cfg.host.lease_timeout):
+            if live is None:
+                ctx.manager.stop()
+                result = {"ok": True, "sha": None, "reason": "no earlier release: service stopped"}
+            else:
+                result = restore(ctx, live)
+        st.detail = f"back to {back}" if result["ok"] else "FAILED"
+    reason = (
+        f"interrupted after the switch (started {pending.get('at', '?')}); "
+        "rolled back by the next run"
+    )
+    record = rec.base_record(ctx.cfg, sha, live.sha if live else None, "rolled_back")
+    record.update({"reason": reason, "rollback": result, "stages": ctx.runner.as_list()})
+    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
+    when = rec.now().isoformat(timespec="seconds")
+    ctx.state.history.append(
+        Entry(sha, str(pending.get("release_dir", "")), "rolled_back", when, "", reason)
+    )
+    ctx.state.pending = None
+    ctx.state.save()
+    if not result["ok"]:
+        raise RollbackFailed(
+            f"recovering from the interrupted promote of {sha[:12]} failed: {result['reason']}",
+            hint=WHAT_TO_DO.format(root=ctx.cfg.host_root),
+        )
+    result["recovered"] = sha
+    return result
+
+
 def pick_target(ctx: Context, to: str | None) -> Entry:
     if to:
         target = ctx.state.released(to)
@@ -109,14 +168,19 @@ def pick_target(ctx: Context, to: str | None) -> Entry:
 def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
     """``release rollback [--to SHA]``: make an earlier release live again, verified."""
     with HostLock(ctx.lock_path, f"release rollback {to or ''}".strip()):
-        target = pick_target(ctx, to)
+        recovered = recover(ctx)
         current = ctx.state.current
+        if recovered is not None and (to is None or (current and current.sha.startswith(to))):
+            recovered["stages"] = ctx.runner.as_list()
+            return recovered  # the interrupted release is undone: that was the rollback
+        target = pick_target(ctx, to)
         if current is not None and current.sha == target.sha:
             raise NothingToDo(f"{target.sha[:12]} is already the live release")
         with ctx.runner.stage("preflight"):
             service.check_port_free(ctx)
         what = f"release rollback to {target.sha[:12]}"
         with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
+            mark_pending(ctx, "rollback", target.sha, Path(target.release_dir))
             result = restore(ctx, target)
         if not result["ok"]:
             raise RollbackFailed(result["reason"], hint=WHAT_TO_DO.format(root=ctx.cfg.host_root))
@@ -124,7 +188,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             record = rec.base_record(
                 ctx.cfg, target.sha, current.sha if current else None, "rollback"
             )
-            record.update({"stages": ctx.runner.as_list(), "rollback": result})
+            record.update({"stages": ctx.runner.as_list(), "rollback": dict(result)})
             record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
             when = rec.now().isoformat(timespec="seconds")
             entry = Entry(
@@ -137,6 +201,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
                 result["startup_seconds"],
                 dict(target.artifacts),
             )
+            ctx.state.pending = None
             ctx.state.previous = current
             ctx.state.current = entry
             ctx.state.history.append(entry)

@@ -35,6 +35,9 @@ class HostState:
     current: Entry | None = None
     previous: Entry | None = None
     history: list[Entry] = field(default_factory=list)
+    #: a promote or rollback past its switch and not yet recorded: {"sha", "kind",
+    #: "release_dir", "at", "pid"}. Found by the next run when that one died half-way.
+    pending: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, path: Path) -> HostState:
@@ -50,6 +53,7 @@ class HostState:
             entry(data.get("current")),
             entry(data.get("previous")),
             [Entry.from_dict(e) for e in data.get("history", [])],
+            data.get("pending") if isinstance(data.get("pending"), dict) else None,
         )
 
     def save(self) -> None:
@@ -60,6 +64,7 @@ class HostState:
                 "current": asdict(self.current) if self.current else None,
                 "previous": asdict(self.previous) if self.previous else None,
                 "history": [asdict(e) for e in self.history],
+                "pending": self.pending,
             },
         )
 

@@ -75,6 +75,9 @@ def main() -> None:
     if MODE == "env-elsewhere" and os.environ.get("PYTHONPATH") != "/tmp":
         env = dict(os.environ, PYTHONPATH="/tmp")
         os.execve(sys.executable, [sys.executable, "-m", "tinystack.server", *sys.argv[1:]], env)
+    if MODE == "slow-start":  # a long start-up: time for a connection to drop mid-promote
+        print("tiny: warming up slowly", flush=True)
+        time.sleep(20)
     if MODE == "graph-downgrade":  # the line vLLM logs at INFO when it drops the graphs
         print(
             "INFO [vllm.py:812] Cudagraph mode PIECEWISE is not compatible with compilation "
