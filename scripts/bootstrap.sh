@@ -24,3 +24,16 @@ if ! command -v hipcc >/dev/null 2>&1; then
     echo "bootstrap: hipcc is missing; install it: sudo apt-get install -y hipcc libamdhip64-dev rocm-device-libs" >&2
   fi
 fi
+
+# sshd (Debian's openssh-server) for the SSH/fleet tests: they start it themselves, one
+# per network namespace; nothing listens on this machine's own addresses
+if [ ! -x /usr/sbin/sshd ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing openssh-server (sshd for the SSH tests; not started)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      openssh-server openssh-client iproute2 >/dev/null
+  else
+    echo "bootstrap: sshd is missing; the SSH tests will be skipped (sudo apt-get install -y openssh-server)" >&2
+  fi
+fi
