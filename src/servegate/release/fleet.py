@@ -143,7 +143,8 @@ def promote(cfg: Config, sha: str, allow_non_ff: bool, reporter: Reporter) -> di
     hosts = connect(cfg)
     run = FleetRun(cfg, hosts, reporter)
     try:
-        survey(run)
+        if len(hosts) > 1:  # one host reports its own faults; a fleet checks all first
+            survey(run)
         return _promote_waves(run, sha, allow_non_ff)
     finally:
         for h in hosts:
