@@ -228,7 +228,9 @@ def test_false_removes_an_argument_and_objects_merge(tmp_path: Path) -> None:
     assert json.loads(spec_arg) == {"method": "mtp", "num_speculative_tokens": 1}
 
 
-def service_config(tmp_path: Path, extra: str = "", env: str = "") -> config.Config:
+def service_config(
+    tmp_path: Path, extra: str = "", env: str = "", profile: str = "v620-tp4"
+) -> config.Config:
     text = f"""
 [stack]
 remote = "/srv/stack.git"
@@ -236,7 +238,7 @@ remote = "/srv/stack.git"
 root = "{tmp_path}/host"
 [service]
 port = 8080
-profile = "v620-tp4"
+profile = "{profile}"
 {extra}
 [service.params]
 runtime = "{RUNTIME}"
@@ -271,25 +273,9 @@ def test_compile_caches_are_keyed_by_config_and_release(tmp_path: Path) -> None:
     assert one.env["VLLM_CACHE_ROOT"] == f"{REPO}/cache/vllm/{one.cache_key}"
     other_sha = launch_spec(cfg, Path(REPO), "f" * 40)
     assert other_sha.cache_key != one.cache_key
-    piece_cfg = config.parse(_with_profile(tmp_path, "v620-tp4-piecewise"), environ={})
-    piece = launch_spec(piece_cfg, Path(REPO), SHA)
+    piece = launch_spec(service_config(tmp_path, profile="v620-tp4-piecewise"), Path(REPO), SHA)
     assert piece.cache_key != one.cache_key
     assert cache_key(one) == cache_key(LaunchSpec(**{**one.__dict__, "env": dict(one.env)}))
-
-
-def _with_profile(tmp_path: Path, name: str) -> str:
-    return f"""
-[stack]
-remote = "/srv/stack.git"
-[host]
-root = "{tmp_path}/host"
-[service]
-port = 8080
-profile = "{name}"
-[service.params]
-runtime = "{RUNTIME}"
-model = "{MODEL}"
-"""
 
 
 def test_without_a_profile_caches_go_under_the_host_root(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from servegate import config as config_mod
 from servegate.bench import probes, results, runner, verdict
 from servegate.bench.runner import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
-from servegate.engine import adapters, openai
+from servegate.engine import adapters, lint, logscan, openai
 from servegate.engine.launch import engine_of, launch_spec, redact_argv
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
 from servegate.output import Output
@@ -169,7 +169,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     )
     with _maybe_lease(o.lease, f"servegate bench {endpoint.base_url}", cfg):
         try:
-            result = runner.run(spec, output, reporter, log, environ)
+            result = runner.run(spec, output, reporter, log, environ, _log_rules(cfg))
         except BenchFailed as exc:
             exc.hint = (exc.hint + "; " if exc.hint else "") + f"what finished is in {output}"
             raise
@@ -223,6 +223,19 @@ def _live_command(cfg: Config | None) -> str:
         return ""
     spec = launch_spec(cfg, cfg.host_root / "current", "", strict=False)
     return " ".join(redact_argv(spec.argv))
+
+
+def _log_rules(cfg: Config | None) -> Callable[[runner.Bench], None] | None:
+    """With a configured service, its log rules judge every measured window too."""
+    if cfg is None or cfg.service.command == config_mod.UNCONFIGURED_COMMAND:
+        return None
+    spec = launch_spec(cfg, cfg.host_root / "current", "", strict=False)
+    check = logscan.window_check(lint.ruleset(cfg), lint.facts(spec))
+
+    def attach(bench: runner.Bench) -> None:
+        bench.window_check = check
+
+    return attach
 
 
 def _service_log(cfg: Config | None) -> runner.LogWindow | None:

@@ -17,6 +17,12 @@ def show(out: Output, outcome: Outcome) -> None:
             print_gate(out, check["evidence"])
             out.line(f"bench baseline: {check['evidence'].get('baseline')}; "
                      f"result file: {check['evidence'].get('result_file')}")  # fmt: skip
+    record = outcome.record or {}
+    for finding in record.get("lint", []):
+        out.line(f"lint {finding['severity']}: {finding['rule']}: {finding['message']}")
+    facts = (record.get("startup_log") or {}).get("facts") or {}
+    if facts:
+        out.line("start-up: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
     if outcome.verdict == "released":
         out.line(f"released {outcome.sha} as {outcome.tag} in {outcome.seconds:.1f}s")
     elif outcome.verdict == "rolled_back":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,3 +91,13 @@ def _value(match: re.Match[str]) -> Any:
         return float(number)
     except ValueError:
         return raw
+
+
+def window_check(rules: RuleSet, launch_facts: Mapping[str, Any]) -> Callable[[str], list[str]]:
+    """The log rules of severity fail for a measured window, as reasons a trial is invalid."""
+
+    def check(text: str) -> list[str]:
+        found = scan(text, rules, launch_facts, "window").failures
+        return [f"{f.rule}: {f.evidence or f.message}" for f in found]
+
+    return check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,17 +157,6 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     return released[-1] if released else None
 
 
-def window_check(ctx: Context, sha: str, release_dir: Path) -> Callable[[str], list[str]]:
-    """The log rules of severity fail for a measured bench window, as invalid reasons."""
-    facts = lint_mod.facts(ctx.spec(release_dir, sha))
-
-    def check(text: str) -> list[str]:
-        scan = logscan.scan(text, ctx.rules, facts, "window")
-        return [f"{f.rule}: {f.evidence or f.message}" for f in scan.failures]
-
-    return check
-
-
 def gate(
     ctx: Context, sha: str, release_dir: Path, evidence: Evidence, smoke_only: bool = False
 ) -> Decision:
@@ -185,7 +174,7 @@ def gate(
         reporter=ctx.reporter,
         environ=ctx.environ,
         command=" ".join(ctx.spec(release_dir, sha).redacted()["argv"]),
-        window_check=window_check(ctx, sha, release_dir),
+        window_check=logscan.window_check(ctx.rules, lint_mod.facts(ctx.spec(release_dir, sha))),
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)
