@@ -298,3 +298,38 @@ command = ["python", "-m", "vllm.entrypoints.openai.api_server", "--compilation-
         text.replace("port = 8080", "port = 8080\ncompile_cache = false"), environ={}
     )
     assert "TORCHINDUCTOR_CACHE_DIR" not in launch_spec(off, Path("/r"), SHA).env
+
+
+def test_an_openai_engine_profile_with_an_executable(tmp_path: Path) -> None:
+    """Any OpenAI-compatible server: an executable with positional arguments; no vLLM
+    compile caches, no vLLM variable list."""
+    write(
+        tmp_path / "llama.toml",
+        '[profile]\nengine = "openai"\nrequired = ["model"]\n[params]\nmodel = ""\n'
+        '[launch]\nexecutable = "/opt/llama.cpp/llama-server"\npositional = []\n'
+        '[env]\nVLLM_NOT_READ = "1"\n[args]\nmodel = "{model}"\nport = "{port}"\nctx-size = 16384\n',
+    )
+    text = f"""
+[stack]
+remote = "/srv/stack.git"
+[host]
+root = "{tmp_path}/host"
+[service]
+port = 8081
+profile = "llama.toml"
+[service.params]
+model = "/models/q.gguf"
+"""
+    cfg = config.parse(text, environ={}, path=str(tmp_path / "servegate.toml"))
+    spec = launch_spec(cfg, Path("/r"), SHA)
+    assert spec.argv == (
+        "/opt/llama.cpp/llama-server", "--model", "/models/q.gguf", "--port", "8081",
+        "--ctx-size", "16384",
+    )  # fmt: skip
+    assert spec.engine == "openai"
+    assert spec.cache_key == ""
+    assert "TORCHINDUCTOR_CACHE_DIR" not in spec.env
+    from servegate.engine import lint, rules
+
+    found = {f.rule for f in lint.lint(spec, rules.load(), tmp_path)}
+    assert "env.unknown-vllm" not in found

@@ -279,3 +279,23 @@ def test_connection_lost_after_the_switch_is_finished_by_the_next_run(
     code, doc = run(["verify", "--config", str(ws)], capsys)
     assert code == 0, doc
     assert live(h) == good
+
+
+def test_bench_runs_on_the_host_with_the_hosts_config(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`servegate bench` with a remote config measures from the host: the service's port
+    lives in the host's network namespace, unreachable from here."""
+    from servegate.cli import main
+
+    ws = workstation(lab, stack, tmp_path, fleet=False)
+    good = stack.commit("ok", "good")
+    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
+    code = main(["bench", "--config", str(ws), "--tiers", "1k", "--profiles", "regular",
+                 "--repetitions", "1", "--max-tokens", "16", "--no-warmup", "--no-lease"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"── {lab.hosts[0].ssh} ──" in out
+    # the tiny server answers chat without streaming: the host's bench says so, and the
+    # exit code is the host's
+    assert "stream" in out
+    assert code == 13

@@ -54,6 +54,8 @@ def probe(endpoint: Endpoint, model: str) -> Tokenizer:
         answer = client.tokenize(endpoint, model, [{"role": "user", "content": _PROBE}])
     except (httpx.HTTPError, ValueError):
         return Tokenizer("", max_len)
+    if not isinstance(answer, dict) or not isinstance(answer.get("count"), int):
+        return Tokenizer("", max_len)  # something answered, but not a tokenizer
     tokens = answer.get("tokens") or []
     digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
     if isinstance(answer.get("max_model_len"), int):
