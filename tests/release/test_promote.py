@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import git
 import pytest
@@ -281,3 +282,22 @@ def test_verify_notices_an_edit_on_the_box(
     (host.cfg.host_root / "releases" / sha / "tiny.c").write_text("/* hot fix */\n")
     assert release_main(["verify", "--config", str(host.path)]) == 8
     assert "tracked tree clean" in capsys.readouterr().err
+
+
+def test_compile_caches_are_keyed_per_release_and_pruned_with_it(host: Host, stack: Stack) -> None:
+    keys = []
+    for i in range(5):
+        outcome = promote(host.context(), stack.commit("ok", f"release {i}"))
+        assert outcome.verdict == "released", outcome.reason
+        launch = outcome.record["launch"]
+        key = launch["compile_cache_key"]
+        cache = Path(launch["env"]["TORCHINDUCTOR_CACHE_DIR"])
+        assert cache == host.cfg.host_root / "compile-cache" / key / "inductor"
+        cache.mkdir(parents=True)  # what the engine would write there
+        (cache / "graph.bin").write_bytes(b"compiled")
+        keys.append(key)
+    assert len(set(keys)) == 5  # a new release never reuses another's graphs
+    kept = {p.name for p in (host.cfg.host_root / "compile-cache").iterdir()}
+    releases = {p.name for p in (host.cfg.host_root / "releases").iterdir()}
+    assert len(releases) == 3  # keep_releases
+    assert kept == set(keys[-3:])  # the kept releases' warm caches stay, the rest go

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegate.engine.launch import placeholders
+from servegate.engine.launch import cache_bases, launch_spec, placeholders, stale_caches
 from servegate.errors import (
     BuildFailed,
     GitRefusal,
@@ -198,8 +200,27 @@ def _record_release(
     state.current = entry
     state.history.append(entry)
     state.save()
-    ctx.deployer.prune(state.protected(ctx.cfg.host.keep_releases))
+    protected = state.protected(ctx.cfg.host.keep_releases)
+    ctx.deployer.prune(protected)
+    prune_compile_caches(ctx, protected)
     return Outcome(sha, "released", 0, tag=tag, record=record)
+
+
+def prune_compile_caches(ctx: Context, protected: set[str]) -> list[Path]:
+    """Compile caches whose key no kept release launches with (a release since pruned, or
+    a launch since changed) are removed; the kept releases' warm caches stay."""
+    entries = [e for e in ctx.state.history if e.sha in protected and e.release_dir]
+    keep = {ctx.spec(Path(e.release_dir), e.sha).cache_key for e in entries} - {""}
+    if not keep or not ctx.cfg.service.compile_cache:
+        return []
+    cfg = dataclasses.replace(
+        ctx.cfg, service=dataclasses.replace(ctx.cfg.service, compile_cache=False)
+    )
+    unkeyed = launch_spec(cfg, Path(entries[-1].release_dir), entries[-1].sha)
+    stale = stale_caches(cache_bases(unkeyed, ctx.cfg.host_root / "compile-cache"), keep)
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def _record(
