@@ -299,3 +299,16 @@ def test_bench_runs_on_the_host_with_the_hosts_config(
     # exit code is the host's
     assert "stream" in out
     assert code == 13
+
+
+def test_history_over_ssh_shows_the_hosts_own_table(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ws = workstation(lab, stack, tmp_path, fleet=False)
+    good = stack.commit("ok", "good")
+    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
+    assert release_main(["history", "--config", str(ws)]) == 0
+    out = capsys.readouterr().out
+    assert f"── {lab.hosts[0].ssh} ──" in out
+    assert good[:12] in out
+    assert "released" in out

@@ -78,32 +78,34 @@ def status(cfg: Config, out: Output) -> int:
 
 
 def each_command(cfg: Config, out: Output, args: Sequence[str]) -> int:
-    """verify, rollback, history on every host; the worst exit code wins."""
+    """verify, rollback, history, recover on every host; the worst exit code wins.
+    People see each host's own output; --json gets each host's JSON answer."""
+    if not out.json_mode:
+        return _passthrough(cfg, out, ["release", *args])
     answers = fleet.each(cfg, lambda h: h.call("release", *args))
     code = max((a.exit_code for a in answers), default=0)
-    if out.json_mode:
-        return out.emit(
-            [
-                {"host": a.host, "exit_code": a.exit_code, "result": a.result, "error": a.error}
-                for a in answers
-            ],
-            code,
-        )
-    for a in answers:
-        verdict = "ok" if a.ok else f"exit {a.exit_code}: {a.message}"
-        out.line(f"{a.host}: release {' '.join(args)} — {verdict}")
-    return code
+    return out.emit(
+        [
+            {"host": a.host, "exit_code": a.exit_code, "result": a.result, "error": a.error}
+            for a in answers
+        ],
+        code,
+    )
 
 
-def bench(cfg: Config, out: Output, args: Sequence[str]) -> int:
-    """`servegate bench …` on every host, its own output shown as the host printed it."""
+def _passthrough(cfg: Config, out: Output, args: Sequence[str]) -> int:
     code = 0
     for host in fleet.connect(cfg):
         try:
-            rc, text = host.passthrough(["bench", *args])
+            rc, text = host.passthrough(args)
         finally:
             host.transport.close()
         out.line(f"── {host.address} ──")
         out.line(text.rstrip())
         code = max(code, rc)
     return code
+
+
+def bench(cfg: Config, out: Output, args: Sequence[str]) -> int:
+    """`servegate bench …` on every host, its own output shown as the host printed it."""
+    return _passthrough(cfg, out, ["bench", *args])
