@@ -10,7 +10,6 @@ service and build settings are filled per release (see :func:`fill`).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 import string
@@ -23,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from servegate.errors import ConfigError
+from servegate.errors import ConfigError, did_you_mean
 from servegate.kernels.inspect import check_arch_names
 
 Strategy = Literal["worktree", "in-place"]
@@ -385,11 +384,6 @@ class Config:
         return (FleetHost(self.host.ssh),) if self.host.ssh else ()
 
 
-def _suggest(key: str, choices: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
-    return f" — did you mean {close[0]!r}?" if close else ""
-
-
 def _expand(value: str, environ: Mapping[str, str], where: str) -> str:
     if "$" not in value:
         return value
@@ -415,7 +409,7 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
             allowed = ", ".join(repr(a) for a in typing.get_args(tp))
             raise ConfigError(
                 f"{where} = {value!r} is not one of {allowed}"
-                + _suggest(str(value), [str(a) for a in typing.get_args(tp)])
+                + did_you_mean(str(value), [str(a) for a in typing.get_args(tp)])
             )
         return value
     if origin is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):
@@ -456,7 +450,7 @@ def _build(
         if key not in fields:
             place = f"[{section}]" if section else "the top level"
             raise ConfigError(
-                f"unknown key {key!r} in {place}" + _suggest(key, fields),
+                f"unknown key {key!r} in {place}" + did_you_mean(key, fields),
                 hint="see docs/config.md for every key",
             )
     kwargs: dict[str, Any] = {}

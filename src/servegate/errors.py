@@ -5,6 +5,15 @@ The table in docs/exit-codes.md is checked against this module by the test suite
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(key: str, choices: Iterable[str]) -> str:
+    """`` — did you mean 'x'?`` for the closest of ``choices``, or nothing."""
+    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
+    return f" — did you mean {close[0]!r}?" if close else ""
+
 
 class ServegateError(Exception):
     """Base class: ``str(err)`` is the message, ``hint`` says what to do about it."""

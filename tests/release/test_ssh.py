@@ -79,6 +79,21 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[
     return code, json.loads(out.out)
 
 
+def released(
+    lab: sshlab.Lab,
+    stack: Stack,
+    tmp: Path,
+    capsys: pytest.CaptureFixture[str],
+    fleet: bool,
+) -> tuple[Path, str]:
+    """The workstation's config, and a first good commit promoted through it."""
+    ws = workstation(lab, stack, tmp, fleet=fleet)
+    good = stack.commit("ok", "good")
+    code, doc = run(["promote", good, "--config", str(ws)], capsys)
+    assert code == 0, doc
+    return ws, good
+
+
 def state(h: sshlab.LabHost) -> HostState:
     return HostState.load(h.root / "state.json")
 
@@ -161,9 +176,7 @@ def test_fleet_goes_canary_first_then_waves_and_rolls_back_the_failing_wave(
 def test_a_failing_canary_stops_the_fleet(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ws = workstation(lab, stack, tmp_path, fleet=True)
-    good = stack.commit("ok", "good")
-    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=True)
     bad = stack.commit("exit", "does not start")
     code, doc = run(["promote", bad, "--config", str(ws)], capsys)
     assert code == 7
@@ -178,9 +191,7 @@ def test_a_failing_canary_stops_the_fleet(
 def test_unreachable_host_or_a_wrong_key_changes_nothing(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ws = workstation(lab, stack, tmp_path, fleet=True)
-    good = stack.commit("ok", "good")
-    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=True)
     nxt = stack.commit("ok", "next")
     lab.stop(lab.hosts[1])
     code, doc = run(["promote", nxt, "--config", str(ws)], capsys)
@@ -222,10 +233,8 @@ def _wait_for(check: Any, what: str, timeout: float = 60) -> None:
 def test_connection_lost_before_the_switch_leaves_the_host_as_it_was(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ws = workstation(lab, stack, tmp_path, fleet=False)
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
     h = lab.hosts[0]
-    good = stack.commit("ok", "good")
-    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
     pid = service_pid(h)
     slow = stack.commit("slow-build", "builds slowly")
     out: dict[str, int] = {}
@@ -249,10 +258,8 @@ def test_connection_lost_before_the_switch_leaves_the_host_as_it_was(
 def test_connection_lost_after_the_switch_is_finished_by_the_next_run(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ws = workstation(lab, stack, tmp_path, fleet=False)
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
     h = lab.hosts[0]
-    good = stack.commit("ok", "good")
-    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
     slow = stack.commit("slow-start", "starts slowly")
     out: dict[str, int] = {}
     thread = _promote_in_background(ws, slow, out)
@@ -288,9 +295,7 @@ def test_bench_runs_on_the_host_with_the_hosts_config(
     lives in the host's network namespace, unreachable from here."""
     from servegate.cli import main
 
-    ws = workstation(lab, stack, tmp_path, fleet=False)
-    good = stack.commit("ok", "good")
-    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
+    ws, _ = released(lab, stack, tmp_path, capsys, fleet=False)
     code = main(["bench", "--config", str(ws), "--tiers", "1k", "--profiles", "regular",
                  "--repetitions", "1", "--max-tokens", "16", "--no-warmup", "--no-lease"])  # fmt: skip
     out = capsys.readouterr().out
@@ -304,9 +309,7 @@ def test_bench_runs_on_the_host_with_the_hosts_config(
 def test_history_over_ssh_shows_the_hosts_own_table(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ws = workstation(lab, stack, tmp_path, fleet=False)
-    good = stack.commit("ok", "good")
-    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
     assert release_main(["history", "--config", str(ws)]) == 0
     out = capsys.readouterr().out
     assert f"── {lab.hosts[0].ssh} ──" in out

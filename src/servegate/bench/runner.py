@@ -250,7 +250,6 @@ class Bench:
         self.log = log
         self.environ = environ if environ is not None else {}
         self.scope = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-        self.engine = spec.endpoint.engine.name if spec.endpoint.engine else "unknown"
         self.prompts: dict[str, str] = {}
         self.result: dict[str, Any] = self._new_result()
         self._patterns = [re.compile(p) for p in spec.window_log_patterns]
@@ -341,11 +340,10 @@ class Bench:
             )
         engine = s.endpoint.engine or adapters.detect(served)
         self.spec = s = replace(s, endpoint=replace(s.endpoint, engine=engine))
-        self.engine = engine.name
         has_metrics = bool(prom.parse(client.metrics_text(s.endpoint)))
         tok = sizing.probe(s.endpoint, s.model)
         self.result["engine"] = {
-            "resolved": self.engine,
+            "resolved": engine.name,
             "metrics": has_metrics,
             "tokenize": tok.available,
             "tokenizer_fingerprint": tok.fingerprint,

@@ -15,7 +15,7 @@ from servegate.bench import probes, results, runner, verdict
 from servegate.bench.runner import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
-from servegate.engine.launch import engine_of, launch_spec, redact_argv
+from servegate.engine.launch import LaunchSpec, engine_of, launch_spec, redact_argv
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
 from servegate.output import Output
 from servegate.pipeline.lease import gpu_lease, lease_path
@@ -134,7 +134,8 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
                 f"the server at {endpoint.base_url} does not answer /v1/models: {exc}",
                 hint="start the server or pass the right --url",
             ) from None
-    command = o.server_command or _live_command(cfg)
+    live = _live_launch(cfg)
+    command = o.server_command or (" ".join(redact_argv(live.argv)) if live else "")
     spec = runner.spec_from_config(b, endpoint, model, command, o.system)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
@@ -169,7 +170,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     )
     with _maybe_lease(o.lease, f"servegate bench {endpoint.base_url}", cfg):
         try:
-            result = runner.run(spec, output, reporter, log, environ, _log_rules(cfg))
+            result = runner.run(spec, output, reporter, log, environ, _log_rules(cfg, live))
         except BenchFailed as exc:
             exc.hint = (exc.hint + "; " if exc.hint else "") + f"what finished is in {output}"
             raise
@@ -217,20 +218,20 @@ def _exit_code(
     return 0
 
 
-def _live_command(cfg: Config | None) -> str:
-    """The configured service's launch command (secrets redacted), as promote starts it."""
-    if cfg is None or cfg.service.command == config_mod.UNCONFIGURED_COMMAND:
-        return ""
-    spec = launch_spec(cfg, cfg.host_root / "current", "", strict=False)
-    return " ".join(redact_argv(spec.argv))
-
-
-def _log_rules(cfg: Config | None) -> Callable[[runner.Bench], None] | None:
-    """With a configured service, its log rules judge every measured window too."""
+def _live_launch(cfg: Config | None) -> LaunchSpec | None:
+    """The configured service's launch, as promote starts it (None: no service here)."""
     if cfg is None or cfg.service.command == config_mod.UNCONFIGURED_COMMAND:
         return None
-    spec = launch_spec(cfg, cfg.host_root / "current", "", strict=False)
-    check = logscan.window_check(lint.ruleset(cfg), lint.facts(spec))
+    return launch_spec(cfg, cfg.host_root / "current", "", strict=False)
+
+
+def _log_rules(
+    cfg: Config | None, live: LaunchSpec | None
+) -> Callable[[runner.Bench], None] | None:
+    """With a configured service, its log rules judge every measured window too."""
+    if cfg is None or live is None:
+        return None
+    check = logscan.window_check(lint.ruleset(cfg), lint.facts(live))
 
     def attach(bench: runner.Bench) -> None:
         bench.window_check = check

@@ -8,6 +8,7 @@ way servegate keys the compile caches per compilation config and release
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -228,7 +229,7 @@ def keyed_caches(spec: LaunchSpec, default_root: Path) -> LaunchSpec:
     for name, sub in COMPILE_CACHES.items():
         base = spec.env.get(name)
         env[name] = f"{base.rstrip('/')}/{key}" if base else str(default_root / key / sub)
-    return LaunchSpec(**{**spec.__dict__, "env": env, "cache_key": key})
+    return dataclasses.replace(spec, env=env, cache_key=key)
 
 
 def cache_bases(spec: LaunchSpec, default_root: Path) -> list[Path]:

@@ -17,7 +17,6 @@ error unless the including file says which wins.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
 import re
@@ -28,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from servegate.errors import ConfigError
+from servegate.errors import ConfigError, did_you_mean
 
 Engine = Literal["vllm", "openai"]
 SECTIONS = ("profile", "params", "launch", "env", "args", "unit", "expect")
@@ -138,7 +137,7 @@ def locate(ref: str, base: Path | None = None) -> Path:
         path = shipped_dir() / f"{ref}.toml"
         if not path.is_file():
             raise ConfigError(
-                f"no shipped profile named {ref!r}" + _suggest(ref, shipped()),
+                f"no shipped profile named {ref!r}" + did_you_mean(ref, shipped()),
                 hint=f"shipped: {', '.join(shipped())}; or give a path to a .toml file",
             )
         return path
@@ -187,7 +186,7 @@ def _check_tables(path: Path, text: str, data: dict[str, Any]) -> dict[str, dict
     for key, value in data.items():
         if key not in SECTIONS:
             raise ConfigError(
-                f"{_at(path, text, '', key)}: unknown table [{key}]" + _suggest(key, SECTIONS),
+                f"{_at(path, text, '', key)}: unknown table [{key}]" + did_you_mean(key, SECTIONS),
                 hint=f"a profile has the tables {', '.join(SECTIONS)}",
             )
         if not isinstance(value, dict):
@@ -199,7 +198,7 @@ def _check_tables(path: Path, text: str, data: dict[str, Any]) -> dict[str, dict
             if key not in names:
                 raise ConfigError(
                     f"{_at(path, text, section, key)}: unknown key {key!r} in [{section}]"
-                    + _suggest(key, names),
+                    + did_you_mean(key, names),
                     hint="see docs/profiles.md for every key",
                 )
     tables = {s: dict(data.get(s, {})) for s in SECTIONS}
@@ -357,7 +356,7 @@ def resolve(
     if unknown:
         raise ConfigError(
             f"profile {profile.name} has no parameter {unknown[0]!r}"
-            + _suggest(unknown[0], profile.params),
+            + did_you_mean(unknown[0], profile.params),
             hint=f"its parameters: {', '.join(sorted(profile.params)) or 'none'}",
         )
     missing = [p for p in profile.header.required if not params.get(p)]
@@ -376,7 +375,7 @@ def resolve(
         names = [n for n in PLACEHOLDER.findall(out) if n not in places]
         if names and strict:
             raise ConfigError(
-                f"{where}: unknown placeholder {{{names[0]}}}" + _suggest(names[0], places),
+                f"{where}: unknown placeholder {{{names[0]}}}" + did_you_mean(names[0], places),
                 hint=f"known: {', '.join('{' + p + '}' for p in sorted(places))}",
             )
         left.update(names)
@@ -464,8 +463,3 @@ def line_of(text: str, section: str, key: str) -> int:
 def _at(path: Path, text: str, section: str, key: str) -> str:
     number = line_of(text, section, key)
     return f"{path}:{number}" if number else str(path)
-
-
-def _suggest(key: str, choices: Any) -> str:
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
-    return f" — did you mean {close[0]!r}?" if close else ""

@@ -26,6 +26,7 @@ changes their severity with ``[lint] disable`` / ``[lint] severity``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import tomllib
@@ -35,7 +36,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from servegate.errors import ConfigError
+from servegate.errors import ConfigError, did_you_mean
 
 SEVERITIES = ("fail", "warn", "fact")
 TESTS = (
@@ -207,13 +208,13 @@ def load(
     for rid in [*disable, *changes]:
         if rid not in by_id:
             raise ConfigError(
-                f"[lint] names rule {rid!r}, which no rule file defines" + _suggest(rid, by_id),
+                f"[lint] names rule {rid!r}, which no rule file defines" + did_you_mean(rid, by_id),
                 hint="`servegate lint --rules` lists every rule id",
             )
     for rid, sev in changes.items():
         if sev not in SEVERITIES:
             raise ConfigError(f"[lint] severity of {rid}: {sev!r} is not one of {SEVERITIES}")
-        by_id[rid] = Rule(**{**by_id[rid].__dict__, "severity": sev})
+        by_id[rid] = dataclasses.replace(by_id[rid], severity=sev)
     gone = set(disable)
     kept = tuple(r for r in by_id.values() if r.id not in gone)
     return RuleSet(kept, tuple(str(p) for p in files))
@@ -246,7 +247,7 @@ def _rule(kind: str, table: dict[str, Any], where: str) -> Rule:
     for key in table:
         if key not in _RULE_KEYS[kind]:
             raise ConfigError(
-                f"{where}: unknown key {key!r}" + _suggest(key, _RULE_KEYS[kind]),
+                f"{where}: unknown key {key!r}" + did_you_mean(key, _RULE_KEYS[kind]),
                 hint="docs/profiles.md lists the keys of lint and log rules",
             )
     for key in ("id", "severity", "message"):
@@ -278,7 +279,7 @@ def _check_rule(rule: Rule, where: str) -> None:
     if rule.kind == "lint":
         if rule.check and rule.check not in CHECKS:
             raise ConfigError(
-                f"{where}: no built-in check {rule.check!r}" + _suggest(rule.check, CHECKS),
+                f"{where}: no built-in check {rule.check!r}" + did_you_mean(rule.check, CHECKS),
                 hint=f"built-in checks: {', '.join(sorted(CHECKS))}",
             )
         if not rule.check and not rule.when:
@@ -316,13 +317,6 @@ def _condition(table: Any, where: str) -> Condition:
         except re.error as exc:
             raise ConfigError(f"{where}: matches {operand!r}: {exc}") from None
     return Condition(tuple(paths), test, operand)
-
-
-def _suggest(key: str, choices: Iterable[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(key, list(choices), n=1, cutoff=0.6)
-    return f" — did you mean {close[0]!r}?" if close else ""
 
 
 # -- built-in lint checks -----------------------------------------------------------------
@@ -409,9 +403,8 @@ def check_unknown_vllm_env(facts: Mapping[str, Any], ctx: CheckContext) -> list[
     severity = "" if ctx.known_installed else "warn"
     out = []
     for name in unknown:
-        out.append(
-            (f"{name} is not a variable {ctx.known_source} reads{_suggest(name, known)}", severity)
-        )
+        hint = did_you_mean(name, known)
+        out.append((f"{name} is not a variable {ctx.known_source} reads{hint}", severity))
     return out
 
 

@@ -1,8 +1,8 @@
-"""Where a host's commands run: on this machine, or on a box over SSH (Fabric).
+"""How a host elsewhere is reached: SSH through Fabric.
 
-Both transports run one argv and return its exit code and output; everything servegate
+A transport runs one argv and returns its exit code and output; everything servegate
 does on a host is a servegate command run there, so the behaviour and the records are the
-same code on either side. Over SSH:
+same code as on this machine. Over SSH:
 
 * host keys are checked against ``known_hosts`` — an unknown or changed key refuses the
   connection (Fabric's own default would accept any key);
@@ -16,7 +16,6 @@ same code on either side. Over SSH:
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +24,7 @@ from typing import Protocol
 
 import paramiko
 
-from servegate.errors import HostKeyRejected, HostUnreachable
-from servegate.pipeline import proc
+from servegate.errors import ConfigError, HostKeyRejected, HostUnreachable
 
 
 @dataclass(frozen=True)
@@ -46,20 +44,6 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class Local:
-    name = "local"
-
-    def run(
-        self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
-    ) -> Output:
-        full = {**os.environ, **(env or {})}
-        result = proc.run(argv, env=full, timeout=timeout, check=False)
-        return Output(result.returncode if result.returncode is not None else 1, result.output)
-
-    def close(self) -> None:
-        pass
-
-
 @dataclass(frozen=True)
 class Address:
     user: str
@@ -71,8 +55,6 @@ class Address:
         user, _, rest = text.rpartition("@")
         host, _, port = rest.partition(":")
         if not host:
-            from servegate.errors import ConfigError
-
             raise ConfigError(f"SSH address {text!r} has no host", hint="write user@host[:port]")
         return cls(user or default_user, host, int(port) if port else 22)
 

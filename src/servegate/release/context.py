@@ -29,6 +29,8 @@ class Context:
     endpoint: openai.Endpoint
     runner: StageRunner
     environ: Mapping[str, str] = field(default_factory=dict)
+    #: launches already resolved (profile loaded, caches keyed) per (release dir, sha)
+    _specs: dict[tuple[str, str], LaunchSpec] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:
@@ -73,7 +75,12 @@ class Context:
         return self.cfg.host_root / "logs" / f"{sha[:12]}-{what}.log"
 
     def spec(self, release_dir: Path, sha: str) -> LaunchSpec:
-        return launch_spec(self.cfg, release_dir, sha)
+        """The launch of ``sha`` in ``release_dir``: resolved once per promote/rollback
+        (lint, switch, start-up scan, provenance and gate all ask for it)."""
+        key = (str(release_dir), sha)
+        if key not in self._specs:
+            self._specs[key] = launch_spec(self.cfg, release_dir, sha)
+        return self._specs[key]
 
     def expectation(self, spec: LaunchSpec, artifacts: Mapping[str, str]) -> provenance.Expectation:
         names = self.cfg.provenance.env or tuple(spec.env)
