@@ -424,6 +424,10 @@ def run(
         format="%(message)s",
         stream=sys.stderr,
     )
+    # Paramiko logs every failed handshake with a traceback; servegate says it once, plainly
+    logging.getLogger("paramiko").setLevel(
+        logging.DEBUG if getattr(args, "verbose", False) else logging.CRITICAL
+    )
     name = " ".join(
         filter(
             None,

@@ -41,6 +41,11 @@ class Transport(Protocol):
         self, argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
     ) -> Output: ...
 
+    def connect(self) -> None:
+        """Open the connection now: an unreachable host or a rejected key says so here,
+        before any command is sent."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -81,6 +86,9 @@ class Ssh:
         self.identity = identity
         self.connect_timeout = connect_timeout
         self._conn: object | None = None
+
+    def connect(self) -> None:
+        self._connection()
 
     def _connection(self) -> object:
         if self._conn is not None:

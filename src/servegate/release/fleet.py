@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate.config import Config, FleetHost
-from servegate.errors import HostUnreachable, RollbackFailed, ServegateError
+from servegate.errors import HostKeyRejected, HostUnreachable, RollbackFailed, ServegateError
 from servegate.pipeline.stages import Reporter
 from servegate.pipeline.transport import Ssh, Transport
 
@@ -172,12 +172,17 @@ def _promote_waves(run: FleetRun, sha: str, allow_non_ff: bool) -> dict[str, Any
             code = answer.exit_code if answer is not None else HostUnreachable.exit_code
             if not all(rolled):
                 code = RollbackFailed.exit_code
-            return _summary(run, sha, "rolled_back" if all(rolled) else "failed", code, failed)
+            return _summary(run, sha, "not released" if all(rolled) else "failed", code, failed)
         touched_all += touched
     return _summary(run, sha, "released", 0, None)
 
 
 def _promote_one(run: FleetRun, host: RemoteHost, sha: str, extra: list[str]) -> Answer | None:
+    try:
+        host.transport.connect()
+    except (HostUnreachable, HostKeyRejected) as exc:  # nothing was sent: nothing changed
+        run.row(host, verdict="unreachable", exit_code=exc.exit_code, reason=str(exc))
+        return Answer(host.address, exc.exit_code, None, {"message": str(exc)})
     try:
         answer = host.call("release", "promote", sha, *extra)
     except HostUnreachable as exc:
