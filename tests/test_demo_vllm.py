@@ -55,23 +55,23 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
     assert first["record"]["gate"]["verdict"] == "PASS"
 
-    # the bench gate: the first release has no baseline (validity decides); the second is
-    # compared with the first's recorded samples; the slow one (bfloat16, emulated on this
-    # CPU) fails on prefill
+    # the bench gate: the first release has no baseline (validity decides, by the config's
+    # explicit no_baseline = "first-release"); the second is compared with the first's
+    # recorded samples; the slow one (8 batched tokens a step) fails on prefill
     def bench(step: dict[str, Any]) -> dict[str, Any]:
         (check,) = [c for c in step["record"]["gate"]["checks"] if c["name"] == "bench"]
         return dict(check)
 
     b1, b2, b4 = bench(first), bench(second), bench(slow)
     assert b1["verdict"] == "PASS"
-    assert "no comparable baseline" in b1["evidence"]["rows"][0]["why"]
+    assert "first release of the stack on this host" in b1["evidence"]["rows"][0]["why"]
     assert b2["evidence"]["baseline"] == f"live release {first['sha'][:12]}"
     assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
     assert b4["evidence"]["baseline"] == f"live release {second['sha'][:12]}"
     assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
     (prefill,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "prefill_tps"]
     assert prefill["verdict"] == "FAIL"
-    assert prefill["ratio"] < 0.6
+    assert prefill["ratio"] < 0.5  # several-fold, whatever the box's load
     assert slow["exit_code"] == 9
     assert slow["rollback"]["ok"] is True
     assert slow["rollback"]["sha"] == second["sha"]

@@ -229,6 +229,9 @@ class Bench:
     min_unique_ratio: float = 0.08
     max_dominant_ratio: float = 0.20
     min_zlib_ratio: float = 0.15
+    #: measure the reference workload (a fixed CPU matrix product) beside every group,
+    #: so the gate can tell a change of the box from a change of the release
+    reference: bool = True
 
 
 @dataclass(frozen=True)
@@ -257,12 +260,19 @@ class Gate:
     floors: str = ""
     #: ``live``: the live release's recorded samples; or the path of a result file
     baseline: str = "live"
-    confidence: float = 0.90
-    resamples: int = 4000
-    #: decides rows still INCONCLUSIVE at bench.max_repetitions: median, fail or pass
+    #: probability that an unchanged release FAILs a check (all its deciding rows)
+    false_alarm: float = 0.05
+    #: probability that a loss of a rule's tolerance PASSes
+    miss: float = 0.01
+    #: a change of the reference workload beyond this fraction between the baseline and
+    #: the candidate is a change of the machine: INCONCLUSIVE, never a verdict
+    drift: float = 0.10
+    #: decides rows still INCONCLUSIVE at bench.max_repetitions: median (the estimate
+    #: against the midpoint of the tolerance), fail or pass
     inconclusive: Literal["median", "fail", "pass"] = "median"
-    #: rows without a comparable baseline (the first release): pass (floors decide) or fail
-    no_baseline: Literal["pass", "fail"] = "pass"
+    #: rows without a baseline: ``fail``, or ``first-release``: pass (floors and validity
+    #: decide) only while the host has no released record of the stack at all
+    no_baseline: Literal["first-release", "fail"] = "fail"
 
 
 @dataclass(frozen=True)
@@ -543,8 +553,9 @@ def _validate_bench(cfg: Config) -> None:
                 f"gate.floors = {cfg.gate.floors!r} is not a shipped floor set",
                 hint=f"shipped: {', '.join(shipped)}",
             )
-    if not 0.5 <= cfg.gate.confidence < 1:
-        raise ConfigError("gate.confidence must be in [0.5, 1)")
+    for key in ("false_alarm", "miss", "drift"):
+        if not 0 < getattr(cfg.gate, key) < 1:
+            raise ConfigError(f"gate.{key} must be in (0, 1)")
     for rule in cfg.gate.rules:
         if not 0 <= rule.tolerance < 1:
             raise ConfigError(f"gate.rules {rule.metric}: tolerance must be in [0, 1)")

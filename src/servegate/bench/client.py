@@ -1,7 +1,15 @@
-"""HTTP for the bench: one streaming chat request, ``/tokenize``, ``/metrics``."""
+"""HTTP for the bench: one streaming chat request, ``/tokenize``, ``/metrics``.
+
+A bench run keeps one connection pool per endpoint (:func:`pool`): building an
+``httpx.Client`` loads the TLS bundle (~30 ms) and a new connection costs a handshake,
+and neither belongs inside a measured TTFT. The clock of a request starts when it is
+sent, not before.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -10,15 +18,32 @@ from servegate.bench.sse import Stream, now, parse_lines
 from servegate.engine.openai import Endpoint
 
 
-def stream_chat(endpoint: Endpoint, payload: dict[str, Any], timeout: float) -> Stream:
-    """Send one streaming chat completion; every failure becomes ``Stream.error``."""
+@contextlib.contextmanager
+def pool(endpoint: Endpoint, timeout: float, connections: int = 64) -> Iterator[httpx.Client]:
+    """One client (keep-alive connection pool) for every request of a run."""
+    with endpoint.client(timeout, connections) as client:
+        yield client
+
+
+def stream_chat(
+    endpoint: Endpoint, payload: dict[str, Any], timeout: float, http: httpx.Client | None = None
+) -> Stream:
+    """Send one streaming chat completion; every failure becomes ``Stream.error``.
+
+    ``http``: the run's pooled client; without it a client is made first (outside the
+    measured time)."""
     body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+    with contextlib.ExitStack() as stack:
+        if http is None:
+            http = stack.enter_context(endpoint.client(timeout))
+        return _stream(http, endpoint, body, timeout)
+
+
+def _stream(http: httpx.Client, endpoint: Endpoint, body: dict[str, Any], timeout: float) -> Stream:
+    request = http.build_request("POST", "/v1/chat/completions", json=body, timeout=timeout)
     stream = Stream(started=now())
     try:
-        with (
-            endpoint.client(timeout) as client,
-            client.stream("POST", "/v1/chat/completions", json=body) as resp,
-        ):
+        with contextlib.closing(http.send(request, stream=True)) as resp:
             stream.http_status = resp.status_code
             if resp.status_code != 200:
                 resp.read()
@@ -52,14 +77,19 @@ def tokenize(endpoint: Endpoint, model: str, messages: list[dict[str, Any]]) -> 
     return result
 
 
-def metrics_text(endpoint: Endpoint, timeout: float = 10.0) -> str:
-    """The Prometheus text of the engine's ``/metrics``; empty when the server has none."""
+def metrics_text(
+    endpoint: Endpoint, timeout: float = 10.0, http: httpx.Client | None = None
+) -> str:
+    """The Prometheus text of the engine's ``/metrics``; empty when the server has none
+    or the scrape failed (the caller decides what an unread scrape means)."""
     path = endpoint.adapter.metrics_path
     if not path:
         return ""
     try:
-        with endpoint.client(timeout) as client:
-            resp = client.get(path)
+        with contextlib.ExitStack() as stack:
+            if http is None:
+                http = stack.enter_context(endpoint.client(timeout))
+            resp = http.get(path, timeout=timeout)
     except httpx.HTTPError:
         return ""
     return resp.text if resp.status_code == 200 else ""

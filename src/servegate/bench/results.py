@@ -30,6 +30,8 @@ class CaseSamples:
     trials: int = 0
     metrics: dict[str, list[float]] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
+    #: the box's speed beside each group (the reference workload's rate); empty: not measured
+    reference: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +40,7 @@ class CaseSamples:
             "trials": self.trials,
             "metrics": self.metrics,
             "reasons": self.reasons,
+            "reference": self.reference,
         }
 
 
@@ -69,6 +72,7 @@ def from_record(doc: Mapping[str, Any], source: str) -> Samples:
             int(c.get("trials", 0)),
             {k: [float(v) for v in vs] for k, vs in (c.get("metrics") or {}).items()},
             dict(c.get("reasons") or {}),
+            [float(v) for v in c.get("reference") or []],
         )
         for cid, c in (doc.get("cases") or {}).items()
     }
@@ -82,6 +86,11 @@ def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:
     for case in doc.get("cases") or []:
         trials = [t for g in case.get("groups") or [] for t in g.get("trials") or []]
         cs = _case(case["id"], bool(case.get("required", True)), trials)
+        cs.reference = [
+            float(g["reference"]["rate"])
+            for g in case.get("groups") or []
+            if isinstance(g.get("reference"), dict) and g["reference"].get("rate")
+        ]
         cases[cs.id] = cs
     fp = dict(doc.get("fingerprint") or {})
     return Samples(source, str(doc.get("harness", {}).get("name")), fp, cases,

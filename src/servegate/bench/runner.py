@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from servegate import __version__
-from servegate.bench import client, fixtures, measure, prom, sizing
+from servegate.bench import client, fixtures, measure, prom, reference, sizing
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -111,6 +111,8 @@ class Spec:
     system: str = ""
     rules: measure.Rules = field(default_factory=measure.Rules)
     window_log_patterns: tuple[str, ...] = WINDOW_LOG_PATTERNS
+    #: measure the reference workload beside every group (the gate's drift check)
+    reference: bool = True
 
 
 def parse_cases(
@@ -255,6 +257,23 @@ class Bench:
         self._patterns = [re.compile(p) for p in spec.window_log_patterns]
         #: more checks of a measured window's log: the text → reasons the trials are invalid
         self.window_check: Callable[[str], list[str]] | None = None
+        self._http: contextlib.ExitStack | None = None
+        self._client: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        """The run's pooled client (opened on first use, closed by finish/fail/close)."""
+        if self._client is None:
+            self._http = contextlib.ExitStack()
+            self._client = self._http.enter_context(
+                client.pool(self.spec.endpoint, self.spec.timeout)
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+        self._http = self._client = None
 
     # -- the result document ---------------------------------------------------------
 
@@ -309,12 +328,14 @@ class Bench:
             write_text(self.output, json.dumps(self.result, indent=1) + "\n")
 
     def fail(self, status: str, message: str) -> None:
+        self.close()
         self.result["status"] = status
         self.result["error"] = message
         self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.save()
 
     def finish(self) -> dict[str, Any]:
+        self.close()
         self.result["status"] = "complete"
         self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.save()
@@ -340,7 +361,8 @@ class Bench:
             )
         engine = s.endpoint.engine or adapters.detect(served)
         self.spec = s = replace(s, endpoint=replace(s.endpoint, engine=engine))
-        has_metrics = bool(prom.parse(client.metrics_text(s.endpoint)))
+        self.close()  # the pool speaks to the identified engine from here on
+        has_metrics = bool(prom.parse(client.metrics_text(s.endpoint, http=self.http)))
         tok = sizing.probe(s.endpoint, s.model)
         self.result["engine"] = {
             "resolved": engine.name,
@@ -428,7 +450,7 @@ class Bench:
         tag = f"{self.scope}-warmup"
         text = fixtures.load("regular").head(3500)
         body = self.payload(self.messages("regular", text, tag), 512, True, tag)
-        stream = client.stream_chat(self.spec.endpoint, body, self.spec.timeout)
+        stream = client.stream_chat(self.spec.endpoint, body, self.spec.timeout, self.http)
         self.result["warmup"] = {
             "ok": not stream.error,
             "error": stream.error,
@@ -498,9 +520,10 @@ class Bench:
         def one(i: int) -> None:
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=60)
-            streams[i] = client.stream_chat(s.endpoint, bodies[i], s.timeout)
+            streams[i] = client.stream_chat(s.endpoint, bodies[i], s.timeout, self.http)
 
-        before = prom.parse(client.metrics_text(s.endpoint))
+        box_before = reference.rate() if s.reference else None
+        before = prom.parse(client.metrics_text(s.endpoint, http=self.http))
         mark = self.log.mark() if self.log else 0
         started = now()
         if case.concurrency == 1:
@@ -511,7 +534,8 @@ class Bench:
                 th.start()
             for th in threads:
                 th.join()
-        after = prom.parse(client.metrics_text(s.endpoint))
+        after = prom.parse(client.metrics_text(s.endpoint, http=self.http))
+        box_after = reference.rate() if s.reference else None
         done = [st if st is not None else Stream(started, error="worker died") for st in streams]
         rules = measure.Rules(**{**asdict(s.rules), "max_tokens": s.max_tokens,
                                  "nominal_tokens": case.nominal,
@@ -530,6 +554,7 @@ class Bench:
             "trials": trials,
             "totals": totals,
             "server_metrics": self._metric_deltas(before, after),
+            "reference": _reference(box_before, box_after),
         }
 
     def _cross_checks(
@@ -540,6 +565,13 @@ class Bench:
         mark: int,
     ) -> None:
         names = self.spec.endpoint.adapter.metrics
+        if self.result["engine"].get("metrics") and not (before and after):
+            for t in trials:  # the only way to see a cache hit on vLLM was not read
+                measure.invalidate(
+                    t, "metrics_unread",
+                    f"{self.spec.endpoint.adapter.metrics_path} could not be scraped around "
+                    "the group: a prompt-cache hit could not be ruled out",
+                )  # fmt: skip
         hits = prom.delta(before, after, names.prefix_hits)
         if hits:
             for t in trials:
@@ -571,6 +603,18 @@ class Bench:
         out["ttft_mean_s"] = round(ttft[0], 6) if ttft else None
         out["itl_mean_s"] = round(itl[0], 6) if itl else None
         return out
+
+
+def _reference(before: float | None, after: float | None) -> dict[str, Any] | None:
+    """The box's speed beside a group: the geometric mean of before and after."""
+    if before is None or after is None:
+        return None
+    return {
+        "before_gflops": round(before, 3),
+        "after_gflops": round(after, 3),
+        "rate": round((before * after) ** 0.5, 3),
+        "workload": f"numpy float64 {reference.SIZE}x{reference.SIZE} matmul",
+    }
 
 
 def run(
@@ -629,6 +673,7 @@ def spec_from_config(
             min_zlib_ratio=b.min_zlib_ratio,
         ),
         window_log_patterns=tuple(b.window_log_patterns) or WINDOW_LOG_PATTERNS,
+        reference=b.reference,
     )
 
 

@@ -1,42 +1,160 @@
-"""The statistics of the gate: a bootstrap interval of the ratio of medians.
+"""The statistics of the gate: the geometric-mean ratio of two releases' rates.
 
-Why a bootstrap of the median ratio and not Mann-Whitney U: the gate's question is
-"is the candidate worse than the baseline by more than the tolerance?", an effect
-size; the bootstrap answers with an interval directly comparable with the tolerance.
-Mann-Whitney tests "any difference at all" and, with the 3 vs 3 trials a release can
-afford at 128K, its smallest possible two-sided p-value is 0.1 — it could never
-reject at 5 %. The resampling is seeded, so the same samples give the same verdict.
+A gate row compares the candidate's samples of one metric with the baseline's. On log
+rates (a rate's noise is multiplicative) the estimate is the difference of the means,
+``d = mean(log c) - mean(log b)``, i.e. the log of the geometric-mean ratio, turned so
+that ``d > 0`` is better. Its standard error is Welch's (unequal variances), plus the
+box's restart-to-restart offset when one was measured (``servegate bench noise``): the
+baseline and the candidate always run in different service starts, and no number of
+trials inside one start averages that offset away.
+
+``tolerance`` is the smallest loss the gate must catch. With ``T = log(1 - tolerance)``
+and the midpoint ``M = T / 2``:
+
+- **FAIL** when ``d < M`` *and* a one-sided Welch t-test rejects "no loss" at level
+  ``alpha`` (the upper bound of ``d`` is below 0);
+- **PASS** when ``d >= M`` *and* the lower bound of ``d`` at level ``beta`` is at or above
+  ``T`` (a loss of the tolerance is excluded);
+- otherwise **INCONCLUSIVE**: the gate measures again, up to its cap; at the cap the
+  estimate against ``M`` decides (policy ``median``), or the policy does.
+
+``alpha`` (false alarms, default 5 % per check) is split over the check's deciding rows
+and over the looks a sequential gate takes; ``beta`` (misses, default 1 %) over the looks.
+So the decisive rules keep their error rates under repeated looks, and the midpoint rule
+at the cap has both errors at ``Phi(M / se)``: :func:`plan` picks the repetitions that
+make that small enough for the box's measured noise, and :func:`resolvable` says which
+tolerance a box can resolve at all.
+
+Why not the bootstrap of the median ratio used before: with 3 vs 3 trials its interval
+is a fixed rank rule (``[min C / max B, max C / min B]``), and a row FAILed only when the
+whole interval lay below ``1 - tolerance``, so a loss of exactly the tolerance was caught
+half the time. ``benchmarks/gate_power.py --simulate`` measures the rule here.
 """
 
 from __future__ import annotations
 
-import random
+import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats as sps  # type: ignore[import-untyped]
 
 
-def median_ratio_interval(
-    base: Sequence[float],
-    cand: Sequence[float],
-    confidence: float = 0.90,
-    resamples: int = 4000,
-    seed: int = 20261202,
-) -> tuple[float, float, float]:
-    """(point, low, high) of median(cand) / median(base), percentile bootstrap."""
-    if not base or not cand:
-        raise ValueError("both sides need samples")
-    mb = statistics.median(base)
-    point = statistics.median(cand) / mb
-    rng = random.Random(seed)
-    ratios = []
-    nb, nc = len(base), len(cand)
-    for _ in range(resamples):
-        b = statistics.median(rng.choices(base, k=nb))
-        c = statistics.median(rng.choices(cand, k=nc))
-        if b:
-            ratios.append(c / b)
-    ratios.sort()
-    alpha = (1 - confidence) / 2
-    lo = ratios[int(alpha * (len(ratios) - 1))]
-    hi = ratios[int((1 - alpha) * (len(ratios) - 1))]
-    return point, lo, hi
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate vs baseline on log rates; ``d > 0`` is better."""
+
+    d: float
+    se: float
+    df: float
+    n_base: int
+    n_cand: int
+
+    @property
+    def ratio(self) -> float:
+        """The geometric-mean ratio, turned so that > 1 is better."""
+        return math.exp(self.d)
+
+    def upper(self, alpha: float) -> float:
+        """One-sided upper bound of ``d`` at level ``alpha``."""
+        return self.d + t_quantile(1 - alpha, self.df) * self.se
+
+    def lower(self, beta: float) -> float:
+        """One-sided lower bound of ``d`` at level ``beta``."""
+        return self.d - t_quantile(1 - beta, self.df) * self.se
+
+
+def t_quantile(p: float, df: float) -> float:
+    if math.isinf(df):
+        return float(statistics.NormalDist().inv_cdf(p))
+    return float(sps.t.ppf(p, df))
+
+
+def _logs(values: Sequence[float]) -> list[float]:
+    return [math.log(v) for v in values if v > 0]
+
+
+def compare(
+    base: Sequence[float], cand: Sequence[float], lower_is_better: bool = False, offset: float = 0.0
+) -> Comparison | None:
+    """Welch on log rates; None when either side has fewer than two positive samples.
+
+    ``offset``: the SD of a service start's log offset (the box's restart-to-restart
+    noise); it adds ``2 * offset**2`` to the variance of ``d``."""
+    lb, lc = _logs(base), _logs(cand)
+    if len(lb) < 2 or len(lc) < 2:
+        return None
+    d = statistics.fmean(lc) - statistics.fmean(lb)
+    if lower_is_better:
+        d = -d
+    vb, vc = statistics.variance(lb) / len(lb), statistics.variance(lc) / len(lc)
+    within = vb + vc
+    if within > 0:
+        df = within**2 / (vb**2 / (len(lb) - 1) + vc**2 / (len(lc) - 1))
+    else:
+        df = math.inf  # identical samples: only the offset (if any) is uncertain
+    se = math.sqrt(within + 2 * offset**2)
+    if se == 0:
+        se = 1e-12  # two exactly repeated sample sets: any loss at all is decisive
+    return Comparison(d, se, df, len(lb), len(lc))
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Error rates of one row at one look."""
+
+    alpha: float
+    beta: float
+
+    @classmethod
+    def split(cls, false_alarm: float, miss: float, rows: int, looks: int) -> Levels:
+        return cls(false_alarm / max(rows, 1) / max(looks, 1), miss / max(looks, 1))
+
+
+def midpoint(tolerance: float) -> float:
+    """``M``: half the log of the tolerated ratio."""
+    return math.log(1 - tolerance) / 2
+
+
+def decide(c: Comparison, tolerance: float, levels: Levels) -> str | None:
+    """``FAIL``, ``PASS``, or None while the evidence is not decisive."""
+    m, t = midpoint(tolerance), math.log(1 - tolerance)
+    if c.d < m and c.upper(levels.alpha) < 0:
+        return "FAIL"
+    if c.d >= m and c.lower(levels.beta) >= t:
+        return "PASS"
+    return None
+
+
+def _z(levels: Levels) -> float:
+    nd = statistics.NormalDist()
+    return max(nd.inv_cdf(1 - levels.alpha), nd.inv_cdf(1 - levels.beta))
+
+
+def plan(cv: float, offset: float, tolerance: float, levels: Levels, cap: int) -> int | None:
+    """Repetitions a side so that the midpoint rule errs at most at ``levels`` for a box
+    with within-run ``cv`` and restart ``offset`` (both as log SDs); None: not within
+    ``cap``."""
+    budget = (abs(midpoint(tolerance)) / _z(levels)) ** 2 - 2 * offset**2
+    if budget <= 0:
+        return None
+    n = max(2, math.ceil(2 * cv**2 / budget))
+    return n if n <= cap else None
+
+
+def resolvable(cv: float, offset: float, levels: Levels, n: int) -> float:
+    """The smallest tolerance the midpoint rule resolves with ``n`` repetitions a side."""
+    se = math.sqrt(2 * cv**2 / max(n, 1) + 2 * offset**2)
+    return 1 - math.exp(-2 * _z(levels) * se)
+
+
+def log_sd(values: Sequence[float]) -> float:
+    """The SD of the log of positive values (about the CV for small noise); 0 for < 2."""
+    logs = _logs(values)
+    return statistics.stdev(logs) if len(logs) >= 2 else 0.0
+
+
+def gm(values: Sequence[float]) -> float:
+    logs = _logs(values)
+    return math.exp(statistics.fmean(logs)) if logs else 0.0

@@ -4,34 +4,37 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
 
 - a required case with an invalid trial, or without samples, FAILs (never a pass on
   missing data); a report-only case is shown and never decides;
-- a candidate median beyond the absolute floor FAILs;
-- otherwise the bootstrap interval of the median ratio, turned so that > 1 is better,
-  is set against ``1 - tolerance``: entirely below → FAIL, entirely at or above →
-  PASS, straddling → INCONCLUSIVE (the gate then measures more, up to a cap, and the
-  configured policy decides what is still INCONCLUSIVE);
-- without a comparable baseline, the floors and validity decide and the row says so
-  (policy ``no_baseline``).
+- a candidate beyond the absolute floor FAILs;
+- otherwise the geometric-mean ratio and a one-sided Welch t on log rates decide
+  (:mod:`servegate.bench.stats`): ``tolerance`` is the smallest loss that must be caught;
+- when the box itself changed between the baseline and the candidate (the
+  release-independent reference workload measured beside every group moved by more than
+  ``drift``), the row is INCONCLUSIVE with that reason unless the loss is decisive even
+  after crediting the box's change; at the cap the credited ratio decides (``median``);
+- without a comparable baseline, ``no_baseline`` decides (see :class:`Settings`).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from servegate.bench import stats
-from servegate.bench.results import Samples
+from servegate.bench.results import CaseSamples, Samples
 
 Direction = Literal["higher", "lower"]
 PASS, FAIL, INCONCLUSIVE, REPORT = "PASS", "FAIL", "INCONCLUSIVE", "REPORT"
+METHOD = "geometric-mean ratio, one-sided Welch t on log rates"
 
 
 @dataclass(frozen=True)
 class Rule:
     metric: str
     direction: Direction = "higher"
-    #: allowed loss, as a fraction of the baseline median (0.05: 5 %)
+    #: the smallest loss that must be caught, as a fraction of the baseline (0.05: 5 %)
     tolerance: float = 0.05
     #: absolute bound on the candidate median (minimum for "higher", maximum for "lower");
     #: 0: none
@@ -48,12 +51,23 @@ DEFAULT_RULES = (
 
 @dataclass(frozen=True)
 class Settings:
-    confidence: float = 0.90
-    resamples: int = 4000
-    #: what decides a row still INCONCLUSIVE at the repetition cap
+    #: probability that an unchanged release FAILs, per check (all deciding rows together)
+    false_alarm: float = 0.05
+    #: probability that a loss of the tolerance PASSes, per row
+    miss: float = 0.01
+    #: how many times the gate looks at the samples (repetitions .. max_repetitions)
+    looks: int = 1
+    #: what decides a row still INCONCLUSIVE at the cap: median (the estimate against the
+    #: midpoint), fail or pass
     inconclusive: Literal["median", "fail", "pass"] = "median"
-    #: rows without a comparable baseline: "pass" (floors and validity decide) or "fail"
-    no_baseline: Literal["pass", "fail"] = "pass"
+    #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
+    #: host has no released record; floors and validity decide), or "fail"
+    no_baseline: Literal["first-release", "fail"] = "first-release"
+    first_release: bool = False
+    #: a change of the reference workload beyond this fraction is a change of the box
+    drift: float = 0.10
+    #: the box's restart-to-restart offset (log SD) per "case:metric" (``bench noise``)
+    offsets: Mapping[str, float] = field(default_factory=dict)
 
 
 def _row(case: str, metric: str, required: bool, **kw: Any) -> dict[str, Any]:
@@ -66,9 +80,11 @@ def _row(case: str, metric: str, required: bool, **kw: Any) -> dict[str, Any]:
         "ratio": None,
         "interval": None,
         "threshold": None,
+        "tolerance": None,
         "floor": None,
         "n_baseline": 0,
         "n_candidate": 0,
+        "drift": None,
         "verdict": INCONCLUSIVE,
         "why": "",
     }
@@ -91,54 +107,55 @@ def evaluate(
 ) -> dict[str, Any]:
     """The decision table; ``final``: apply the INCONCLUSIVE policy (no more repetitions)."""
     st = settings or Settings()
-    rows: list[dict[str, Any]] = []
-    for cid, cs in sorted(candidate.cases.items()):
-        for rule in rules:
-            if not any(fnmatch.fnmatchcase(cid, pat) for pat in rule.cases):
-                continue
-            rows.append(_decide(cid, cs, rule, baseline, st, final))
+    covered = [
+        (cid, cs, rule)
+        for cid, cs in sorted(candidate.cases.items())
+        for rule in rules
+        if any(fnmatch.fnmatchcase(cid, pat) for pat in rule.cases)
+    ]
+    deciding_rows = sum(1 for _, cs, r in covered if cs.required and r.tolerance < 1)
+    levels = stats.Levels.split(st.false_alarm, st.miss, deciding_rows, st.looks)
+    rows = [_decide(cid, cs, rule, baseline, st, levels, final) for cid, cs, rule in covered]
     if not rows:
         rows.append(_row("(none)", "-", True, verdict=FAIL, why="the candidate has no cases"))
     deciding = [r for r in rows if r["required"]]
     verdicts = {r["verdict"] for r in deciding}
     if not deciding:
-        verdict = FAIL
-        why = "no required case: nothing decides"
+        verdict, why = FAIL, "no required case: nothing decides"
     elif FAIL in verdicts:
-        verdict, why = (
-            FAIL,
-            "; ".join(
-                f"{r['case']} {r['metric']}: {r['why']}" for r in deciding if r["verdict"] == FAIL
-            ),
-        )
+        verdict, why = FAIL, _whys(deciding, FAIL)
     elif INCONCLUSIVE in verdicts:
-        verdict, why = (
-            INCONCLUSIVE,
-            "; ".join(
-                f"{r['case']} {r['metric']}: {r['why']}"
-                for r in deciding
-                if r["verdict"] == INCONCLUSIVE
-            ),
-        )
+        verdict, why = INCONCLUSIVE, _whys(deciding, INCONCLUSIVE)
     else:
         verdict, why = PASS, f"{len(deciding)} required row(s) pass"
     return {
         "verdict": verdict,
         "why": why,
         "rows": rows,
-        "method": f"bootstrap {st.confidence:.0%} interval of the median ratio, "
-        f"{st.resamples} resamples",
+        "method": f"{METHOD}; false alarm {st.false_alarm:.0%} a check, miss {st.miss:.0%} "
+        f"a row, {st.looks} look(s); drift beyond {st.drift:.0%} of the reference workload "
+        "is not a verdict",
         "baseline": baseline.source if baseline else None,
         "candidate": candidate.source,
     }
 
 
+def _whys(rows: Sequence[Mapping[str, Any]], verdict: str) -> str:
+    picked = [r for r in rows if r["verdict"] == verdict]
+    return "; ".join(f"{r['case']} {r['metric']}: {r['why']}" for r in picked)
+
+
 def _decide(
-    cid: str, cs: Any, rule: Rule, baseline: Samples | None, st: Settings, final: bool
+    cid: str,
+    cs: CaseSamples,
+    rule: Rule,
+    baseline: Samples | None,
+    st: Settings,
+    levels: stats.Levels,
+    final: bool,
 ) -> dict[str, Any]:
-    required = cs.required
-    row = _row(cid, rule.metric, required, floor=rule.floor or None)
-    undecided = REPORT if not required else None
+    row = _row(cid, rule.metric, cs.required, floor=rule.floor or None)
+    undecided = REPORT if not cs.required else None
     cand = cs.metrics.get(rule.metric) or []
     row["n_candidate"] = len(cand)
     if not cs.valid or not cand:
@@ -153,57 +170,144 @@ def _decide(
             word = "below the floor" if rule.direction == "higher" else "above the ceiling"
             row.update(verdict=undecided or FAIL, why=f"{cmed:,.2f} is {word} {rule.floor:,.2f}")
             return row
-    bcs = baseline.cases.get(cid) if baseline else None
-    base = (bcs.metrics.get(rule.metric) or []) if bcs and bcs.valid else []
-    row["n_baseline"] = len(base)
-    if not base:
-        what = (
-            "no comparable baseline" if bcs is None or bcs.valid else "the baseline case is invalid"
-        )
-        ok = st.no_baseline == "pass"
-        floor = f"floor {rule.floor:,.2f} met" if rule.floor else "no floor set"
-        row.update(
-            verdict=undecided or (PASS if ok else FAIL),
-            why=f"{what}; {floor}" + ("" if ok else " (policy no_baseline = fail)"),
-        )
+    if rule.tolerance >= 1:  # a floor-only rule: the floor was met
+        row.update(verdict=undecided or PASS, why=f"floor {rule.floor:,.2f} met")
         return row
-    bmed = _median(base)
-    point, lo, hi = stats.median_ratio_interval(base, cand, st.confidence, st.resamples)
-    if rule.direction == "lower":  # turn so that > 1 is better
-        point, lo, hi = 1 / point, 1 / hi, 1 / lo
-    threshold = 1 - rule.tolerance
+    bcs = baseline.cases.get(cid) if baseline else None
+    if bcs is None or not bcs.valid or not bcs.metrics.get(rule.metric):
+        return _no_baseline(row, bcs, rule, st, undecided)
+    base = bcs.metrics[rule.metric]
+    row["n_baseline"] = len(base)
+    row["baseline_median"] = round(_median(base), 4)
+    offset = st.offsets.get(f"{cid}:{rule.metric}", 0.0)
+    c = stats.compare(base, cand, rule.direction == "lower", offset)
+    if c is None:
+        row.update(verdict=undecided or INCONCLUSIVE,
+                   why="fewer than two samples on a side: nothing to compare yet")  # fmt: skip
+        if final and not undecided:
+            row["verdict"] = FAIL if st.inconclusive != "pass" else PASS
+            row["why"] += f"; at the cap policy '{st.inconclusive}' decides"
+        return row
     row.update(
-        baseline_median=round(bmed, 4),
-        ratio=round(cmed / bmed, 4),
-        interval=[round(lo, 4), round(hi, 4)],
-        threshold=round(threshold, 4),
-    )
-    better = "ratio" if rule.direction == "higher" else "baseline/candidate"
-    if hi < threshold:
-        verdict, why = FAIL, f"{better} interval [{lo:.3f}, {hi:.3f}] is below {threshold:.3f}"
-    elif lo >= threshold:
-        verdict, why = (
-            PASS,
-            f"{better} interval [{lo:.3f}, {hi:.3f}] is at or above {threshold:.3f}",
-        )
-    else:
-        verdict = INCONCLUSIVE
-        why = f"{better} interval [{lo:.3f}, {hi:.3f}] straddles {threshold:.3f}"
-        if final:
-            if st.inconclusive == "median":
-                verdict = PASS if point >= threshold else FAIL
-                why += f"; at the cap the median {better} {point:.3f} decides"
-            else:
-                verdict = PASS if st.inconclusive == "pass" else FAIL
-                why += f"; at the cap policy '{st.inconclusive}' decides"
+        ratio=round(c.ratio, 4),
+        interval=[round(math.exp(c.lower(levels.beta)), 4),
+                  round(math.exp(c.upper(levels.alpha)), 4)],
+        threshold=round(math.exp(stats.midpoint(rule.tolerance)), 4),
+        tolerance=rule.tolerance,
+    )  # fmt: skip
+    drift = _drift(cs, bcs, st)
+    row["drift"] = drift
+    verdict, why = _judge(c, rule, levels, drift, st, final)
     row.update(verdict=undecided or verdict, why=why)
     return row
+
+
+def _no_baseline(
+    row: dict[str, Any], bcs: CaseSamples | None, rule: Rule, st: Settings, undecided: str | None
+) -> dict[str, Any]:
+    if bcs is None:
+        what = "no comparable baseline"
+    elif not bcs.valid:
+        what = "the baseline case is invalid"
+    else:
+        what = f"the baseline has no {rule.metric} samples"
+    if st.no_baseline == "first-release" and st.first_release and bcs is None:
+        floor = f"floor {rule.floor:,.2f} met" if rule.floor else "no floor set"
+        row.update(verdict=undecided or PASS,
+                   why=f"first release of the stack on this host ({what}); {floor}")  # fmt: skip
+    else:
+        why = f"{what}: nothing to compare with (never a pass on missing data)"
+        row.update(verdict=undecided or FAIL, why=why)
+    return row
+
+
+def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings) -> dict[str, Any]:
+    """The box's change between the two runs, from the reference workload."""
+    if not cs.reference or not bcs.reference:
+        side = "baseline" if not bcs.reference else "candidate"
+        return {"checked": False, "why": f"the {side} has no reference-workload samples"}
+    change = stats.gm(cs.reference) / stats.gm(bcs.reference) - 1
+    moved = abs(change) > st.drift
+    return {
+        "checked": True,
+        "change": round(change, 4),
+        "moved": moved,
+        "log_change": math.log1p(change),
+        "se": math.sqrt(
+            stats.log_sd(cs.reference) ** 2 / len(cs.reference)
+            + stats.log_sd(bcs.reference) ** 2 / len(bcs.reference)
+        ),
+    }
+
+
+def _judge(
+    c: stats.Comparison,
+    rule: Rule,
+    levels: stats.Levels,
+    drift: Mapping[str, Any],
+    st: Settings,
+    final: bool,
+) -> tuple[str, str]:
+    n = f"n {c.n_base}+{c.n_cand}"
+    tol = f"{rule.tolerance:.0%}"
+    if drift.get("moved"):
+        return _judge_drifted(c, rule, levels, drift, st, final)
+    decided = stats.decide(c, rule.tolerance, levels)
+    lo, hi = math.exp(c.lower(levels.beta)), math.exp(c.upper(levels.alpha))
+    if decided == FAIL:
+        return FAIL, f"ratio {c.ratio:.3f} (upper bound {hi:.3f} < 1): a loss ({n})"
+    if decided == PASS:
+        return PASS, f"ratio {c.ratio:.3f} (lower bound {lo:.3f}): no loss of {tol} ({n})"
+    why = f"ratio {c.ratio:.3f} in [{lo:.3f}, {hi:.3f}]: not yet decisive at {tol} ({n})"
+    if not final:
+        return INCONCLUSIVE, why
+    return _policy(c, rule, st, why + f"; at the cap the ratio {c.ratio:.3f}")
+
+
+def _judge_drifted(
+    c: stats.Comparison,
+    rule: Rule,
+    levels: stats.Levels,
+    drift: Mapping[str, Any],
+    st: Settings,
+    final: bool,
+) -> tuple[str, str]:
+    """The box changed: only a loss decisive even after crediting that change FAILs."""
+    n = f"n {c.n_base}+{c.n_cand}"
+    way = "slower" if drift["change"] < 0 else "faster"
+    box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline"
+    sign = -1.0 if rule.direction == "lower" else 1.0
+    credited = stats.Comparison(
+        c.d - sign * drift["log_change"], math.hypot(c.se, drift["se"]), c.df, c.n_base, c.n_cand
+    )
+    if stats.decide(credited, rule.tolerance, levels) == FAIL:
+        return FAIL, (
+            f"ratio {c.ratio:.3f}; {box}, and even credited with that the ratio "
+            f"{credited.ratio:.3f} is a decisive loss ({n})"
+        )
+    why = f"{box} (reference workload): ratio {c.ratio:.3f} is not a verdict on the release ({n})"
+    if not final:
+        return INCONCLUSIVE, why
+    return _policy(
+        credited, rule, st, why + f"; at the cap the credited ratio {credited.ratio:.3f}"
+    )
+
+
+def _policy(c: stats.Comparison, rule: Rule, st: Settings, why: str) -> tuple[str, str]:
+    """The ``inconclusive`` policy on a row still open at the cap."""
+    if st.inconclusive == "median":
+        ok = c.d >= stats.midpoint(rule.tolerance)
+        mid = math.exp(stats.midpoint(rule.tolerance))
+        return (PASS if ok else FAIL), f"{why} {'>=' if ok else '<'} the midpoint {mid:.3f} decides"
+    verdict = PASS if st.inconclusive == "pass" else FAIL
+    return verdict, f"{why.rsplit(';', 1)[0]}; at the cap policy '{st.inconclusive}' decides"
 
 
 def compare_table(
     base: Samples, cand: Samples, metrics: Sequence[str], confidence: float = 0.90
 ) -> list[dict[str, Any]]:
-    """A/B deltas with intervals, no verdict: for ``servegate bench compare``."""
+    """A/B deltas (geometric-mean ratio, Welch t interval on log rates at ``confidence``),
+    no verdict: for ``servegate bench compare``. Fewer than two samples a side: no delta."""
     rows = []
     for cid in sorted(set(base.cases) & set(cand.cases)):
         for m in metrics:
@@ -213,14 +317,16 @@ def compare_table(
                 ("a_median", "b_median", "delta_pct", "interval_pct")
             )
             row.update(case=cid, metric=m, n_a=len(b), n_b=len(c))
-            if b and c:
-                point, lo, hi = stats.median_ratio_interval(b, c, confidence)
+            cmp_ = stats.compare(b, c)
+            if cmp_ is not None:
+                half = stats.t_quantile((1 + confidence) / 2, cmp_.df) * cmp_.se
                 row.update(
                     a_median=round(_median(b), 4),
                     b_median=round(_median(c), 4),
-                    delta_pct=round((point - 1) * 100, 2),
-                    interval_pct=[round((lo - 1) * 100, 2), round((hi - 1) * 100, 2)],
-                )
+                    delta_pct=round((cmp_.ratio - 1) * 100, 2),
+                    interval_pct=[round((math.exp(cmp_.d - half) - 1) * 100, 2),
+                                  round((math.exp(cmp_.d + half) - 1) * 100, 2)],
+                )  # fmt: skip
             rows.append(row)
     return rows
 

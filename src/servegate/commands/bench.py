@@ -343,10 +343,11 @@ def load_pair(a: Path, b: Path, lenient: bool) -> tuple[results.Samples, results
 def judge(cfg: Config | None, base: results.Samples, cand: results.Samples) -> dict[str, Any]:
     """The gate's decision with the config's rules (the defaults without a config)."""
     g = cfg.gate if cfg else config_mod.Gate()
+    st = verdict.Settings(false_alarm=g.false_alarm, miss=g.miss, inconclusive=g.inconclusive,
+                          no_baseline=g.no_baseline, drift=g.drift)  # fmt: skip
     return verdict.evaluate(
-        base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES),
-        verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline),
-    )  # fmt: skip
+        base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES), st
+    )
 
 
 def gate_files(cfg_path: Path, out: Output, baseline: Path, candidate: Path, lenient: bool) -> int:

@@ -18,7 +18,7 @@ STEPS = (
     ("good #1", scenario.good_first, "released"),
     ("good #2", scenario.good_second, "released"),
     ("bad", scenario.bad_shared_kernels, "rolled_back"),
-    ("slow", scenario.slow_bf16, "rolled_back"),
+    ("slow", scenario.slow_prefill, "rolled_back"),
 )
 
 

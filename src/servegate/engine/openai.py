@@ -22,9 +22,10 @@ class Endpoint:
         """The named engine, or vLLM's paths and names for a server not yet identified."""
         return self.engine or VLLM
 
-    def client(self, timeout: float) -> httpx.Client:
+    def client(self, timeout: float, connections: int = 10) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        return httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, limits=limits)
 
 
 def health(endpoint: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:

@@ -34,9 +34,17 @@ def rules(cfg: Config) -> list[verdict.Rule]:
     return chosen
 
 
-def settings(cfg: Config) -> verdict.Settings:
+def settings(cfg: Config, first_release: bool = False, looks: int = 1) -> verdict.Settings:
     g = cfg.gate
-    return verdict.Settings(g.confidence, g.resamples, g.inconclusive, g.no_baseline)
+    return verdict.Settings(
+        false_alarm=g.false_alarm,
+        miss=g.miss,
+        looks=looks,
+        inconclusive=g.inconclusive,
+        no_baseline=g.no_baseline,
+        first_release=first_release,
+        drift=g.drift,
+    )
 
 
 def results_dir(cfg: Config) -> Path:
@@ -103,6 +111,7 @@ def run(
     *,
     command: str = "",
     window_check: Callable[[str], list[str]] | None = None,
+    first_release: bool = False,
 ) -> dict[str, Any]:
     """Measure, decide, and return the evidence (``verdict`` is PASS, FAIL or INCONCLUSIVE)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
@@ -124,7 +133,8 @@ def run(
         bench.warm_up()
         for case in spec.cases:
             bench.measure(case, spec.repetitions)
-        st, chosen = settings(cfg), rules(cfg)
+        looks = max(1, cfg.bench.max_repetitions - cfg.bench.repetitions + 1)
+        st, chosen = settings(cfg, first_release, looks), rules(cfg)
         decision = verdict.evaluate(
             base, results.from_result(bench.result), chosen, st, final=False
         )
@@ -138,9 +148,7 @@ def run(
             ]  # fmt: skip
             if not todo:
                 break
-            reporter.note(
-                f"bench gate INCONCLUSIVE on {', '.join(sorted(open_cases))}: measuring again"
-            )
+            reporter.note(f"bench gate INCONCLUSIVE — {decision['why']}: measuring again")
             for case in todo:
                 bench.measure(case, 1)
             decision = verdict.evaluate(

@@ -48,6 +48,8 @@ class GateContext:
     command: str = ""
     #: log rules for a measured window: the text → reasons a trial is invalid
     window_check: Callable[[str], list[str]] | None = None
+    #: the host has no released record of the stack at all (gate.no_baseline)
+    first_release: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class BenchCheck:
         evidence = bench_gate.run(
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
             ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
+            first_release=ctx.first_release,
         )  # fmt: skip
         return CheckResult(
             self.name,

@@ -175,6 +175,7 @@ def gate(
         environ=ctx.environ,
         command=" ".join(ctx.spec(release_dir, sha).redacted()["argv"]),
         window_check=logscan.window_check(ctx.rules, lint_mod.facts(ctx.spec(release_dir, sha))),
+        first_release=ctx.state.current is None and ctx.state.release_count() == 0,
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)
