@@ -267,9 +267,9 @@ class Gate:
     #: a change of the reference workload beyond this fraction between the baseline and
     #: the candidate is a change of the machine: INCONCLUSIVE, never a verdict
     drift: float = 0.10
-    #: decides rows still INCONCLUSIVE at bench.max_repetitions: median (the estimate
-    #: against the midpoint of the tolerance), fail or pass
-    inconclusive: Literal["median", "fail", "pass"] = "median"
+    #: decides rows still INCONCLUSIVE at bench.max_repetitions: evidence (no evidence of
+    #: a loss: PASS, saying which loss the samples resolved), fail or pass
+    inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
     #: rows without a baseline: ``fail``, or ``first-release``: pass (floors and validity
     #: decide) only while the host has no released record of the stack at all
     no_baseline: Literal["first-release", "fail"] = "fail"

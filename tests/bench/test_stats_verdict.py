@@ -25,12 +25,16 @@ def samples(
     return Samples("test", "servegate-bench/1", {"digest": "x"}, {case: cs})
 
 
-def test_interval_is_seeded_and_brackets_the_point() -> None:
-    a = stats.median_ratio_interval([100, 101, 99], [90, 91, 89])
-    assert a == stats.median_ratio_interval([100, 101, 99], [90, 91, 89])
-    point, lo, hi = a
-    assert lo <= point <= hi
-    assert point == pytest.approx(0.9)
+def test_comparison_is_the_geometric_mean_ratio_with_welch_bounds() -> None:
+    c = stats.compare([100, 101, 99], [90, 91, 89])
+    assert c is not None
+    assert c.ratio == pytest.approx((90 * 91 * 89) ** (1 / 3) / (100 * 101 * 99) ** (1 / 3))
+    assert c.lower(0.01) < c.d < c.upper(0.05)
+    assert c.upper(0.05) < 0  # a 10 % loss with 1 % noise is plain
+    assert stats.compare([100], [90, 91]) is None  # one sample: no variance, no test
+    turned = stats.compare([8.5, 8.6, 8.4], [9.9, 10.0, 10.1], lower_is_better=True)
+    assert turned is not None
+    assert turned.ratio < 1  # a longer TTFT is a loss
 
 
 def test_ten_percent_slower_decode_fails_and_identical_passes() -> None:
@@ -38,25 +42,37 @@ def test_ten_percent_slower_decode_fails_and_identical_passes() -> None:
     slow = samples({"generation_tps": [56.9, 57.5, 56.2]})
     same = samples({"generation_tps": [63.4, 62.5, 63.9]})
     rules = [verdict.Rule("generation_tps", "higher", 0.05)]
-    assert verdict.evaluate(base, slow, rules)["verdict"] == "FAIL"
-    assert verdict.evaluate(base, same, rules)["verdict"] == "PASS"
+    d = verdict.evaluate(base, slow, rules)
+    assert d["verdict"] == "FAIL"
+    assert "upper bound" in d["rows"][0]["why"]
+    d = verdict.evaluate(base, same, rules)
+    assert d["verdict"] == "PASS"
+    assert "no loss of 5%" in d["rows"][0]["why"]
 
 
-def test_straddling_interval_is_inconclusive_until_the_cap_then_policy_decides() -> None:
+def test_a_loss_of_exactly_the_tolerance_fails_and_half_of_it_is_not_a_coin_flip() -> None:
+    """The tolerance is the smallest loss that must be caught: the old rule (interval
+    entirely below 1 - tolerance) caught a loss of exactly 5 % half the time."""
+    base = samples({"generation_tps": [100.0, 100.5, 99.5, 100.2, 99.8]})
+    lost = samples({"generation_tps": [95.0, 95.4, 94.6, 95.2, 94.8]})
+    d = verdict.evaluate(base, lost, [verdict.Rule("generation_tps", "higher", 0.05)])
+    assert d["verdict"] == "FAIL", d["rows"]
+    assert d["rows"][0]["threshold"] == pytest.approx(0.9747, abs=1e-4)  # the midpoint
+
+
+def test_open_rows_are_inconclusive_until_the_cap_then_policy_decides() -> None:
     base = samples({"generation_tps": [60.0, 66.0, 63.0]})
-    cand = samples({"generation_tps": [58.0, 64.0, 61.5]})
+    cand = samples({"generation_tps": [59.5, 65.5, 62.5]})
     rules = [verdict.Rule("generation_tps", "higher", 0.05)]
     open_ = verdict.evaluate(base, cand, rules, final=False)
     assert open_["verdict"] == "INCONCLUSIVE"
-    assert "straddles" in open_["rows"][0]["why"]
-    assert (
-        verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="median"))["verdict"]
-        == "PASS"
-    )
-    assert (
-        verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="fail"))["verdict"]
-        == "FAIL"
-    )
+    assert "not yet decisive" in open_["rows"][0]["why"]
+    median = verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="median"))
+    assert median["verdict"] == "PASS"
+    assert "ratio 0.992 >= the midpoint 0.975 decides" in median["rows"][0]["why"]
+    fail = verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="fail"))
+    assert fail["verdict"] == "FAIL"
+    assert "policy 'fail' decides" in fail["rows"][0]["why"]
 
 
 def test_lower_is_better_metrics_turn_the_ratio() -> None:
@@ -79,7 +95,7 @@ def test_an_invalid_required_case_fails_and_a_report_only_case_never_decides() -
     assert d["verdict"] == "FAIL"  # nothing required: nothing decides, never a pass
 
 
-def test_floors_and_missing_baselines() -> None:
+def test_floors_decide_without_a_baseline_but_a_missing_baseline_never_passes() -> None:
     cand = samples({"generation_tps": [25.7, 33.8, 30.0]})
     floors = list(verdict.floors("v620-tp4"))
     d = verdict.evaluate(None, cand, floors)
@@ -88,11 +104,78 @@ def test_floors_and_missing_baselines() -> None:
     ok = samples({"generation_tps": [63.0, 69.7, 68.5], "prefill_tps": [1957.8, 1982.8, 1944.0]})
     d = verdict.evaluate(None, ok, floors)
     assert d["verdict"] == "PASS", d
-    assert "no comparable baseline" in d["rows"][0]["why"]
-    strict = verdict.evaluate(
-        None, ok, [verdict.Rule("generation_tps")], verdict.Settings(no_baseline="fail")
-    )
-    assert strict["verdict"] == "FAIL"
+    assert {r["why"] for r in d["rows"] if r["metric"] == "generation_tps"} == {"floor 56.00 met"}
+    # a relative rule without a baseline: FAIL by default
+    d = verdict.evaluate(None, ok, [verdict.Rule("generation_tps")])
+    assert d["verdict"] == "FAIL"
+    assert "never a pass on missing data" in d["why"]
+    # "first-release" passes only while the host has no released record at all
+    first = verdict.Settings(no_baseline="first-release", first_release=True)
+    d = verdict.evaluate(None, ok, [verdict.Rule("generation_tps")], first)
+    assert d["verdict"] == "PASS"
+    assert "first release of the stack on this host" in d["rows"][0]["why"]
+    later = verdict.Settings(no_baseline="first-release", first_release=False)
+    assert verdict.evaluate(None, ok, [verdict.Rule("generation_tps")], later)["verdict"] == "FAIL"
+
+
+def test_an_invalid_baseline_never_lets_a_candidate_pass() -> None:
+    broken = samples({"generation_tps": [63.0]}, valid=False)
+    crawl = samples({"generation_tps": [1.0, 1.1, 0.9]})
+    for policy in ("first-release", "fail"):
+        st = verdict.Settings(no_baseline=policy, first_release=True)  # type: ignore[arg-type]
+        d = verdict.evaluate(broken, crawl, [verdict.Rule("generation_tps")], st)
+        assert d["verdict"] == "FAIL"
+        assert "the baseline case is invalid" in d["why"]
+
+
+def _with_reference(s: Samples, rates: list[float]) -> Samples:
+    for cs in s.cases.values():
+        cs.reference = rates
+    return s
+
+
+def test_a_slower_box_is_not_a_verdict_on_the_release() -> None:
+    rules = [verdict.Rule("prefill_tps", "higher", 0.5)]
+    base = _with_reference(samples({"prefill_tps": [6000.0, 6100.0, 5900.0]}), [30.0, 31.0, 29.5])
+    # a neighbour halved the box: the same release measures half the rate
+    busy = _with_reference(samples({"prefill_tps": [3000.0, 3100.0, 2900.0]}), [15.0, 15.5, 14.8])
+    d = verdict.evaluate(base, busy, rules, final=False)
+    assert d["verdict"] == "INCONCLUSIVE"
+    assert "the box is 50% slower than at the baseline" in d["why"]
+    assert d["rows"][0]["drift"]["moved"] is True
+    final = verdict.evaluate(base, busy, rules)  # at the cap: the credited ratio decides
+    assert final["verdict"] == "PASS", final["rows"]
+    assert "credited ratio" in final["rows"][0]["why"]
+    # five times slower on a half-speed box is still a decisive loss
+    slow = _with_reference(samples({"prefill_tps": [600.0, 640.0, 580.0]}), [15.0, 15.5, 14.8])
+    d = verdict.evaluate(base, slow, rules, final=False)
+    assert d["verdict"] == "FAIL"
+    assert "even credited with that" in d["why"]
+    # a faster box with an unchanged rate hides a loss: not a PASS
+    fast = _with_reference(samples({"prefill_tps": [6000.0, 6050.0, 5950.0]}), [60.0, 61.0, 59.0])
+    d = verdict.evaluate(base, fast, rules, final=False)
+    assert d["verdict"] != "PASS"
+
+
+def test_without_reference_samples_the_drift_check_says_it_did_not_look() -> None:
+    base = samples({"generation_tps": [63.0, 64.1, 62.7]})
+    same = samples({"generation_tps": [63.4, 62.5, 63.9]})
+    d = verdict.evaluate(base, same, [verdict.Rule("generation_tps")])
+    assert d["rows"][0]["drift"] == {
+        "checked": False,
+        "why": "the baseline has no reference-workload samples",
+    }
+
+
+def test_plan_and_resolution_follow_the_box_noise() -> None:
+    levels = stats.Levels.split(0.05, 0.01, rows=2, looks=1)
+    assert stats.plan(0.01, 0.0, 0.05, levels, cap=20) in range(2, 5)
+    quiet, noisy = stats.plan(0.01, 0.0, 0.05, levels, 50), stats.plan(0.02, 0.0, 0.05, levels, 50)
+    assert quiet is not None and noisy is not None and noisy > 3 * quiet
+    # a restart-to-restart offset no number of trials averages away
+    assert stats.plan(0.01, 0.02, 0.05, levels, cap=1000) is None
+    assert stats.resolvable(0.01, 0.02, levels, 1000) > 0.05
+    assert stats.resolvable(0.01, 0.0, levels, 3) < 0.05
 
 
 def test_unknown_floor_set_is_a_config_error() -> None:

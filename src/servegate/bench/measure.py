@@ -49,6 +49,9 @@ class Rules:
     min_unique_ratio: float = 0.08
     max_dominant_ratio: float = 0.20
     min_zlib_ratio: float = 0.15
+    #: a mean inter-token latency below this (ms) is a burst, not a decode: the stream
+    #: was held back (a stalled client or frontend) and arrived at once
+    min_itl_ms: float = 0.25
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -173,6 +176,12 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
         r["prompt_cache_hit"] = ", ".join(f"{k}={v}" for k, v in hits.items())
     if t["stream_delivery"] != "incremental":
         r["stream_not_incremental"] = f"{t['text_chunks']} text chunk(s): no decode window"
+    itl = t["mean_inter_token_latency_ms"]
+    if itl is not None and itl < rules.min_itl_ms:
+        r["stream_burst"] = (
+            f"{completion} tokens arrived within {t['decode_window_s']} s (mean ITL {itl} ms "
+            f"< {rules.min_itl_ms} ms): the stream was held back and came at once"
+        )
     return r
 
 

@@ -15,15 +15,17 @@ and the midpoint ``M = T / 2``:
   ``alpha`` (the upper bound of ``d`` is below 0);
 - **PASS** when ``d >= M`` *and* the lower bound of ``d`` at level ``beta`` is at or above
   ``T`` (a loss of the tolerance is excluded);
-- otherwise **INCONCLUSIVE**: the gate measures again, up to its cap; at the cap the
-  estimate against ``M`` decides (policy ``median``), or the policy does.
+- otherwise **INCONCLUSIVE**: the gate measures again, up to its cap. A row still open
+  at the cap had no evidence of a loss: policy ``evidence`` PASSes it and says which
+  loss these samples could have resolved; ``fail`` and ``pass`` decide flatly.
 
 ``alpha`` (false alarms, default 5 % per check) is split over the check's deciding rows
-and over the looks a sequential gate takes; ``beta`` (misses, default 1 %) over the looks.
-So the decisive rules keep their error rates under repeated looks, and the midpoint rule
-at the cap has both errors at ``Phi(M / se)``: :func:`plan` picks the repetitions that
-make that small enough for the box's measured noise, and :func:`resolvable` says which
-tolerance a box can resolve at all.
+and over the looks a sequential gate takes; ``beta`` (misses, default 1 %) over the looks
+(Bonferroni: conservative, and it holds whatever the looks). So an unchanged release
+FAILs a check with probability at most ``alpha``, however noisy the box; a loss of the
+tolerance is caught with probability ``1 - beta`` once the repetitions suffice for the
+box's noise: :func:`plan` says how many, :func:`resolvable` which tolerance a box
+resolves at a given count.
 
 Why not the bootstrap of the median ratio used before: with 3 vs 3 trials its interval
 is a fixed rank rule (``[min C / max B, max C / min B]``), and a row FAILed only when the
@@ -38,7 +40,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy import stats as sps  # type: ignore[import-untyped]
+from scipy.special import stdtrit  # type: ignore[import-untyped]
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,17 @@ class Comparison:
 def t_quantile(p: float, df: float) -> float:
     if math.isinf(df):
         return float(statistics.NormalDist().inv_cdf(p))
-    return float(sps.t.ppf(p, df))
+    return float(stdtrit(df, p))
 
 
 def _logs(values: Sequence[float]) -> list[float]:
     return [math.log(v) for v in values if v > 0]
+
+
+def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample variance in floats (``statistics`` is exact, and slow)."""
+    mean = math.fsum(xs) / len(xs)
+    return mean, math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
 
 
 def compare(
@@ -85,10 +93,9 @@ def compare(
     lb, lc = _logs(base), _logs(cand)
     if len(lb) < 2 or len(lc) < 2:
         return None
-    d = statistics.fmean(lc) - statistics.fmean(lb)
-    if lower_is_better:
-        d = -d
-    vb, vc = statistics.variance(lb) / len(lb), statistics.variance(lc) / len(lc)
+    (mb, vb), (mc, vc) = _mean_var(lb), _mean_var(lc)
+    d = mb - mc if lower_is_better else mc - mb
+    vb, vc = vb / len(lb), vc / len(lc)
     within = vb + vc
     if within > 0:
         df = within**2 / (vb**2 / (len(lb) - 1) + vc**2 / (len(lc) - 1))
@@ -127,26 +134,42 @@ def decide(c: Comparison, tolerance: float, levels: Levels) -> str | None:
     return None
 
 
-def _z(levels: Levels) -> float:
-    nd = statistics.NormalDist()
-    return max(nd.inv_cdf(1 - levels.alpha), nd.inv_cdf(1 - levels.beta))
+def _z(levels: Levels, df: float = math.inf) -> float:
+    return max(t_quantile(1 - levels.alpha, df), t_quantile(1 - levels.beta, df))
 
 
-def plan(cv: float, offset: float, tolerance: float, levels: Levels, cap: int) -> int | None:
-    """Repetitions a side so that the midpoint rule errs at most at ``levels`` for a box
-    with within-run ``cv`` and restart ``offset`` (both as log SDs); None: not within
-    ``cap``."""
-    budget = (abs(midpoint(tolerance)) / _z(levels)) ** 2 - 2 * offset**2
-    if budget <= 0:
-        return None
-    n = max(2, math.ceil(2 * cv**2 / budget))
-    return n if n <= cap else None
+def _se(cv: float, offset: float, n: int) -> float:
+    return math.sqrt(2 * cv**2 / max(n, 1) + 2 * offset**2)
+
+
+def plan(
+    cv: float,
+    offset: float,
+    tolerance: float,
+    false_alarm: float,
+    miss: float,
+    rows: int,
+    reps: int,
+    cap: int,
+) -> int | None:
+    """Repetitions a side (from ``reps``, one more a look) at which a sequential gate on a
+    box with within-run ``cv`` and restart ``offset`` (both as log SDs) resolves
+    ``tolerance`` at the given error rates; None: not within ``cap``."""
+    for n in range(max(2, reps), cap + 1):
+        levels = Levels.split(false_alarm, miss, rows, n - reps + 1)
+        if _se(cv, offset, n) * _z(levels, 2 * n - 2) <= abs(midpoint(tolerance)):
+            return n
+    return None
 
 
 def resolvable(cv: float, offset: float, levels: Levels, n: int) -> float:
-    """The smallest tolerance the midpoint rule resolves with ``n`` repetitions a side."""
-    se = math.sqrt(2 * cv**2 / max(n, 1) + 2 * offset**2)
-    return 1 - math.exp(-2 * _z(levels) * se)
+    """The smallest tolerance a gate resolves with ``n`` repetitions a side."""
+    return 1 - math.exp(-2 * _z(levels, 2 * n - 2) * _se(cv, offset, n))
+
+
+def resolution(c: Comparison, levels: Levels) -> float:
+    """The smallest tolerance these samples resolve (from their own standard error)."""
+    return 1 - math.exp(-2 * _z(levels, c.df) * c.se)
 
 
 def log_sd(values: Sequence[float]) -> float:

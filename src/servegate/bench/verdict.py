@@ -10,7 +10,7 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
 - when the box itself changed between the baseline and the candidate (the
   release-independent reference workload measured beside every group moved by more than
   ``drift``), the row is INCONCLUSIVE with that reason unless the loss is decisive even
-  after crediting the box's change; at the cap the credited ratio decides (``median``);
+  after crediting the box's change;
 - without a comparable baseline, ``no_baseline`` decides (see :class:`Settings`).
 """
 
@@ -57,9 +57,9 @@ class Settings:
     miss: float = 0.01
     #: how many times the gate looks at the samples (repetitions .. max_repetitions)
     looks: int = 1
-    #: what decides a row still INCONCLUSIVE at the cap: median (the estimate against the
-    #: midpoint), fail or pass
-    inconclusive: Literal["median", "fail", "pass"] = "median"
+    #: what decides a row still INCONCLUSIVE at the cap: evidence (no evidence of a loss:
+    #: PASS, with the loss the samples could resolve), fail or pass
+    inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
     #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
     #: host has no released record; floors and validity decide), or "fail"
     no_baseline: Literal["first-release", "fail"] = "first-release"
@@ -185,7 +185,7 @@ def _decide(
         row.update(verdict=undecided or INCONCLUSIVE,
                    why="fewer than two samples on a side: nothing to compare yet")  # fmt: skip
         if final and not undecided:
-            row["verdict"] = FAIL if st.inconclusive != "pass" else PASS
+            row["verdict"] = PASS if st.inconclusive == "pass" else FAIL
             row["why"] += f"; at the cap policy '{st.inconclusive}' decides"
         return row
     row.update(
@@ -261,7 +261,7 @@ def _judge(
     why = f"ratio {c.ratio:.3f} in [{lo:.3f}, {hi:.3f}]: not yet decisive at {tol} ({n})"
     if not final:
         return INCONCLUSIVE, why
-    return _policy(c, rule, st, why + f"; at the cap the ratio {c.ratio:.3f}")
+    return _policy(c, rule, levels, st, why)
 
 
 def _judge_drifted(
@@ -293,14 +293,20 @@ def _judge_drifted(
     )
 
 
-def _policy(c: stats.Comparison, rule: Rule, st: Settings, why: str) -> tuple[str, str]:
-    """The ``inconclusive`` policy on a row still open at the cap."""
-    if st.inconclusive == "median":
-        ok = c.d >= stats.midpoint(rule.tolerance)
-        mid = math.exp(stats.midpoint(rule.tolerance))
-        return (PASS if ok else FAIL), f"{why} {'>=' if ok else '<'} the midpoint {mid:.3f} decides"
+def _policy(
+    c: stats.Comparison, rule: Rule, levels: stats.Levels, st: Settings, why: str
+) -> tuple[str, str]:
+    """The ``inconclusive`` policy on a row still open at the cap (no decisive loss)."""
+    if st.inconclusive == "evidence":
+        res = stats.resolution(c, levels)
+        note = (
+            f"; these samples resolve a loss of {res:.0%}, not {rule.tolerance:.0%}"
+            if res > rule.tolerance
+            else ""
+        )
+        return PASS, f"{why}: no evidence of a loss at the cap{note}"
     verdict = PASS if st.inconclusive == "pass" else FAIL
-    return verdict, f"{why.rsplit(';', 1)[0]}; at the cap policy '{st.inconclusive}' decides"
+    return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
 
 
 def compare_table(
