@@ -78,14 +78,22 @@ def simulate_gate(
         n += 1
 
 
+def _resolves(cv: float, offset: float, rows: int, cap: int) -> float:
+    return stats.resolvable(cv, offset, stats.Levels.split(0.05, 0.01, rows, cap - 2), cap)
+
+
 def simulate(gates: int) -> int:
     rng = random.Random(20261203)
     start = time.monotonic()
     rows = len(CASES) * len(METRICS)
-    print(f"{gates} gates a cell; 4 deciding rows; tolerance {TOLERANCE:.0%}; repetitions "
-          "3, +1 a look while a row is open, up to the cap; the box's noise known to the gate")  # fmt: skip
-    header = (f"{'CV':>5} {'offset':>6} {'cap':>9} | {'P(FAIL) unchanged':>17} "
-              f"{'P(FAIL) 5% loss':>15} | {'n unchanged':>11} {'n loss':>6} | resolves at cap")  # fmt: skip
+    print(
+        f"{gates} gates a cell; 4 deciding rows; tolerance {TOLERANCE:.0%}; repetitions 3, "
+        "+1 a look while a row is open, up to the cap; the box's noise known to the gate"
+    )
+    header = (
+        f"{'CV':>5} {'offset':>6} {'cap':>9} | {'P(FAIL) unchanged':>17} "
+        f"{'P(FAIL) 5% loss':>15} | {'n unchanged':>11} {'n loss':>6} | resolves at cap"
+    )
     print(header)
     print("-" * len(header))
     loss = {f"{CASES[0]}:generation_tps": TOLERANCE}
@@ -107,7 +115,7 @@ def simulate(gates: int) -> int:
                       f"{n_same:>11.1f} {n_lost:>6.1f} | {res:.1%}", flush=True)  # fmt: skip
             if planned is None:
                 print(f"{cv:>5.1%} {offset:>6.0%} {'no plan':>9} | this box resolves "
-                      f"{stats.resolvable(cv, offset, stats.Levels.split(0.05, 0.01, rows, 58), 60):.1%} at 60 repetitions, "
+                      f"{_resolves(cv, offset, rows, 60):.1%} at 60 repetitions, "
                       f"not {TOLERANCE:.0%}")  # fmt: skip
     print(f"({time.monotonic() - start:.0f} s)")
     return 0

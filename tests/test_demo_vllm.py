@@ -69,7 +69,7 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
     assert b4["evidence"]["baseline"] == f"live release {second['sha'][:12]}"
     assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
-    (prefill,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "prefill_tps"]
+    (prefill,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "engine_prefill_tps"]
     assert prefill["verdict"] == "FAIL"
     assert prefill["ratio"] < 0.5  # several-fold, whatever the box's load
     assert slow["exit_code"] == 9

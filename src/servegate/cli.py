@@ -98,7 +98,7 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     b.add_argument("--baseline", type=Path, help="judge this run against a result file")
     b.add_argument("--lenient", action="store_true", help="allow another harness's baseline")
     _common(b)
-    bsub = b.add_subparsers(dest="bench_command", required=False, metavar="[compare|gate]")
+    bsub = b.add_subparsers(dest="bench_command", required=False, metavar="[compare|gate|noise]")
     cmp_ = bsub.add_parser("compare", help="A/B: two result files, or two live servers (ABAB…)")
     cmp_.add_argument("files", nargs="*", type=Path, metavar="FILE", help="A.json B.json")
     cmp_.add_argument("--a-url", help="live server A")
@@ -113,6 +113,12 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     gat.add_argument("candidate", type=Path)
     gat.add_argument("--lenient", action="store_true", help="allow another harness's file")
     _common(gat)
+    noi = bsub.add_parser(
+        "noise", help="measure the box's noise on the live release (restarts it) and plan the gate"
+    )
+    noi.add_argument("--restarts", type=int, default=2, help="service restarts (default 2)")
+    noi.add_argument("--repetitions", type=int, default=5, help="groups a start (default 5)")
+    _common(noi)
     rep = sub.add_parser("report", help="bench history of the stack as a PNG and an HTML page")
     rep.add_argument("--out", type=Path, default=Path("servegate-report"), help="output directory")
     rep.add_argument("files", nargs="*", type=Path, metavar="FILE", help="extra result files")
@@ -362,6 +368,10 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
     from servegate.commands import bench
 
     sub = getattr(args, "bench_command", None)
+    if sub == "noise":
+        from servegate.commands import noise
+
+        return noise.run(args.config, out, args.restarts, args.repetitions)
     if sub == "gate":
         return bench.gate_files(args.config, out, args.baseline, args.candidate, args.lenient)
     opts = bench.Options(

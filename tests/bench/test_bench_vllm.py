@@ -82,10 +82,12 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
                 assert t["prefill_tps"] == pytest.approx(t["prompt_tokens"] / t["ttft_s"], rel=1e-3)
                 assert t["generation_tps"] == pytest.approx(511 / t["decode_window_s"], rel=1e-3)
                 assert t["tokens_per_chunk"] >= 1.0
-            # the server saw exactly these requests: its histogram agrees with us
+            # the server saw exactly this request, inside our clock: its TTFT histogram
+            # (arrival → first token) lies within the client's (sent → first text)
             sm = group["server_metrics"]
             assert sm["prefix_cache_hits"] == 0
-            assert sm["ttft_mean_s"] == pytest.approx(group["trials"][0]["ttft_s"], rel=0.25)
+            assert 0 < sm["ttft_mean_s"] <= group["trials"][0]["ttft_s"] + 0.005
+            assert group["reference"]["rate"] > 0  # the box's speed beside the group
     rows = {r["case"]: r for r in result["performance_table"]}
     assert set(rows) == {"regular-2k", "coding-2k"}
     for case in result["cases"]:
@@ -110,11 +112,14 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
     code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
                            "--repetitions", "2", "--max-tokens", "512", "--seed", "-1",
                            "--no-warmup", "--baseline", str(tmp_path / "r2.json"), cwd=tmp_path)  # fmt: skip
-    assert code in (0, 9), err[-3000:]
+    # one baseline trial: no variance, nothing to compare — a FAIL, never a pass
+    assert code == 9, err[-3000:]
     gate = doc["result"]["gate"]
+    assert gate["verdict"] == "FAIL"
     assert {r["metric"] for r in gate["rows"]} == {"prefill_tps", "generation_tps"}
     for r in gate["rows"]:  # a degenerate sample of the random model is a reason, not a pass
-        assert ("invalid" in r["why"]) or (r["n_baseline"] == 1 and r["n_candidate"] == 2), r
+        assert r["verdict"] == "FAIL"
+        assert ("invalid" in r["why"]) or ("fewer than two samples" in r["why"]), r
 
 
 def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path: Path) -> None:
@@ -134,9 +139,8 @@ def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path:
     assert "prompt_cache_hit" in t["invalid_reasons"]
     assert "vllm:prefix_cache_hits" in t["reason_details"]["prompt_cache_hit"]
     assert t["cached_tokens"] == {}  # usage said nothing
-    assert (
-        t["prefill_tps"] > doc["groups"][0]["trials"][0]["prefill_tps"] * 2
-    )  # the "impossible" number
+    hits = again.result["cases"][0]["groups"][0]["server_metrics"]["prefix_cache_hits"]
+    assert hits >= 0.9 * t["prompt_tokens"]  # the whole prompt came from the cache
 
 
 def test_bad_input_is_a_clear_failure_and_keeps_the_partial_result(
@@ -200,10 +204,15 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
         assert d["verdict"] == "FAIL"
         assert "case invalid" in row["why"]
         return
+    if not a.cases["regular-1k"].valid:  # an invalid baseline passes nothing
+        assert d["verdict"] == "FAIL"
+        assert "the baseline case is invalid" in row["why"]
+        return
+    # the same server against itself: no evidence of a loss, whatever the box did between
     assert d["verdict"] == "PASS", d["rows"]
-    if a.cases["regular-1k"].valid:
-        assert row["n_baseline"] == row["n_candidate"] == 3
-        assert row["interval"][0] <= row["ratio"] <= row["interval"][1]
+    assert row["n_baseline"] == row["n_candidate"] == 3
+    assert row["interval"][0] <= row["ratio"] <= row["interval"][1]
+    assert row["drift"]["checked"] is True  # both runs measured the reference workload
 
 
 def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_path: Path) -> None:
@@ -218,12 +227,15 @@ def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_p
     assert result["order"] == "ABAB"
     rows = {r["metric"]: r for r in result["rows"]}
     gen = rows["generation_tps"]
-    # two rounds: two trials a side, less any the random model's text made invalid
-    assert 0 <= gen["n_a"] <= 2
-    assert 0 <= gen["n_b"] <= 2
-    if gen["n_a"] and gen["n_b"]:
-        assert gen["interval_pct"][0] <= gen["delta_pct"] <= gen["interval_pct"][1]
     a, b = tmp_path / "ab" / "A.json", tmp_path / "ab" / "B.json"
+    # two rounds: two trials a side, less those the random model's text made invalid
+    for side, path in (("n_a", a), ("n_b", b)):
+        trials = [t for c in json.loads(path.read_text())["cases"] for g in c["groups"]
+                  for t in g["trials"]]  # fmt: skip
+        assert len(trials) == 2
+        assert gen[side] == sum(t["performance_valid"] for t in trials)
+    if gen["n_a"] == gen["n_b"] == 2:
+        assert gen["interval_pct"][0] <= gen["delta_pct"] <= gen["interval_pct"][1]
     assert json.loads(a.read_text())["status"] == "complete"
     run = subprocess.run([SERVEGATE, "bench", "compare", str(a), str(b), "--json"],
                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
@@ -232,8 +244,9 @@ def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_p
     gate = subprocess.run([SERVEGATE, "bench", "gate", str(a), str(b), "--json",
                            "--config", str(tmp_path / "bench.toml")],
                           capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
-    assert gate.returncode in (0, 9)
-    assert json.loads(gate.stdout)["result"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    decided = json.loads(gate.stdout)["result"]["verdict"]
+    assert decided in ("PASS", "FAIL")  # a file gate is final: never left open
+    assert gate.returncode == (0 if decided == "PASS" else 9)
     report = subprocess.run([SERVEGATE, "report", str(a), str(b), "--out", str(tmp_path / "rep"),
                              "--config", str(tmp_path / "bench.toml")],
                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip

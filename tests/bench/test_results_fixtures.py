@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import gzip
 import json
+import zlib
 from pathlib import Path
 
 import pytest
@@ -122,7 +122,10 @@ def test_fixtures_are_real_locked_and_not_filler() -> None:
     assert "def " in fixtures.load("coding").text
     filler = ("lorem ipsum " * 10_000).encode()
     assert fixtures.gzip_ratio(filler) < fixtures.MIN_GZIP_RATIO
-    assert gzip.compress(b"x")  # the module's ratio uses zlib level 9 like the field
+    # the ratio is zlib level 9 over the raw bytes, as the field computes it
+    sample = fixtures.load("regular").text[:50_000].encode()
+    assert fixtures.gzip_ratio(sample) == len(zlib.compress(sample, 9)) / len(sample)
+    assert fixtures.gzip_ratio(b"") == 0.0
 
 
 def test_generated_image_has_the_regions_it_claims() -> None:

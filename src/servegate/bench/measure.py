@@ -9,6 +9,13 @@ Definitions (the ones llm-context-bench and the seeds use):
 - ``mean_inter_token_latency_ms``: ``decode_window_s / (completion_tokens - 1)`` in ms
 - ``output_tps_whole_request``: ``completion_tokens / wall time``
 - ``tokens_per_chunk``: ``completion_tokens / text chunks``
+- ``engine_prefill_tps``, ``engine_generation_tps``: the same rates by the engine's own
+  clock (vLLM's ``request_prefill_time`` and ``request_decode_time`` histograms, read
+  across the group): they do not move when the frontend or the client is starved
+
+A stream that arrives in a burst (mean inter-token latency below ``min_itl_ms``) was held
+back between the engine and the client: its client-side timings are not measurements and
+are dropped (``client_timing``), the engine's clock still counts.
 
 Token counts come from ``usage`` only.
 """
@@ -108,6 +115,8 @@ def trial(stream: Stream, rules: Rules) -> dict[str, Any]:
         "mean_inter_token_latency_ms": None,
         "output_tps_whole_request": None,
         "tokens_per_chunk": None,
+        "engine_prefill_tps": None,
+        "engine_generation_tps": None,
         "stream_delivery": "none",
         "cached_tokens": cached_tokens(stream),
         "content": content_stats(stream.content),
@@ -132,11 +141,36 @@ def trial(stream: Stream, rules: Rules) -> dict[str, Any]:
         out["output_tps_whole_request"] = _r(completion / wall, 4)
     if completion and stream.text_chunks:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
+    out["client_timing"] = _burst(out, rules)
+    if out["client_timing"]:
+        for key in CLIENT_TIMINGS:
+            out[key] = None
     reasons = _reasons(out, rules)
     out["invalid_reasons"] = sorted(reasons)
     out["reason_details"] = reasons
     out["performance_valid"] = not reasons
     return out
+
+
+#: what the client's clock measured (dropped from a burst)
+CLIENT_TIMINGS = (
+    "ttft_s",
+    "prefill_tps",
+    "decode_window_s",
+    "generation_tps",
+    "mean_inter_token_latency_ms",
+    "output_tps_whole_request",
+)
+
+
+def _burst(t: Mapping[str, Any], rules: Rules) -> str:
+    itl = t["mean_inter_token_latency_ms"]
+    if itl is None or itl >= rules.min_itl_ms:
+        return ""
+    return (
+        f"burst: {t['completion_tokens']} tokens arrived within {t['decode_window_s']} s (mean "
+        f"ITL {itl} ms < {rules.min_itl_ms} ms): held back between engine and client"
+    )
 
 
 def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
@@ -176,12 +210,6 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
         r["prompt_cache_hit"] = ", ".join(f"{k}={v}" for k, v in hits.items())
     if t["stream_delivery"] != "incremental":
         r["stream_not_incremental"] = f"{t['text_chunks']} text chunk(s): no decode window"
-    itl = t["mean_inter_token_latency_ms"]
-    if itl is not None and itl < rules.min_itl_ms:
-        r["stream_burst"] = (
-            f"{completion} tokens arrived within {t['decode_window_s']} s (mean ITL {itl} ms "
-            f"< {rules.min_itl_ms} ms): the stream was held back and came at once"
-        )
     return r
 
 

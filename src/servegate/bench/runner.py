@@ -56,6 +56,8 @@ METRICS = (
     "mean_inter_token_latency_ms",
     "output_tps_whole_request",
     "decode_window_s",
+    "engine_prefill_tps",
+    "engine_generation_tps",
 )
 #: log lines that mean something compiled inside a measured window
 WINDOW_LOG_PATTERNS = (
@@ -194,7 +196,7 @@ def summarize(case: dict[str, Any]) -> None:
     trials = [t for g in case["groups"] for t in g["trials"]]
     valid = [t for t in trials if t["performance_valid"]]
     summary: dict[str, Any] = {
-        m: _median([t[m] for t in valid if t[m] is not None]) for m in METRICS
+        m: _median([t[m] for t in valid if t.get(m) is not None]) for m in METRICS
     }
     summary["prompt_tokens"] = _median([t["prompt_tokens"] for t in valid if t["prompt_tokens"]])
     summary["trials"] = len(trials)
@@ -548,6 +550,7 @@ class Bench:
             t["ignore_eos"] = bool(bodies[i].get("ignore_eos"))
             trials.append(t)
         self._cross_checks(trials, before, after, mark)
+        self._engine_clock(trials, before, after)
         totals = measure.group(trials, min(st.started for st in done), done)
         return {
             "group": n,
@@ -589,6 +592,24 @@ class Bench:
             for reason in self.window_check(window) if self.window_check else []:
                 for t in trials:
                     measure.invalidate(t, "log_rule", reason[:200])
+
+    def _engine_clock(
+        self, trials: list[dict[str, Any]], before: dict[str, float], after: dict[str, float]
+    ) -> None:
+        """Prefill and decode rates by the engine's own clock (vLLM's request prefill and
+        decode time histograms), for every request the engine observed in the group:
+        exact per request at concurrency 1, the group's mean above."""
+        names = self.spec.endpoint.adapter.metrics
+        prefill = prom.histogram_mean_delta(before, after, names.prefill_time)
+        decode = prom.histogram_mean_delta(before, after, names.decode_time)
+        for t in trials:
+            t["engine_prefill_tps"] = t["engine_generation_tps"] = None
+            if not t["ok"] or not isinstance(t["completion_tokens"], int):
+                continue
+            if prefill and prefill[1] == len(trials) and prefill[0] > 0 and t["prompt_tokens"]:
+                t["engine_prefill_tps"] = round(t["prompt_tokens"] / prefill[0], 4)
+            if decode and decode[1] == len(trials) and decode[0] > 0 and t["completion_tokens"] > 1:
+                t["engine_generation_tps"] = round((t["completion_tokens"] - 1) / decode[0], 4)
 
     def _metric_deltas(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
         names = self.spec.endpoint.adapter.metrics

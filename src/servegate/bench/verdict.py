@@ -70,6 +70,10 @@ class Settings:
     offsets: Mapping[str, float] = field(default_factory=dict)
 
 
+def covers(rule: Rule, case_id: str) -> bool:
+    return any(fnmatch.fnmatchcase(case_id, pat) for pat in rule.cases)
+
+
 def _row(case: str, metric: str, required: bool, **kw: Any) -> dict[str, Any]:
     base = {
         "case": case,
@@ -111,7 +115,7 @@ def evaluate(
         (cid, cs, rule)
         for cid, cs in sorted(candidate.cases.items())
         for rule in rules
-        if any(fnmatch.fnmatchcase(cid, pat) for pat in rule.cases)
+        if covers(rule, cid)
     ]
     deciding_rows = sum(1 for _, cs, r in covered if cs.required and r.tolerance < 1)
     levels = stats.Levels.split(st.false_alarm, st.miss, deciding_rows, st.looks)
@@ -288,9 +292,7 @@ def _judge_drifted(
     why = f"{box} (reference workload): ratio {c.ratio:.3f} is not a verdict on the release ({n})"
     if not final:
         return INCONCLUSIVE, why
-    return _policy(
-        credited, rule, st, why + f"; at the cap the credited ratio {credited.ratio:.3f}"
-    )
+    return _policy(credited, rule, levels, st, f"{why}; credited ratio {credited.ratio:.3f}")
 
 
 def _policy(

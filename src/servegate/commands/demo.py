@@ -29,7 +29,7 @@ def _bench_summary(outcome: Outcome) -> str:
         if check.get("name") != "bench":
             continue
         ratios = [
-            f"{r['metric'].split('_')[0].replace('generation', 'decode')} {r['ratio']:.2f}x"
+            f"{'prefill' if 'prefill' in r['metric'] else 'decode'} {r['ratio']:.2f}x"
             for r in check["evidence"].get("rows", [])
             if r["ratio"] is not None
         ]

@@ -25,6 +25,9 @@ class MetricNames:
     itl: tuple[str, ...] = ()
     spec_accepted: tuple[str, ...] = ()
     spec_draft: tuple[str, ...] = ()
+    #: the engine's own clock: scheduled → first token, first → last token
+    prefill_time: tuple[str, ...] = ()
+    decode_time: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ VLLM = Engine(
         itl=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
         spec_accepted=("vllm:spec_decode_num_accepted_tokens_total",),
         spec_draft=("vllm:spec_decode_num_draft_tokens_total",),
+        prefill_time=("vllm:request_prefill_time_seconds",),
+        decode_time=("vllm:request_decode_time_seconds",),
     ),
     extended_sampling=True,
     owned_by="vllm",

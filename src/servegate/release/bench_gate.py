@@ -11,11 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from servegate.bench import results, verdict
-from servegate.bench.runner import Bench, LogWindow, spec_from_config
+from servegate.bench import noise, results, stats, verdict
+from servegate.bench.runner import Bench, LogWindow, parse_cases, spec_from_config
 from servegate.config import Config
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ResultFileError
@@ -45,6 +46,44 @@ def settings(cfg: Config, first_release: bool = False, looks: int = 1) -> verdic
         first_release=first_release,
         drift=g.drift,
     )
+
+
+def plan(cfg: Config, found: Mapping[str, noise.Noise]) -> list[dict[str, Any]]:
+    """Per deciding row with a noise estimate: the repetitions that resolve its tolerance
+    (None: not within bench.max_repetitions) and the loss the box resolves at the cap."""
+    b, g = cfg.bench, cfg.gate
+    cases = [
+        c for c in parse_cases(b.profiles, b.tiers, b.concurrency, b.report_only) if c.required
+    ]
+    chosen = [r for r in rules(cfg) if r.tolerance < 1]
+    deciding = sum(1 for c in cases for r in chosen if verdict.covers(r, c.id))
+    looks = max(1, b.max_repetitions - b.repetitions + 1)
+    rows = []
+    for case in cases:
+        for rule in chosen:
+            est = found.get(f"{case.id}:{rule.metric}")
+            if est is None or not verdict.covers(rule, case.id):
+                continue
+            n = stats.plan(est.cv, est.offset, rule.tolerance, g.false_alarm, g.miss, deciding,
+                           b.repetitions, b.max_repetitions)  # fmt: skip
+            levels = stats.Levels.split(g.false_alarm, g.miss, deciding, looks)
+            rows.append({
+                "case": case.id, "metric": rule.metric, "tolerance": rule.tolerance,
+                "cv": est.cv, "offset": est.offset, "repetitions": n,
+                "resolves": stats.resolvable(est.cv, est.offset, levels, b.max_repetitions),
+            })  # fmt: skip
+    return rows
+
+
+def unresolved(rows: list[dict[str, Any]], cap: int) -> list[str]:
+    """ "this box resolves 12 %, not 5 %" for each row the box cannot resolve at the cap."""
+    return [
+        f"{r['case']} {r['metric']}: this box resolves {r['resolves']:.0%}, not "
+        f"{r['tolerance']:.0%} within bench.max_repetitions = {cap} (CV {r['cv']:.1%}, "
+        f"restart offset {r['offset']:.1%})"
+        for r in rows
+        if r["repetitions"] is None
+    ]
 
 
 def results_dir(cfg: Config) -> Path:
@@ -128,13 +167,24 @@ def run(
     except ResultFileError as exc:
         return {**evidence, "verdict": verdict.FAIL, "why": str(exc), "rows": []}
     evidence["baseline"] = about
+    found, noise_about = noise.load(cfg.host_root, str(bench.result["fingerprint"]["digest"]))
+    planned = plan(cfg, found)
+    evidence["noise"] = {"about": noise_about, "plan": planned}
+    for line in unresolved(planned, cfg.bench.max_repetitions):
+        reporter.note(f"bench gate: {line}")
+    first = max(
+        [spec.repetitions] + [r["repetitions"] or cfg.bench.max_repetitions for r in planned]
+    )
+    first = min(first, cfg.bench.max_repetitions)
     try:
         bench.prepare()
         bench.warm_up()
         for case in spec.cases:
-            bench.measure(case, spec.repetitions)
-        looks = max(1, cfg.bench.max_repetitions - cfg.bench.repetitions + 1)
-        st, chosen = settings(cfg, first_release, looks), rules(cfg)
+            bench.measure(case, first)
+        looks = max(1, cfg.bench.max_repetitions - spec.repetitions + 1)
+        st = replace(settings(cfg, first_release, looks),
+                     offsets={k: v.offset for k, v in found.items()})  # fmt: skip
+        chosen = rules(cfg)
         decision = verdict.evaluate(
             base, results.from_result(bench.result), chosen, st, final=False
         )
@@ -161,6 +211,7 @@ def run(
                 "rows": [], "samples": results.from_result(bench.result).as_dict()}  # fmt: skip
     bench.result["gate"] = decision
     bench.finish()
+    decided_at = {c["id"]: len(c["groups"]) for c in bench.result["cases"]}
     candidate = results.from_result(bench.result, str(output))
     return {
         **evidence,
@@ -168,6 +219,7 @@ def run(
         "why": decision["why"],
         "method": decision["method"],
         "rows": decision["rows"],
+        "repetitions": decided_at,
         "table": bench.result["performance_table"],
         "samples": candidate.as_dict(),
     }

@@ -1,0 +1,125 @@
+"""The box's own noise: within-run CV and the restart-to-restart offset of a release.
+
+``servegate bench noise`` measures the live release in several service starts (the same
+cases, the same repetitions each) and estimates, per case and metric, on log rates:
+
+- ``cv``: the pooled within-start standard deviation (what more trials average away);
+- ``offset``: the standard deviation of a start's mean beyond what ``cv`` explains
+  (what no number of trials inside one start averages away: the baseline and the
+  candidate always run in different starts).
+
+The estimate lives with the host's records (``<host.root>/noise.json``) and is tied to
+the bench fingerprint it was measured with; the gate reads it to plan its repetitions,
+to say before measuring which loss the box can resolve, and to widen its standard
+error by the offset.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servegate.bench import stats
+from servegate.bench.results import Samples
+from servegate.pipeline import atomic
+
+SCHEMA = 1
+FILE = "noise.json"
+
+
+@dataclass(frozen=True)
+class Noise:
+    cv: float
+    offset: float
+    starts: int
+    samples: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cv": round(self.cv, 5),
+            "offset": round(self.offset, 5),
+            "starts": self.starts,
+            "samples": self.samples,
+        }
+
+
+def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
+    """One-way random effects on log values: ``groups`` are the samples of each start."""
+    logs = [[math.log(v) for v in g if v > 0] for g in groups]
+    logs = [g for g in logs if len(g) >= 2]
+    if not logs:
+        return None
+    within_ss = sum(math.fsum((x - math.fsum(g) / len(g)) ** 2 for x in g) for g in logs)
+    within_df = sum(len(g) - 1 for g in logs)
+    cv = math.sqrt(within_ss / within_df) if within_df else 0.0
+    offset = 0.0
+    if len(logs) >= 2:
+        means = [math.fsum(g) / len(g) for g in logs]
+        n_bar = sum(len(g) for g in logs) / len(logs)
+        between = stats.log_sd([math.exp(m) for m in means]) ** 2
+        offset = math.sqrt(max(0.0, between - cv**2 / n_bar))
+    return Noise(cv, offset, len(logs), sum(len(g) for g in logs))
+
+
+def measure(starts: Sequence[Samples], metrics: Sequence[str]) -> dict[str, Noise]:
+    """Per ``case:metric``: the noise over the service starts' samples."""
+    out: dict[str, Noise] = {}
+    cases = sorted({cid for s in starts for cid in s.cases})
+    for cid in cases:
+        for m in metrics:
+            groups = [s.cases[cid].metrics.get(m, []) for s in starts if cid in s.cases]
+            found = estimate(groups)
+            if found is not None:
+                out[f"{cid}:{m}"] = found
+    return out
+
+
+def save(
+    root: Path,
+    found: Mapping[str, Noise],
+    fingerprint: Mapping[str, Any],
+    sha: str,
+    host: str,
+    result_files: Sequence[str],
+) -> Path:
+    path = root / FILE
+    atomic.write_json(
+        path,
+        {
+            "schema": SCHEMA,
+            "kind": "servegate.noise",
+            "measured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "host": host,
+            "sha": sha,
+            "fingerprint": dict(fingerprint),
+            "rows": {k: v.as_dict() for k, v in found.items()},
+            "result_files": list(result_files),
+        },
+    )
+    return path
+
+
+def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
+    """(noise per case:metric, what it is). Empty with the reason when there is none or
+    it was measured with another bench fingerprint."""
+    path = root / FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}, "no noise measurement on this host (`servegate bench noise`)"
+    except (OSError, ValueError) as exc:
+        return {}, f"{path} is unreadable ({exc}): re-run `servegate bench noise`"
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return {}, f"{path} is not a noise record of schema {SCHEMA}"
+    if (doc.get("fingerprint") or {}).get("digest") != digest:
+        return {}, f"{path} was measured with other bench settings: re-run `servegate bench noise`"
+    rows = {
+        k: Noise(float(v["cv"]), float(v["offset"]), int(v["starts"]), int(v["samples"]))
+        for k, v in (doc.get("rows") or {}).items()
+    }
+    return rows, f"noise measured {doc.get('measured_at')} on {doc.get('sha', '')[:12]}"

@@ -1,0 +1,99 @@
+"""``servegate bench noise``: measure the box's noise on the live release, keep it, plan.
+
+The live release is measured with the config's ``[bench]`` cases in ``--restarts + 1``
+service starts (the service is restarted in between, under the host lock, and must come
+back healthy), ``--repetitions`` groups each. The within-start CV and the restart offset
+per case and metric go to ``<host.root>/noise.json``; the table says, for each gate rule,
+how many repetitions resolve its tolerance on this box — or which loss it resolves
+instead.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from pathlib import Path
+
+from servegate import config as config_mod
+from servegate.bench import noise, results
+from servegate.bench.runner import METRICS, Bench, spec_from_config
+from servegate.engine.health import wait_healthy
+from servegate.engine.openai import first_model
+from servegate.errors import BenchFailed, PreflightFailed
+from servegate.output import Output
+from servegate.pipeline.lease import gpu_lease
+from servegate.pipeline.lock import HostLock
+from servegate.release import bench_gate
+from servegate.release.context import Context
+
+
+def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
+    environ = dict(os.environ)
+    cfg = config_mod.load(cfg_path, environ)
+    reporter = out.reporter()
+    ctx = Context.create(cfg, reporter, environ)
+    live = ctx.state.current
+    if live is None:
+        raise PreflightFailed(
+            "no live release on this host: the noise is measured on the live release",
+            hint="promote a release first (`release promote SHA`)",
+        )
+    model = cfg.service.model or first_model(ctx.endpoint)
+    spec = spec_from_config(cfg.bench, ctx.endpoint, model, "", socket.gethostname())
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    files: list[str] = []
+    starts: list[results.Samples] = []
+    with (
+        HostLock(ctx.lock_path, "servegate bench noise"),
+        gpu_lease(ctx.lease_path, "servegate bench noise", cfg.host.lease_timeout),
+    ):
+        for start in range(restarts + 1):
+            if start:
+                reporter.note(f"restarting {cfg.service.unit} ({start} of {restarts}) …")
+                ctx.manager.stop()
+                ctx.manager.start()
+                wait_healthy(ctx.manager, ctx.endpoint, cfg.service.startup_timeout, reporter)
+            output = bench_gate.results_dir(cfg) / f"{stamp}-noise-{start}.json"
+            bench = Bench(spec, output, reporter, environ=environ)
+            try:
+                bench.prepare()
+                bench.warm_up()
+                for case in spec.cases:
+                    bench.measure(case, repetitions)
+            except BenchFailed as exc:
+                bench.fail("failed", str(exc))
+                raise
+            starts.append(results.from_result(bench.finish(), str(output)))
+            files.append(str(output))
+    found = noise.measure(starts, METRICS)
+    fingerprint = results.Samples("", "", {}, {}) if not starts else starts[-1]
+    path = noise.save(cfg.host_root, found, fingerprint.fingerprint, live.sha,
+                      socket.gethostname(), files)  # fmt: skip
+    planned = bench_gate.plan(cfg, found)
+    unresolved = bench_gate.unresolved(planned, cfg.bench.max_repetitions)
+    doc = {
+        "file": str(path),
+        "rows": {k: v.as_dict() for k, v in found.items()},
+        "plan": planned,
+        "unresolved": unresolved,
+    }
+    if out.json_mode:
+        return out.emit(doc)
+    out.table(
+        f"box noise — {restarts + 1} start(s) x {repetitions} of {live.sha[:12]}",
+        ["case", "metric", "CV", "restart offset", "samples"],
+        [[k.split(":")[0], k.split(":")[1], f"{v.cv:.2%}", f"{v.offset:.2%}", str(v.samples)]
+         for k, v in found.items()],
+    )  # fmt: skip
+    out.table(
+        "gate plan",
+        ["case", "metric", "tolerance", "repetitions", "resolves at the cap"],
+        [[r["case"], r["metric"], f"{r['tolerance']:.0%}",
+          str(r["repetitions"]) if r["repetitions"] else "not within the cap",
+          f"{r['resolves']:.1%}"] for r in planned],
+    )  # fmt: skip
+    for line in unresolved:
+        out.line(line)
+    out.line(f"kept in {path}: the gate plans its repetitions from it")
+    return 0
