@@ -553,6 +553,11 @@ def _validate_bench(cfg: Config) -> None:
                 f"gate.floors = {cfg.gate.floors!r} is not a shipped floor set",
                 hint=f"shipped: {', '.join(shipped)}",
             )
+    if not cfg.gate.checks:
+        raise ConfigError(
+            "gate.checks is empty: a gate without checks would pass every release",
+            hint='name at least one check, e.g. checks = ["smoke"] (the default)',
+        )
     for key in ("false_alarm", "miss", "drift"):
         if not 0 < getattr(cfg.gate, key) < 1:
             raise ConfigError(f"gate.{key} must be in (0, 1)")

@@ -159,6 +159,14 @@ class HostKeyRejected(ServegateError):
     title = "host key rejected"
 
 
+class GpuTestsSkipped(ServegateError):
+    """A GPU test run on a machine with a GPU skipped every selected test: nothing was
+    tested, so the run is not green."""
+
+    exit_code = 19
+    title = "every GPU test skipped"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -180,4 +188,5 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     LogRuleFailed,
     HostUnreachable,
     HostKeyRejected,
+    GpuTestsSkipped,
 )

@@ -123,8 +123,10 @@ def test_floors_decide_without_a_baseline_but_a_missing_baseline_never_passes() 
 def test_an_invalid_baseline_never_lets_a_candidate_pass() -> None:
     broken = samples({"generation_tps": [63.0]}, valid=False)
     crawl = samples({"generation_tps": [1.0, 1.1, 0.9]})
-    for policy in ("first-release", "fail"):
-        st = verdict.Settings(no_baseline=policy, first_release=True)  # type: ignore[arg-type]
+    for st in (
+        verdict.Settings(no_baseline="first-release", first_release=True),
+        verdict.Settings(no_baseline="fail"),
+    ):
         d = verdict.evaluate(broken, crawl, [verdict.Rule("generation_tps")], st)
         assert d["verdict"] == "FAIL"
         assert "the baseline case is invalid" in d["why"]

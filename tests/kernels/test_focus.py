@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from importlib import resources
@@ -119,3 +120,26 @@ def test_run_without_gpu_says_how_many_were_skipped(
     assert code == 0
     assert "no GPU: 7 tests skipped" in out
     assert "7 skipped" in out
+
+
+def test_a_gpu_run_that_skipped_every_test_is_not_green(
+    cfg: config.Config,
+    checkout: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A runner whose GPU the tests cannot see: GPU detection says there is one (the
+    detection is this test's edge: an nvidia-smi that lists a GPU), every test skips."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200 (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    edit(checkout, "kernels/demo_kernels.hip")
+    code = main(["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"])
+    captured = capfd.readouterr()
+    assert code == 19
+    assert "7 skipped" in captured.out
+    assert "yet all 7 selected GPU test(s) were skipped" in captured.err

@@ -499,14 +499,24 @@ class Bench:
 
     def _progress(self, case: Case, n: int, group: dict[str, Any]) -> None:
         for t in group["trials"]:
-            if t["performance_valid"]:
-                self.reporter.note(
-                    f"{case.id} #{n}: TTFT {t['ttft_s']:.2f}s, prefill {t['prefill_tps']:,.0f} "
-                    f"tok/s, decode {t['generation_tps']:,.1f} tok/s — valid"
-                )
-            else:
+            if not t["performance_valid"]:
                 why = "; ".join(f"{k}: {v}" for k, v in t["reason_details"].items())
                 self.reporter.note(f"{case.id} #{n}: INVALID — {why}")
+                continue
+            parts = []
+            if t["ttft_s"] is not None:
+                parts.append(
+                    f"TTFT {t['ttft_s']:.2f}s, prefill {t['prefill_tps']:,.0f} tok/s, "
+                    f"decode {t['generation_tps']:,.1f} tok/s"
+                )
+            else:
+                parts.append(f"client timing dropped ({t['client_timing']})")
+            if t.get("engine_prefill_tps") and t.get("engine_generation_tps"):
+                parts.append(
+                    f"engine clock: prefill {t['engine_prefill_tps']:,.0f}, "
+                    f"decode {t['engine_generation_tps']:,.1f} tok/s"
+                )
+            self.reporter.note(f"{case.id} #{n}: {'; '.join(parts)} — valid")
 
     def _group(self, case: Case, n: int) -> dict[str, Any]:
         s = self.spec

@@ -7,6 +7,7 @@ from servegate.config import Config
 from servegate.engine.launch import launch_spec
 from servegate.engine.lint import ruleset
 from servegate.output import Output
+from servegate.release import bench_gate
 from servegate.release.gate import build_checks
 
 
@@ -25,8 +26,9 @@ def run(cfg: Config, out: Output) -> int:
     # the launch resolves (profile, includes, parameters, placeholders) and the rules load
     spec = launch_spec(cfg, cfg.host_root / "current", "0" * 40)
     rules = ruleset(cfg)
+    warnings = bench_gate.noise_warnings(cfg) if "bench" in checks else []
     if out.json_mode:
-        return out.emit(_plain(cfg))
+        return out.emit({**_plain(cfg), "warnings": warnings})
     out.line(f"{cfg.path}: OK")
     out.line(f"  stack    {cfg.stack.remote} ({cfg.stack.branch})")
     out.line(f"  host     {cfg.host.root} ({cfg.host.strategy}, keep {cfg.host.keep_releases})")
@@ -35,4 +37,6 @@ def run(cfg: Config, out: Output) -> int:
     out.line(f"  launch   {launch}: {spec.argv[0]} … ({len(spec.argv)} words, {len(spec.env)} env)")
     out.line(f"  rules    {len(rules.of('lint'))} lint, {len(rules.of('log'))} log")
     out.line(f"  gate     {', '.join(checks)}")
+    for warning in warnings:
+        out.err.print(f"warning: {warning}", markup=False)
     return 0

@@ -3,9 +3,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 from servegate.config import Config
+from servegate.errors import GpuTestsSkipped
 from servegate.kernels import gpu
 from servegate.kernels.focus import Selection, select
 from servegate.output import Output
@@ -52,6 +55,30 @@ def run(
     if not execute:
         return 0
     argv = _pytest(selection, cfg, extra)
-    if not gpu.detect():
+    has_gpu = gpu.detect()
+    if not has_gpu:
         out.line(f"no GPU: {_count(argv, checkout)} tests skipped (they run on a machine with one)")
-    return proc.run(argv, cwd=checkout, check=False, capture=False).returncode
+    with tempfile.TemporaryDirectory(prefix="servegate-focus-") as tmp:
+        report = Path(tmp) / "junit.xml"
+        code = proc.run([*argv, f"--junitxml={report}"], cwd=checkout, check=False,
+                        capture=False).returncode  # fmt: skip
+        ran, skipped = _tally(report)
+    if code == 0 and has_gpu and ran and skipped == ran:
+        raise GpuTestsSkipped(
+            f"this machine has a GPU ({has_gpu}), yet all {ran} selected GPU test(s) were "
+            "skipped: a run that tested nothing is not green",
+            hint="the tests do not see the GPU: check the driver, device permissions and the "
+            "runner's environment (the skip reasons are printed above)",
+        )
+    return code
+
+
+def _tally(report: Path) -> tuple[int, int]:
+    """(tests, skipped) from pytest's JUnit XML; (0, 0) when there is none."""
+    try:
+        root = ElementTree.parse(report).getroot()
+    except (OSError, ElementTree.ParseError):
+        return 0, 0
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    return (sum(int(s.get("tests", 0)) for s in suites),
+            sum(int(s.get("skipped", 0)) for s in suites))  # fmt: skip

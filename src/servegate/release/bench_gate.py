@@ -86,6 +86,17 @@ def unresolved(rows: list[dict[str, Any]], cap: int) -> list[str]:
     ]
 
 
+def noise_warnings(cfg: Config) -> list[str]:
+    """What ``config check`` says about the box's measured noise and the gate's rules."""
+    from servegate.bench.runner import fingerprint
+
+    spec = spec_from_config(cfg.bench, Endpoint(""), cfg.service.model)
+    found, about = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
+    if not found:
+        return [f"the gate cannot plan its repetitions: {about}"]
+    return unresolved(plan(cfg, found), cfg.bench.max_repetitions)
+
+
 def results_dir(cfg: Config) -> Path:
     if cfg.bench.results_dir:
         return Path(cfg.bench.results_dir)
