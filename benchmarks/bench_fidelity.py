@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servegate.bench import runner
+from servegate.bench import cases, runner
 from servegate.demo.local_server import vllm_server
 from servegate.engine.openai import Endpoint
 
@@ -33,11 +33,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=1024)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, vllm_server(Path(tmp)) as server:
-        spec = runner.Spec(
+        spec = cases.Spec(
             Endpoint(server.url), "demo",
-            runner.parse_cases(["regular", "coding"], args.tiers.split(","), [1]),
+            cases.parse_cases(["regular", "coding"], args.tiers.split(","), [1]),
             repetitions=args.repetitions, max_tokens=args.max_tokens,
-            sampling=runner.Sampling(seed=-1),
+            sampling=cases.Sampling(seed=-1),
         )  # fmt: skip
         result = runner.run(spec, Path(tmp) / "fidelity.json")
     ttft_dev, itl_dev = [], []

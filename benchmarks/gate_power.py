@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from servegate.bench import measure, results, runner, stats, verdict
+from servegate.bench import cases, measure, results, runner, stats, verdict
 from servegate.bench.results import CaseSamples, Samples
 
 CASES = ("regular-16k", "coding-16k")
@@ -132,10 +132,10 @@ def real(runs: int, slow_arg: str) -> int:
 
     rules = [verdict.Rule(m, "higher", 0.5) for m in DEMO_METRICS]
 
-    def spec(url: str, warmup: bool) -> runner.Spec:
-        return runner.Spec(
-            Endpoint(url), "demo", runner.parse_cases(["regular"], ["2k"], [1]), repetitions=3,
-            max_tokens=512, sampling=runner.Sampling(seed=-1), warmup=warmup,
+    def spec(url: str, warmup: bool) -> cases.Spec:
+        return cases.Spec(
+            Endpoint(url), "demo", cases.parse_cases(["regular"], ["2k"], [1]), repetitions=3,
+            max_tokens=512, sampling=cases.Sampling(seed=-1), warmup=warmup,
             rules=measure.Rules(max_dominant_ratio=0.35),
         )  # fmt: skip
 

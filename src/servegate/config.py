@@ -52,6 +52,9 @@ class Host:
     state_dir: str = ""
     #: seconds promote and rollback wait for the GPU lease
     lease_timeout: float = 3600.0
+    #: this host's identity in release records: the gate compares only with samples this
+    #: id recorded; empty: the machine id (/etc/machine-id), else the hostname
+    id: str = ""
 
 
 KernelKind = Literal["portable", "hipcc", "nvcc", "cmake"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import measure, probes, results, runner, verdict
+from servegate.bench import cases, measure, probes, results, runner, verdict
 from servegate.demo.local_server import Server, vllm_server
 from servegate.engine.openai import Endpoint
 from tests.conftest import REAL_HOME
@@ -124,9 +124,9 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
 
 def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path: Path) -> None:
     """vLLM reports no cached tokens in usage: only the /metrics delta betrays the hit."""
-    spec = runner.Spec(Endpoint(server.url), "demo", runner.parse_cases(["regular"], ["2k"], [1]),
+    spec = cases.Spec(Endpoint(server.url), "demo", cases.parse_cases(["regular"], ["2k"], [1]),
                        repetitions=1, max_tokens=512, warmup=False,
-                       sampling=runner.Sampling(seed=-1), rules=RULES)  # fmt: skip
+                       sampling=cases.Sampling(seed=-1), rules=RULES)  # fmt: skip
     first = runner.Bench(spec, tmp_path / "a.json")
     first.prepare()
     doc = first.measure(spec.cases[0], 1)
@@ -191,9 +191,9 @@ def test_spec_decode_probe_reports_absent_counters(server: Server) -> None:
 
 
 def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path: Path) -> None:
-    spec = runner.Spec(Endpoint(server.url), "demo", runner.parse_cases(["regular"], ["1k"], [1]),
+    spec = cases.Spec(Endpoint(server.url), "demo", cases.parse_cases(["regular"], ["1k"], [1]),
                        repetitions=3, max_tokens=512, warmup=False,
-                       sampling=runner.Sampling(seed=-1), rules=RULES)  # fmt: skip
+                       sampling=cases.Sampling(seed=-1), rules=RULES)  # fmt: skip
     a = results.from_result(runner.run(spec, tmp_path / "a.json"))
     b = results.from_result(runner.run(spec, tmp_path / "b.json"))
     assert results.check_comparable(a, b) == []

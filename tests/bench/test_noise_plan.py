@@ -60,7 +60,8 @@ def _cfg(root: Path, extra: str = "") -> Path:
 
 
 def _noise_file(root: Path, cfg: config.Config, cv: float, offset: float) -> None:
-    from servegate.bench.runner import fingerprint, spec_from_config
+    from servegate.bench.cases import spec_from_config
+    from servegate.bench.document import fingerprint
     from servegate.engine.openai import Endpoint
 
     fp = fingerprint(spec_from_config(cfg.bench, Endpoint(""), "m"))
@@ -91,7 +92,8 @@ def test_the_gate_plans_from_the_box_noise_and_says_what_it_cannot_resolve(
 
 
 def _digest(cfg: config.Config) -> str:
-    from servegate.bench.runner import fingerprint, spec_from_config
+    from servegate.bench.cases import spec_from_config
+    from servegate.bench.document import fingerprint
     from servegate.engine.openai import Endpoint
 
     return str(fingerprint(spec_from_config(cfg.bench, Endpoint(""), "m"))["digest"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from servegate.bench import client, runner
+from servegate.bench import cases, client, runner
 from servegate.engine.openai import Endpoint
 
 WORDS = [
@@ -109,7 +109,7 @@ def test_a_broken_stream_is_a_failed_trial_and_the_result_is_kept(
     engine: tuple[str, type[Engine]], tmp_path: Path, mode: str, expected: str
 ) -> None:
     url, handler = engine
-    spec = runner.Spec(Endpoint(url), "m", runner.parse_cases(["regular"], ["1k"], [1]),
+    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                        repetitions=2, max_tokens=40, warmup=False)  # fmt: skip
     out = tmp_path / "r.json"
     bench = runner.Bench(spec, out)

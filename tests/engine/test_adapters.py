@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from servegate.bench import client, runner, sizing
+from servegate.bench import cases, client, runner, sizing
 from servegate.engine import adapters, openai
 from servegate.engine.openai import Endpoint
 from tests.bench.test_stream_faults import Engine
@@ -74,7 +74,7 @@ def test_bench_identifies_an_unnamed_server_and_sends_only_openai_fields(
     generic: tuple[str, type[Recording]], tmp_path: Path
 ) -> None:
     url, handler = generic
-    spec = runner.Spec(Endpoint(url), "m", runner.parse_cases(["regular"], ["1k"], [1]),
+    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                        repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
     bench = runner.Bench(spec, tmp_path / "r.json")
     bench.prepare()

@@ -11,6 +11,7 @@ import pytest
 from servegate import config
 from servegate.bench import results
 from servegate.release import bench_gate
+from servegate.release.record import host_id
 
 CFG = """
 [stack]
@@ -36,7 +37,8 @@ def record(fp: dict[str, object], host: str | None = None) -> dict[str, object]:
     })  # fmt: skip
     return {
         "sha": "a" * 40,
-        "host": host or socket.gethostname(),
+        "host": socket.gethostname(),
+        "host_id": host or host_id(cfg()),
         "verdict": "released",
         "gate": {
             "checks": [
@@ -61,7 +63,7 @@ def test_the_live_release_samples_are_the_baseline() -> None:
             {"sha": "b" * 40, "gate": {"checks": [{"name": "smoke"}]}},
             "has no recorded bench samples",
         ),
-        (record(FP, host="elsewhere"), "was measured on elsewhere"),
+        (record(FP, host="machine:other"), "was measured on another host (machine:other"),
         (record({**FP, "digest": "zzz", "max_tokens": 512}), "measured differently (max_tokens)"),
     ],
 )
@@ -69,6 +71,21 @@ def test_no_comparable_baseline_says_why(rec: dict[str, object] | None, why: str
     base, about = bench_gate.baseline(cfg(), rec, FP)
     assert base is None
     assert why in about
+
+
+def test_the_host_identity_survives_a_new_hostname() -> None:
+    """Containers get a new hostname at each start: host.id (or the machine id) decides."""
+    unnamed = cfg()
+    rec = record(FP, host="box-7")
+    rec["host"] = "container-1234"
+    named = config.parse(
+        CFG.replace('root = "/tmp/sg"', 'root = "/tmp/sg"\nid = "box-7"'), environ={}
+    )
+    base, about = bench_gate.baseline(named, rec, FP)
+    assert base is not None, about
+    base, about = bench_gate.baseline(unnamed, rec, FP)
+    assert base is None
+    assert "another host (box-7" in about
 
 
 def test_a_configured_baseline_file_must_match(tmp_path: Path) -> None:

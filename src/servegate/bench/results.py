@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegate.bench.runner import METRICS, SCHEMA, TIERS
+from servegate.bench.cases import METRICS, SCHEMA, TIERS
 from servegate.errors import ResultFileError
 
 LCB_SCHEMAS = (7, 8)

@@ -13,138 +13,24 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import functools
-import hashlib
 import json
 import re
-import statistics
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from servegate import __version__
-from servegate.bench import client, fixtures, measure, prom, reference, sizing
+from servegate.bench import client, document, fixtures, measure, prom, reference, sizing
+from servegate.bench.cases import Case, Spec
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
-from servegate.engine.openai import Endpoint
-from servegate.errors import BenchFailed, ConfigError
+from servegate.errors import BenchFailed
 from servegate.pipeline.atomic import write_text
 from servegate.pipeline.stages import QuietReporter, Reporter
-
-SCHEMA = 1
-#: bumped whenever a definition, a validity rule or the prompt layout changes
-HARNESS = "servegate-bench/1"
-#: 8k-128k are the field's tiers; 1k-4k are for smoke-sized runs (demos, CI)
-TIERS = {
-    "1k": 1024,
-    "2k": 2048,
-    "4k": 4096,
-    "8k": 8192,
-    "16k": 16384,
-    "32k": 32768,
-    "64k": 65536,
-    "128k": 131072,
-}
-METRICS = (
-    "prefill_tps",
-    "generation_tps",
-    "ttft_s",
-    "mean_inter_token_latency_ms",
-    "output_tps_whole_request",
-    "decode_window_s",
-    "engine_prefill_tps",
-    "engine_generation_tps",
-)
-#: log lines that mean something compiled inside a measured window
-WINDOW_LOG_PATTERNS = (
-    r"Compiling a graph for",
-    r"torch\.compile takes",
-    r"[Cc]apturing (CUDA |cuda |HIP )?graphs?",
-    r"[Tt]riton.*(JIT|[Aa]utotun|[Cc]ompiling)",
-    r"Autotune Choices Stats",
-    r"TunableOp.*[Tt]uning",
-)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 1.0
-    top_p: float = 0.95
-    top_k: int = 20
-    min_p: float = 0.0
-    seed: int = 3407
-
-
-@dataclass(frozen=True)
-class Case:
-    profile: str
-    tier: str
-    concurrency: int = 1
-    required: bool = True
-
-    @property
-    def id(self) -> str:
-        base = f"{self.profile}-{self.tier}"
-        return base if self.concurrency == 1 else f"{base}-c{self.concurrency}"
-
-    @property
-    def nominal(self) -> int:
-        return TIERS[self.tier]
-
-
-@dataclass(frozen=True)
-class Spec:
-    endpoint: Endpoint
-    model: str
-    cases: tuple[Case, ...]
-    repetitions: int = 3
-    max_tokens: int = 1024
-    tolerance_pct: float = 2.0
-    warmup: bool = True
-    ignore_eos: bool = False
-    sampling: Sampling = field(default_factory=Sampling)
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    timeout: float = 1800.0
-    command: str = ""
-    system: str = ""
-    rules: measure.Rules = field(default_factory=measure.Rules)
-    window_log_patterns: tuple[str, ...] = WINDOW_LOG_PATTERNS
-    #: measure the reference workload beside every group (the gate's drift check)
-    reference: bool = True
-
-
-def parse_cases(
-    profiles: Sequence[str],
-    tiers: Sequence[str],
-    concurrency: Sequence[int],
-    report_only: Sequence[str] = (),
-) -> tuple[Case, ...]:
-    for t in tiers:
-        if t not in TIERS:
-            raise ConfigError(f"unknown tier {t!r}", hint=f"tiers: {', '.join(TIERS)}")
-    for c in concurrency:
-        if not 1 <= c <= 64:
-            raise ConfigError(f"concurrency {c} is outside 1..64")
-    for p in profiles:
-        fixtures.load(p)
-    cases = tuple(
-        Case(p, t, c)
-        for c in concurrency
-        for p in profiles
-        for t in sorted(tiers, key=TIERS.__getitem__)
-    )
-    ids = {c.id for c in cases}
-    unknown = [r for r in report_only if r not in ids]
-    if unknown:
-        raise ConfigError(
-            f"bench.report_only names no case: {', '.join(unknown)}",
-            hint=f"cases of this run: {', '.join(sorted(ids))}",
-        )
-    return tuple(Case(c.profile, c.tier, c.concurrency, c.id not in report_only) for c in cases)
 
 
 class LogWindow:
@@ -168,75 +54,6 @@ class LogWindow:
             return ""
 
 
-def fingerprint(spec: Spec) -> dict[str, Any]:
-    """What must match for two runs' samples to be compared."""
-    profiles = sorted({c.profile for c in spec.cases})
-    parts = {
-        "harness": HARNESS,
-        "fixtures": {p: fixtures.load(p).sha256 for p in profiles},
-        "instructions": hashlib.sha256(
-            json.dumps({p: fixtures.INSTRUCTIONS[p] for p in profiles}).encode()
-        ).hexdigest()[:16],
-        "sampling": asdict(spec.sampling),
-        "max_tokens": spec.max_tokens,
-        "ignore_eos": spec.ignore_eos,
-        "chat_template_kwargs": dict(spec.chat_template_kwargs),
-        "cases": sorted(c.id for c in spec.cases),
-    }
-    parts["digest"] = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
-    return parts
-
-
-def _median(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 6) if values else None
-
-
-def summarize(case: dict[str, Any]) -> None:
-    """Medians over the valid trials, validity, reason totals (in place)."""
-    trials = [t for g in case["groups"] for t in g["trials"]]
-    valid = [t for t in trials if t["performance_valid"]]
-    summary: dict[str, Any] = {
-        m: _median([t[m] for t in valid if t.get(m) is not None]) for m in METRICS
-    }
-    summary["prompt_tokens"] = _median([t["prompt_tokens"] for t in valid if t["prompt_tokens"]])
-    summary["trials"] = len(trials)
-    summary["valid_trials"] = len(valid)
-    totals: dict[str, int] = {}
-    for t in trials:
-        for code in t["invalid_reasons"]:
-            totals[code] = totals.get(code, 0) + 1
-    summary["invalid_reason_totals"] = dict(sorted(totals.items()))
-    summary["performance_valid"] = bool(trials) and len(valid) == len(trials)
-    groups = [g["totals"] for g in case["groups"] if g["totals"]["group_valid"]]
-    for key in ("prefill_tps_total", "token_generation_tps_total", "requests_per_minute"):
-        summary[key] = _median([g[key] for g in groups if g[key] is not None])
-    case["summary"] = summary
-
-
-def table(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The flat per-case table (``performance_table``)."""
-    rows = []
-    for case in result["cases"]:
-        s = case["summary"]
-        rows.append(
-            {
-                "case": case["id"],
-                "profile": case["profile"],
-                "tier": case["tier"],
-                "concurrency": case["concurrency"],
-                "required": case["required"],
-                **{m: s.get(m) for m in (*METRICS, "prompt_tokens")},
-                "prefill_tps_total": s.get("prefill_tps_total"),
-                "token_generation_tps_total": s.get("token_generation_tps_total"),
-                "valid_trials": s["valid_trials"],
-                "trials": s["trials"],
-                "performance_valid": s["performance_valid"],
-                "invalid_reason_totals": s["invalid_reason_totals"],
-            }
-        )
-    return rows
-
-
 class Bench:
     """One bench run: ``prepare()``, ``warm_up()``, ``measure(case, n)``…, ``finish()``."""
 
@@ -255,7 +72,9 @@ class Bench:
         self.environ = environ if environ is not None else {}
         self.scope = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
         self.prompts: dict[str, str] = {}
-        self.result: dict[str, Any] = self._new_result()
+        self.result: dict[str, Any] = document.new_result(
+            spec, self.scope, str(log.path) if log else None
+        )
         self._patterns = [re.compile(p) for p in spec.window_log_patterns]
         #: more checks of a measured window's log: the text → reasons the trials are invalid
         self.window_check: Callable[[str], list[str]] | None = None
@@ -279,52 +98,8 @@ class Bench:
 
     # -- the result document ---------------------------------------------------------
 
-    def _new_result(self) -> dict[str, Any]:
-        s = self.spec
-        return {
-            "schema": SCHEMA,
-            "kind": "servegate.bench",
-            "status": "running",
-            "harness": {"name": HARNESS, "servegate_version": __version__},
-            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "finished_at": None,
-            "error": "",
-            "run": {
-                "base_url": s.endpoint.base_url,
-                "model": s.model,
-                "command": s.command,
-                "system": s.system,
-                "request_tag_scope": self.scope,
-                "repetitions": s.repetitions,
-                "max_tokens": s.max_tokens,
-                "tolerance_pct": s.tolerance_pct,
-                "ignore_eos": s.ignore_eos,
-                "warmup": s.warmup,
-                "sampling": asdict(s.sampling),
-                "chat_template_kwargs": dict(s.chat_template_kwargs),
-                "rules": asdict(s.rules),
-                "window_log_patterns": list(s.window_log_patterns),
-                "server_log": str(self.log.path) if self.log else None,
-            },
-            "fixtures": {
-                p: {
-                    "sha256": fixtures.load(p).sha256,
-                    "gzip_ratio": round(fixtures.load(p).gzip_ratio, 4),
-                    "sources": len(fixtures.load(p).sources),
-                    "licences": sorted({src["licence"] for src in fixtures.load(p).sources}),
-                }
-                for p in sorted({c.profile for c in s.cases})
-            },
-            "fingerprint": fingerprint(s),
-            "engine": {},
-            "sizing": {},
-            "warmup": None,
-            "cases": [],
-            "performance_table": [],
-        }
-
     def save(self) -> None:
-        self.result["performance_table"] = table(self.result)
+        self.result["performance_table"] = document.table(self.result)
         if self.output is not None:
             self.output.parent.mkdir(parents=True, exist_ok=True)
             write_text(self.output, json.dumps(self.result, indent=1) + "\n")
@@ -492,7 +267,7 @@ class Bench:
             n = len(doc["groups"]) + 1
             group = self._group(case, n)
             doc["groups"].append(group)
-            summarize(doc)
+            document.summarize(doc)
             self.save()
             self._progress(case, n, group)
         return doc
@@ -567,7 +342,7 @@ class Bench:
             "trials": trials,
             "totals": totals,
             "server_metrics": self._metric_deltas(before, after),
-            "reference": _reference(box_before, box_after),
+            "reference": document.group_reference(box_before, box_after),
         }
 
     def _cross_checks(
@@ -636,18 +411,6 @@ class Bench:
         return out
 
 
-def _reference(before: float | None, after: float | None) -> dict[str, Any] | None:
-    """The box's speed beside a group: the geometric mean of before and after."""
-    if before is None or after is None:
-        return None
-    return {
-        "before_gflops": round(before, 3),
-        "after_gflops": round(after, 3),
-        "rate": round((before * after) ** 0.5, 3),
-        "workload": f"numpy float64 {reference.SIZE}x{reference.SIZE} matmul",
-    }
-
-
 def run(
     spec: Spec,
     output: Path | None,
@@ -675,39 +438,3 @@ def run(
         bench.fail("failed", repr(exc))
         raise
     return bench.finish()
-
-
-def spec_from_config(
-    b: Any, endpoint: Endpoint, model: str, command: str = "", system: str = ""
-) -> Spec:
-    """A :class:`Spec` from the config's ``[bench]`` section."""
-    return Spec(
-        endpoint=endpoint,
-        model=model,
-        cases=parse_cases(b.profiles, b.tiers, b.concurrency, b.report_only),
-        repetitions=b.repetitions,
-        max_tokens=b.max_tokens,
-        tolerance_pct=b.tolerance_pct,
-        warmup=b.warmup,
-        ignore_eos=b.ignore_eos,
-        sampling=Sampling(b.temperature, b.top_p, b.top_k, b.min_p, b.seed),
-        chat_template_kwargs=json.loads(b.chat_template_kwargs) if b.chat_template_kwargs else {},
-        timeout=b.timeout,
-        command=command,
-        system=system,
-        rules=measure.Rules(
-            max_tokens=b.max_tokens,
-            tolerance_pct=b.tolerance_pct,
-            min_text_tokens=b.min_text_tokens,
-            min_unique_ratio=b.min_unique_ratio,
-            max_dominant_ratio=b.max_dominant_ratio,
-            min_zlib_ratio=b.min_zlib_ratio,
-        ),
-        window_log_patterns=tuple(b.window_log_patterns) or WINDOW_LOG_PATTERNS,
-        reference=b.reference,
-    )
-
-
-def write_result(path: Path, result: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps(result, indent=1) + "\n")

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
-from servegate.bench import probes, results, runner, verdict
-from servegate.bench.runner import METRICS
+from servegate.bench import cases, document, probes, results, runner, verdict
+from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
 from servegate.engine.launch import LaunchSpec, engine_of, launch_spec, redact_argv
@@ -136,7 +136,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
             ) from None
     live = _live_launch(cfg)
     command = o.server_command or (" ".join(redact_argv(live.argv)) if live else "")
-    spec = runner.spec_from_config(b, endpoint, model, command, o.system)
+    spec = cases.spec_from_config(b, endpoint, model, command, o.system)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
     output = o.output or where / f"{stamp}-{model.replace('/', '_')}.json"
@@ -151,7 +151,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     if o.baseline:  # checked before anything is measured
         base = results.load(o.baseline)
         planned = {c.id: results.CaseSamples(c.id, c.required) for c in spec.cases}
-        mine = results.Samples(str(output), runner.HARNESS, runner.fingerprint(spec), planned)
+        mine = results.Samples(str(output), cases.HARNESS, document.fingerprint(spec), planned)
         lenient = o.lenient or not base.harness.startswith("servegate")
         problems = results.check_comparable(base, mine, lenient)
         if problems:
@@ -182,7 +182,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     if base is not None:
         decision = judge(cfg, base, results.from_result(result, str(output)))
         result["gate"] = decision
-    runner.write_result(output, result)
+    document.write_result(output, result)
     failed_requests = sum(
         1 for c in result["cases"] for g in c["groups"] for t in g["trials"] if not t["ok"]
     )
@@ -407,7 +407,7 @@ def compare_live(
     for name, url in (("A", a_url), ("B", b_url)):
         ep = endpoint_of(cfg, replace(o, url=url), environ)
         model = o.model or openai.first_model(ep)
-        spec = runner.spec_from_config(b, ep, model, "", f"compare side {name}")
+        spec = cases.spec_from_config(b, ep, model, "", f"compare side {name}")
         sides[name] = runner.Bench(spec, None, out.reporter(), None, environ)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     outdir = o.output or Path("bench-results") / f"compare-{stamp}"

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from servegate import config as config_mod
 from servegate.bench import noise, results
-from servegate.bench.runner import METRICS, Bench, spec_from_config
+from servegate.bench.cases import METRICS, spec_from_config
+from servegate.bench.runner import Bench
 from servegate.engine.health import wait_healthy
 from servegate.engine.openai import first_model
 from servegate.errors import BenchFailed, PreflightFailed

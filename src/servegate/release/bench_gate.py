@@ -16,11 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from servegate.bench import noise, results, stats, verdict
-from servegate.bench.runner import Bench, LogWindow, parse_cases, spec_from_config
+from servegate.bench.cases import parse_cases, spec_from_config
+from servegate.bench.document import fingerprint
+from servegate.bench.runner import Bench, LogWindow
 from servegate.config import Config
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ResultFileError
 from servegate.pipeline.stages import Reporter
+from servegate.release.record import host_id
 
 CHECK = "bench"
 
@@ -88,7 +91,6 @@ def unresolved(rows: list[dict[str, Any]], cap: int) -> list[str]:
 
 def noise_warnings(cfg: Config) -> list[str]:
     """What ``config check`` says about the box's measured noise and the gate's rules."""
-    from servegate.bench.runner import fingerprint
 
     spec = spec_from_config(cfg.bench, Endpoint(""), cfg.service.model)
     found, about = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
@@ -122,8 +124,9 @@ def baseline(
     if cfg.gate.baseline != "live":
         base = results.load(Path(cfg.gate.baseline))
         lenient = not base.harness.startswith("servegate")
+        planned = {str(c): results.CaseSamples(str(c)) for c in fingerprint.get("cases") or []}
         problems = results.check_comparable(
-            base, results.Samples("", "", dict(fingerprint), {}), lenient
+            base, results.Samples("", "", dict(fingerprint), planned), lenient
         )
         if problems:
             raise ResultFileError(
@@ -137,8 +140,10 @@ def baseline(
     doc = recorded_samples(previous_record)
     if doc is None:
         return None, f"the live release {sha} has no recorded bench samples"
-    if previous_record.get("host") != socket.gethostname():
-        return None, f"the live release {sha} was measured on {previous_record.get('host')}"
+    mine = host_id(cfg)
+    theirs = previous_record.get("host_id") or f"hostname:{previous_record.get('host')}"
+    if theirs != mine:
+        return None, f"the live release {sha} was measured on another host ({theirs}, not {mine})"
     base = results.from_record(doc, f"live release {sha}")
     if base.fingerprint.get("digest") != fingerprint.get("digest"):
         diffs = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 from servegate import __version__
@@ -29,6 +30,18 @@ def tag_name(pattern: str, sha: str, when: dt.datetime, n: int) -> str:
     )
 
 
+def host_id(cfg: Config) -> str:
+    """This host's identity, stable across restarts and hostname changes (containers get a
+    new hostname each start): ``host.id``, else the machine id, else the hostname."""
+    if cfg.host.id:
+        return cfg.host.id
+    try:
+        machine = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        machine = ""
+    return f"machine:{machine}" if machine else f"hostname:{socket.gethostname()}"
+
+
 def base_record(cfg: Config, sha: str, previous: str | None, verdict: str) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
@@ -38,6 +51,7 @@ def base_record(cfg: Config, sha: str, previous: str | None, verdict: str) -> di
         "sha": sha,
         "previous_sha": previous,
         "host": socket.gethostname(),
+        "host_id": host_id(cfg),
         "branch": cfg.stack.branch,
         "remote": cfg.stack.remote,
         "strategy": cfg.host.strategy,

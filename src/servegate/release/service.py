@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from servegate.release.gate import (
     build_checks,
     run_gate,
 )
-from servegate.release.record import parse_notes
+from servegate.release.record import host_id, parse_notes
 
 
 @dataclass
@@ -149,10 +150,13 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
         text = ctx.deployer.repo.notes(current.sha)
     except ServegateError:
         return None
-    released = [
+    mine, old = host_id(ctx.cfg), f"hostname:{socket.gethostname()}"  # old: before host_id
+    released = [  # every host writes the same notes ref: only this host's own record
         r
         for r in parse_notes(text)
-        if r.get("verdict") == "released" and r.get("sha") == current.sha
+        if r.get("verdict") == "released"
+        and r.get("sha") == current.sha
+        and (r.get("host_id") or f"hostname:{r.get('host')}") in (mine, old)
     ]
     return released[-1] if released else None
 
