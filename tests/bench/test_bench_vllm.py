@@ -79,14 +79,23 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
                 assert t["completion_tokens"] == 512
                 assert abs(t["prompt_tokens"] - 2048) <= 2048 * 0.02
                 assert t["ignore_eos"] is False  # never on a measured request
-                assert t["prefill_tps"] == pytest.approx(t["prompt_tokens"] / t["ttft_s"], rel=1e-3)
-                assert t["generation_tps"] == pytest.approx(511 / t["decode_window_s"], rel=1e-3)
+                if not t["client_timing"]:  # a burst (starved frontend) drops these
+                    assert t["prefill_tps"] == pytest.approx(
+                        t["prompt_tokens"] / t["ttft_s"], rel=1e-3
+                    )
+                    assert t["generation_tps"] == pytest.approx(
+                        511 / t["decode_window_s"], rel=1e-3
+                    )
                 assert t["tokens_per_chunk"] >= 1.0
+                # the engine's own clock for the same request
+                assert t["engine_prefill_tps"] > 0
+                assert t["engine_generation_tps"] > 0
             # the server saw exactly this request, inside our clock: its TTFT histogram
             # (arrival → first token) lies within the client's (sent → first text)
             sm = group["server_metrics"]
             assert sm["prefix_cache_hits"] == 0
-            assert 0 < sm["ttft_mean_s"] <= group["trials"][0]["ttft_s"] + 0.005
+            if group["trials"][0]["ttft_s"] is not None:
+                assert 0 < sm["ttft_mean_s"] <= group["trials"][0]["ttft_s"] + 0.005
             assert group["reference"]["rate"] > 0  # the box's speed beside the group
     rows = {r["case"]: r for r in result["performance_table"]}
     assert set(rows) == {"regular-2k", "coding-2k"}
@@ -199,7 +208,9 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
     assert results.check_comparable(a, b) == []
     # this shared 2-CPU box drifts by up to 40 % within minutes: a wide tolerance here,
     # benchmarks/gate_power.py measures the gate's power
-    d = verdict.evaluate(a, b, [verdict.Rule("generation_tps", "higher", 0.5)])
+    # decode by the engine's clock: a busy neighbour can hold the stream back between the
+    # engine and this client, which drops the client's timings (see test_measure)
+    d = verdict.evaluate(a, b, [verdict.Rule("engine_generation_tps", "higher", 0.5)])
     (row,) = d["rows"]
     if not b.cases["regular-1k"].valid:  # the random model's text was rejected: FAIL, never PASS
         assert d["verdict"] == "FAIL"
@@ -234,7 +245,9 @@ def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_p
         trials = [t for c in json.loads(path.read_text())["cases"] for g in c["groups"]
                   for t in g["trials"]]  # fmt: skip
         assert len(trials) == 2
-        assert gen[side] == sum(t["performance_valid"] for t in trials)
+        assert gen[side] == sum(
+            t["performance_valid"] and t["generation_tps"] is not None for t in trials
+        )
     if gen["n_a"] == gen["n_b"] == 2:
         assert gen["interval_pct"][0] <= gen["delta_pct"] <= gen["interval_pct"][1]
     assert json.loads(a.read_text())["status"] == "complete"

@@ -134,3 +134,25 @@ def test_group_totals_wait_for_the_slowest_stream() -> None:
     g2 = measure.group(trials, 0.0, streams)
     assert not g2["group_valid"]
     assert g2["invalid_reason_totals"] == {"compilation_in_window": 1}
+
+
+def test_a_stream_held_back_and_delivered_at_once_is_no_client_measurement() -> None:
+    """512 tokens within 10 ms: the frontend or the client was starved, the engine was not.
+    The client's timings are dropped (never a 50,000 tok/s decode); the trial stays valid
+    for what the engine's own clock measured."""
+    events: list[dict[str, object]] = [
+        {"choices": [{"delta": {"content": p}}]} for p in varied(512)
+    ]
+    events.append({"choices": [], "usage": {"prompt_tokens": 2048, "completion_tokens": 512}})
+    # the first text after 1.5 s, then every chunk 20 µs after the previous one
+    stamps = iter([1.5 + i * 2e-5 for i in range(600)])
+    st = parse_lines(sse(events), Stream(started=0.0), lambda: next(stamps))
+    t = measure.trial(st, measure.Rules(max_tokens=512))
+    assert t["performance_valid"], t["reason_details"]
+    assert t["client_timing"].startswith("burst: 512 tokens arrived within")
+    for key in measure.CLIENT_TIMINGS:
+        assert t[key] is None
+    assert t["tokens_per_chunk"] == 1.0  # the stream itself was incremental
+    steady = measure.trial(stream_of(varied(512), 2048, 512), measure.Rules(max_tokens=512))
+    assert steady["client_timing"] == ""
+    assert steady["generation_tps"] is not None

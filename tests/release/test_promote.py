@@ -91,6 +91,7 @@ def test_second_promote_then_rollback_on_demand(host: Host, stack: Stack) -> Non
         ("foreign-so", 8, "mapped from outside the release"),
         ("empty-answer", 9, "smoke"),
         ("graph-downgrade", 16, "Overriding to NONE"),
+        ("log-gone", 16, "could not be read"),  # unread evidence is not a clean log
     ],
 )
 def test_failure_after_switch_rolls_back(

@@ -96,9 +96,16 @@ def healthy(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> No
         ctx.manager, ctx.endpoint, ctx.cfg.service.startup_timeout, ctx.reporter
     )
     spec = ctx.spec(release_dir, sha)
-    scan = logscan.scan(
-        ctx.manager.log_since(evidence.log_mark), ctx.rules, lint_mod.facts(spec), "startup"
-    )
+    try:
+        text = ctx.manager.log_since(evidence.log_mark)
+    except OSError as exc:  # unread evidence is not a clean log
+        raise LogRuleFailed(
+            f"the start-up log of {sha[:12]} could not be read ({exc}): the log rules cannot "
+            "be checked",
+            hint="check the service manager's log (the supervisor log file, or journalctl "
+            "--user) and its permissions",
+        ) from None
+    scan = logscan.scan(text, ctx.rules, lint_mod.facts(spec), "startup")
     evidence.startup_log = scan.as_dict()
     if scan.failures:
         lines = "\n".join(

@@ -51,7 +51,9 @@ class ServiceManager(Protocol):
         """A position in the service's output; :meth:`log_since` reads what follows it."""
         ...
 
-    def log_since(self, mark: str) -> str: ...
+    def log_since(self, mark: str) -> str:
+        """The output since ``mark``; OSError when it cannot be read (never "" for that)."""
+        ...
 
 
 def make_manager(cfg: Config) -> ServiceManager:
@@ -77,11 +79,16 @@ def read_tail(path: Path, lines: int, since: int = 0) -> str:
     return "\n".join(data.rstrip("\n").splitlines()[-lines:])
 
 
-def read_from(path: Path, offset: int, limit: int = 16 * 1024 * 1024) -> str:
-    """What a log file holds after byte ``offset`` (at most ``limit`` bytes)."""
+def read_from(
+    path: Path, offset: int, limit: int = 16 * 1024 * 1024, strict: bool = False
+) -> str:
+    """What a log file holds after byte ``offset`` (at most ``limit`` bytes); ``strict``:
+    a file that cannot be read raises OSError instead of reading as empty."""
     try:
         with path.open("rb") as handle:
             handle.seek(offset)
             return handle.read(limit).decode(errors="replace")
     except OSError:
+        if strict:
+            raise
         return ""

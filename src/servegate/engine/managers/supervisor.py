@@ -252,4 +252,4 @@ class Supervisor:
         return str(self.log.stat().st_size if self.log.exists() else 0)
 
     def log_since(self, mark: str) -> str:
-        return read_from(self.log, int(mark or 0))
+        return read_from(self.log, int(mark or 0), strict=True)

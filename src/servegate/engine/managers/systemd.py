@@ -137,4 +137,6 @@ class SystemdUser:
             check=False,
             timeout=60,
         )
-        return out.output if out.ok else ""
+        if not out.ok:
+            raise OSError(f"journalctl --user -u {self.unit} failed: {out.output.strip()[:300]}")
+        return out.output
