@@ -79,9 +79,7 @@ def read_tail(path: Path, lines: int, since: int = 0) -> str:
     return "\n".join(data.rstrip("\n").splitlines()[-lines:])
 
 
-def read_from(
-    path: Path, offset: int, limit: int = 16 * 1024 * 1024, strict: bool = False
-) -> str:
+def read_from(path: Path, offset: int, limit: int = 16 * 1024 * 1024, strict: bool = False) -> str:
     """What a log file holds after byte ``offset`` (at most ``limit`` bytes); ``strict``:
     a file that cannot be read raises OSError instead of reading as empty."""
     try:
