@@ -15,9 +15,10 @@ from servegate.bench import cases, document, probes, results, runner, verdict
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
-from servegate.engine.launch import LaunchSpec, engine_of, launch_spec, redact_argv
+from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
 from servegate.output import Output
+from servegate.pipeline import redact
 from servegate.pipeline.lease import gpu_lease, lease_path
 from servegate.release import bench_gate
 
@@ -135,7 +136,8 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
                 hint="start the server or pass the right --url",
             ) from None
     live = _live_launch(cfg)
-    command = o.server_command or (" ".join(redact_argv(live.argv)) if live else "")
+    salt = redact.host_salt(cfg.host_root) if cfg and cfg.host.root else ""
+    command = o.server_command or (" ".join(redact.argv(live.argv, salt)) if live else "")
     spec = cases.spec_from_config(b, endpoint, model, command, o.system)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")

@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ from servegate.engine import adapters, profiles
 from servegate.engine.adapters import Engine
 from servegate.engine.profiles import Expect, UnitSettings
 from servegate.errors import ConfigError
+from servegate.pipeline import redact
 
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token")
-REDACTED = "<redacted>"
+#: ``${NAME}`` in an environment value: filled from servegate's environment at launch
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 #: compile caches servegate keys per compilation config and release → directory name
 COMPILE_CACHES = {
@@ -56,10 +56,27 @@ class LaunchSpec:
     #: placeholders or parameters left unfilled (only with ``strict=False``)
     unresolved: tuple[str, ...] = ()
 
-    def redacted(self) -> dict[str, Any]:
+    def expanded(self, environ: Mapping[str, str]) -> LaunchSpec:
+        """``${NAME}`` in the environment's values filled from servegate's own environment,
+        so a secret need not be written in servegate.toml (nor in a profile)."""
+        env = {}
+        for key, raw in self.env.items():
+            missing = [n for n in ENV_REF.findall(raw) if n not in environ]
+            if missing:
+                raise ConfigError(
+                    f"the service environment's {key} refers to ${{{missing[0]}}}, which is not "
+                    "set in servegate's environment",
+                    hint=f"export {missing[0]} where servegate runs (the CI job's secrets, or "
+                    "the runner's environment file)",
+                )
+            env[key] = ENV_REF.sub(lambda m: environ[m.group(1)], raw)
+        return replace(self, env=env)
+
+    def redacted(self, salt: str = "") -> dict[str, Any]:
+        """argv and environment as a record may hold them (:mod:`servegate.pipeline.redact`)."""
         out: dict[str, Any] = {
-            "argv": redact_argv(self.argv),
-            "env": redact_env(self.env),
+            "argv": redact.argv(self.argv, salt),
+            "env": redact.env(self.env, salt),
             "cwd": str(self.cwd),
         }
         if self.profile:
@@ -67,27 +84,6 @@ class LaunchSpec:
         if self.cache_key:
             out["compile_cache_key"] = self.cache_key
         return out
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if SECRET_NAME.search(k) else v) for k, v in env.items()}
-
-
-def redact_argv(argv: tuple[str, ...]) -> list[str]:
-    out: list[str] = []
-    hide_next = False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif arg in SECRET_FLAGS:
-            out.append(arg)
-            hide_next = True
-        elif any(arg.startswith(flag + "=") for flag in SECRET_FLAGS):
-            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-        else:
-            out.append(arg)
-    return out
 
 
 def placeholders(cfg: Config, release_dir: Path, sha: str) -> dict[str, str]:

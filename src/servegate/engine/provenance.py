@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate.engine import ports
-from servegate.pipeline import proc
+from servegate.pipeline import proc, redact
 from servegate.pipeline.hashing import sha256_file
 
 RESOLVE_SCRIPT = """
@@ -72,6 +72,8 @@ class Expectation:
     #: directory holding every release; a mapping from another release in it is a finding
     releases_root: Path | None = None
     port: int | None = None
+    #: the host's salt for redacted values in the report (:mod:`servegate.pipeline.redact`)
+    salt: str = ""
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,8 @@ def _check_process(info: ProcInfo, main_pid: int, exp: Expectation, report: Repo
     for key, value in exp.env.items():
         found = info.environ.get(key)
         if found != value:
-            bad(f"environment {key}", value, "<unset>" if found is None else found)
+            shown = "<unset>" if found is None else redact.value(key, found, exp.salt) or ""
+            bad(f"environment {key}", redact.value(key, value, exp.salt) or "", shown)
     _check_mapped_releases(info, exp, report)
 
 
@@ -333,11 +336,11 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
             {
                 "pid": info.pid,
                 "ppid": info.ppid,
-                "cmdline": info.cmdline[:300],
+                "cmdline": redact.cmdline(info.cmdline, exp.salt)[:300],
                 "cwd": info.cwd,
                 "exe": info.exe,
                 "env": (
-                    {k: info.environ.get(k) for k in exp.env}
+                    {k: redact.value(k, info.environ.get(k), exp.salt) for k in exp.env}
                     if info.environ_readable
                     else "unreadable: the process rewrote its title over it"
                 ),

@@ -13,6 +13,7 @@ from servegate.engine import lint, openai, provenance
 from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
 from servegate.engine.rules import RuleSet
+from servegate.pipeline import redact
 from servegate.pipeline.lease import state_dir
 from servegate.pipeline.stages import Reporter, StageRunner
 from servegate.release.deploy import Deployer, make_deployer
@@ -62,6 +63,11 @@ class Context:
         """The lint and log rules: shipped, plus the config's ``[lint]`` files."""
         return lint.ruleset(self.cfg)
 
+    @functools.cached_property
+    def salt(self) -> str:
+        """The host's salt for redacted values (records show a hash, never the value)."""
+        return redact.host_salt(self.cfg.host_root)
+
     @property
     def cache_dir(self) -> Path:
         """servegate's own caches on the host (the installed vLLM's variable list, …)."""
@@ -79,7 +85,7 @@ class Context:
         (lint, switch, start-up scan, provenance and gate all ask for it)."""
         key = (str(release_dir), sha)
         if key not in self._specs:
-            self._specs[key] = launch_spec(self.cfg, release_dir, sha)
+            self._specs[key] = launch_spec(self.cfg, release_dir, sha).expanded(self.environ)
         return self._specs[key]
 
     def expectation(self, spec: LaunchSpec, artifacts: Mapping[str, str]) -> provenance.Expectation:
@@ -94,4 +100,5 @@ class Context:
             modules=self.cfg.provenance.modules,
             releases_root=self.deployer.releases_root,
             port=self.cfg.service.port,
+            salt=self.salt,
         )

@@ -82,7 +82,7 @@ def lint(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> list[
 def switch(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> None:
     """Stop the old release and start ``release_dir`` in its place."""
     spec = ctx.spec(release_dir, sha)
-    evidence.launch = spec.redacted()
+    evidence.launch = spec.redacted(ctx.salt)
     ctx.manager.stop()
     ctx.deployer.activate(release_dir)
     ctx.manager.install(spec)
@@ -184,7 +184,7 @@ def gate(
         log_file=ctx.manager.log_file,
         reporter=ctx.reporter,
         environ=ctx.environ,
-        command=" ".join(ctx.spec(release_dir, sha).redacted()["argv"]),
+        command=" ".join(ctx.spec(release_dir, sha).redacted(ctx.salt)["argv"]),
         window_check=logscan.window_check(ctx.rules, lint_mod.facts(ctx.spec(release_dir, sha))),
         first_release=ctx.state.current is None and ctx.state.release_count() == 0,
     )

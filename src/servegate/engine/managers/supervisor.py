@@ -17,7 +17,7 @@ from servegate.config import Config
 from servegate.engine.launch import LaunchSpec
 from servegate.engine.managers import ServiceState, read_from, read_tail
 from servegate.errors import ServiceFailed
-from servegate.pipeline import proc
+from servegate.pipeline import atomic, proc
 
 #: supervisord's process states that mean "the process ended by itself"
 EXITED_STATES = {"EXITED", "BACKOFF", "FATAL", "UNKNOWN"}
@@ -174,7 +174,8 @@ class Supervisor:
         if spec.env:
             lines.append(f"environment={_env_line(dict(spec.env))}")
         self.program_conf.parent.mkdir(parents=True, exist_ok=True)
-        self.program_conf.write_text("\n".join(lines) + "\n")
+        # the environment may hold secrets: only the owner reads the program file
+        atomic.write_text(self.program_conf, "\n".join(lines) + "\n")  # mkstemp: 0600
         self._reload()
         return self.program_conf
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from servegate.config import Config
 from servegate.engine.launch import LaunchSpec
 from servegate.engine.managers import ServiceState
-from servegate.pipeline import proc
+from servegate.pipeline import atomic, proc
 
 
 def quote_arg(value: str) -> str:
@@ -66,8 +66,8 @@ class SystemdUser:
         return proc.run(["systemctl", "--user", *args], timeout=self.cfg.service.stop_timeout + 30)
 
     def install(self, spec: LaunchSpec) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(render_unit(spec))
+        # the environment may hold secrets: only the owner reads the unit (mkstemp: 0600)
+        atomic.write_text(self.path, render_unit(spec))
         self._ctl("daemon-reload")
         return self.path
 

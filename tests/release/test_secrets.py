@@ -1,0 +1,111 @@
+"""Nothing leaked: secrets in the service's environment and command line never reach a
+record, ``--json``, the notes pushed to origin or a world-readable file — and provenance
+still proves the live process got the same values."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import git
+import pytest
+
+from servegate import config as config_mod
+from servegate.cli import release_main
+from servegate.engine.managers.supervisor import Supervisor
+from tests.conftest import Stack, config_text, free_port
+
+SECRETS = ("hunter2", "sk-live-123", "hf_abcdefSECRET", "pa55w0rd")
+
+
+def hostile_config(tmp_path: Path, stack: Stack) -> Path:
+    text = config_text(stack, tmp_path / "host", free_port())
+    text = text.replace('"--port", "{port}"]', '"--port", "{port}", "--api-key", "sk-live-123"]')
+    text = text.replace(
+        'TINY_SECRET_TOKEN = "hunter2"',
+        'TINY_SECRET_TOKEN = "hunter2"\nHF_TOKEN = "${HF_TOKEN}"\n'
+        'VLLM_REMOTE_URL = "https://user:pa55w0rd@mirror.invalid/models"',
+    )
+    text = text.replace(
+        'env = ["PYTHONPATH"]', 'env = ["PYTHONPATH", "HF_TOKEN", "TINY_SECRET_TOKEN"]'
+    )
+    path = tmp_path / "servegate.toml"
+    path.write_text(text)
+    return path
+
+
+def leaks(text: str) -> list[str]:
+    return [s for s in SECRETS if s in text]
+
+
+def test_secrets_stay_out_of_records_json_notes_and_readable_files(
+    tmp_path: Path,
+    stack: Stack,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
+    path = hostile_config(tmp_path, stack)
+    cfg = config_mod.load(path, {})
+    assert leaks(path.read_text()) == ["hunter2", "sk-live-123", "pa55w0rd"]  # not the token
+    try:
+        first = stack.commit()
+        assert release_main(["promote", first, "--config", str(path), "--json"]) == 0
+        out = capsys.readouterr().out
+        assert leaks(out) == []
+        record = json.loads(out)["result"]["record"]
+        assert record["provenance"]["ok"]  # the live process got the very values
+        launch_env = record["launch"]["env"]
+        assert launch_env["HF_TOKEN"].startswith("<redacted sha256:")
+        assert launch_env["PYTHONPATH"] == str(cfg.host_root / "releases" / first)  # allowlisted
+        assert launch_env["VLLM_REMOTE_URL"].startswith("https://user:<redacted sha256:")
+        assert "--api-key" in record["launch"]["argv"]
+        # a second release: the same value shows the same hash, never the value
+        second = stack.commit(message="again")
+        assert release_main(["promote", second, "--config", str(path), "--json"]) == 0
+        again = json.loads(capsys.readouterr().out)["result"]["record"]
+        assert again["launch"]["env"]["HF_TOKEN"] == launch_env["HF_TOKEN"]
+        assert release_main(["verify", "--config", str(path), "--json"]) == 0
+        assert leaks(capsys.readouterr().out) == []
+        # what went to origin
+        origin = git.Repo(stack.origin)
+        for sha in (first, second):
+            assert leaks(origin.git.notes("--ref", "refs/notes/servegate", "show", sha)) == []
+        origin.close()
+        # every file servegate keeps on the host: either clean, or readable by its owner only
+        for f in cfg.host_root.rglob("*"):
+            if not f.is_file() or f.is_symlink() or "releases" in f.parts:
+                continue
+            found = leaks(f.read_text(errors="replace"))
+            if found:
+                mode = stat.S_IMODE(f.stat().st_mode)
+                assert mode & 0o077 == 0, f"{f} holds {found} and is {oct(mode)}"
+    finally:
+        Supervisor(cfg).shutdown_daemon()
+
+
+def test_an_unset_secret_reference_stops_before_the_live_service_is_touched(
+    tmp_path: Path,
+    stack: Stack,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
+    path = hostile_config(tmp_path, stack)
+    cfg = config_mod.load(path, {})
+    try:
+        good = stack.commit()
+        assert release_main(["promote", good, "--config", str(path)]) == 0
+        monkeypatch.delenv("HF_TOKEN")
+        nxt = stack.commit(message="next")
+        capsys.readouterr()
+        assert release_main(["promote", nxt, "--config", str(path), "--json"]) == 2
+        doc = json.loads(capsys.readouterr().out)
+        assert "refers to ${HF_TOKEN}, which is not set" in doc["error"]["message"]
+        monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")  # verify compares with the value
+        assert release_main(["verify", "--config", str(path)]) == 0  # still the good one
+        state = json.loads((cfg.host_root / "state.json").read_text())
+        assert state["current"]["sha"] == good
+    finally:
+        Supervisor(cfg).shutdown_daemon()
