@@ -48,7 +48,8 @@ def test_promote_deploys_records_and_proves(host: Host, stack: Stack) -> None:
     assert note["verdict"] == "released"
     assert note["sha"] == sha
     assert note["artifacts"] == {"build/libtiny.so": state.current.artifacts["build/libtiny.so"]}
-    assert note["launch"]["env"]["TINY_SECRET_TOKEN"] == "<redacted>"
+    assert note["launch"]["env"]["TINY_SECRET_TOKEN"].startswith("<redacted sha256:")
+    assert "hunter2" not in json.dumps(note)
     assert "hunter2" not in json.dumps(note)
     mapped = note["provenance"]["extensions"]
     assert mapped
@@ -302,3 +303,33 @@ def test_compile_caches_are_keyed_per_release_and_pruned_with_it(host: Host, sta
     releases = {p.name for p in (host.cfg.host_root / "releases").iterdir()}
     assert len(releases) == 3  # keep_releases
     assert kept == set(keys[-3:])  # the kept releases' warm caches stay, the rest go
+
+
+def test_records_that_could_not_be_pushed_are_kept_and_pushed_later(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Origin refuses the records for a while: nothing is lost, status says what waits,
+    and the first run after origin accepts again pushes all of it."""
+    a = released(host, stack)
+    hook = stack.origin / "hooks" / "pre-receive"
+    hook.write_text(
+        "#!/bin/sh\nwhile read old new ref; do case $ref in refs/heads/*) ;; *)\n"
+        "echo 'records are frozen today' >&2; exit 1;; esac; done\n"
+    )
+    hook.chmod(0o755)
+    b = released(host, stack)  # released and verified; its record could not be pushed
+    c = released(host, stack)  # the fetch before it merges origin's notes, never overwrites
+    assert release_main(["status", "--config", str(host.path), "--json"]) == 0
+    waiting = json.loads(capsys.readouterr().out)["result"]["unpushed"]
+    assert "refs/notes/servegate:refs/notes/servegate" in waiting
+    assert sum(r.startswith("refs/tags/") for r in waiting) == 2  # b's and c's tags
+    hook.unlink()
+    d = released(host, stack)
+    origin = git.Repo(stack.origin)
+    for sha in (a, b, c, d):
+        note = origin.git.notes("--ref", "refs/notes/servegate", "show", sha)
+        assert json.loads(note.strip().splitlines()[-1])["verdict"] == "released"
+    assert {t.commit.hexsha for t in origin.tags} == {a, b, c, d}
+    origin.close()
+    assert release_main(["status", "--config", str(host.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["result"]["unpushed"] == []

@@ -7,6 +7,7 @@ from servegate.engine import openai
 from servegate.engine.launch import engine_of
 from servegate.engine.managers import make_manager
 from servegate.output import Output
+from servegate.release.record import unpushed
 from servegate.release.state import Entry, HostState
 
 
@@ -24,6 +25,7 @@ def _entry(e: Entry | None) -> dict[str, Any] | None:
 
 def run(cfg: Config, out: Output) -> int:
     state = HostState.load(cfg.host_root / "state.json")
+    waiting = unpushed(cfg)
     manager = make_manager(cfg)
     svc = manager.state()
     endpoint = openai.Endpoint(
@@ -43,6 +45,7 @@ def run(cfg: Config, out: Output) -> int:
         },
         "last_attempt": _entry(state.history[-1]) if state.history else None,
         "pending": state.pending,
+        "unpushed": waiting,
     }
     if out.json_mode:
         return out.emit(result)
@@ -53,6 +56,8 @@ def run(cfg: Config, out: Output) -> int:
         f"service:      {cfg.service.unit} via {manager.name}: {svc.raw}, pid {svc.pid}, "
         + ("healthy" if healthy else f"NOT healthy ({why})")
     )
+    for ref in waiting:
+        out.line(f"UNPUSHED:     {ref} (kept here; the next release command pushes it)")
     if state.pending:
         p = state.pending
         out.line(

@@ -20,6 +20,10 @@ from servegate.errors import CommandFailed, GitRefusal
 from servegate.pipeline.gitenv import scrub_git_env
 
 NOTES_REF = "refs/notes/servegate"
+#: origin's notes as last fetched; merged into NOTES_REF, never written over it
+ORIGIN_NOTES_REF = "refs/notes/servegate-origin"
+#: who merges notes (the merge commit needs a committer; the records keep their authors)
+NOTES_MERGER = ("servegate", "servegate@localhost")
 SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
 
 
@@ -89,13 +93,43 @@ class StackRepo:
             self.repo.git.fetch(
                 "--prune", "origin", "+refs/heads/*:refs/remotes/origin/*", "--no-tags"
             )
-            if self.repo.git.ls_remote("origin", NOTES_REF):
-                self.repo.git.fetch("origin", f"+{NOTES_REF}:{NOTES_REF}")
+            self.fetch_notes()
         if not self._exists(self.branch_ref):
             raise GitRefusal(
                 f"branch {self.branch!r} does not exist on {self.remote_url}",
                 hint="fix [stack] branch in the config, or push the branch",
             )
+
+    def fetch_notes(self) -> None:
+        """Origin's release notes, merged into ours: a record made here and not yet pushed
+        (origin was down, the push was refused) is never written over."""
+        with _git_errors(f"fetch notes from {self.remote_url}"):
+            if not self.repo.git.ls_remote("origin", NOTES_REF):
+                return
+            self.repo.git.fetch("origin", f"+{NOTES_REF}:{ORIGIN_NOTES_REF}")
+        if not self._ref_exists(NOTES_REF):
+            self.repo.git.update_ref(NOTES_REF, ORIGIN_NOTES_REF)
+            return
+        merger = Identity(*NOTES_MERGER)
+        with _git_errors("notes merge"), self.repo.git.custom_environment(**merger.env):
+            # one JSON record a line: the union of both sides' lines loses none
+            self.repo.git.notes("--ref", NOTES_REF, "merge", "-q", "-s", "cat_sort_uniq",
+                                ORIGIN_NOTES_REF)  # fmt: skip
+
+    def unpushed_notes(self) -> bool:
+        """Whether our notes hold records origin's (as last fetched) do not."""
+        if not self._ref_exists(NOTES_REF):
+            return False
+        if not self._ref_exists(ORIGIN_NOTES_REF):
+            return True
+        return bool(self.repo.git.rev_list(f"{ORIGIN_NOTES_REF}..{NOTES_REF}").strip())
+
+    def _ref_exists(self, ref: str) -> bool:
+        try:
+            self.repo.git.rev_parse("--verify", "--quiet", ref)
+        except git.GitCommandError:
+            return False
+        return True
 
     def _exists(self, rev: str) -> bool:
         try:
@@ -155,6 +189,8 @@ class StackRepo:
     def push(self, refs: list[str]) -> None:
         with _git_errors(f"push to {self.remote_url}"):
             self.repo.git.push("origin", *refs)
+            if f"{NOTES_REF}:{NOTES_REF}" in refs:  # origin now holds what we hold
+                self.repo.git.update_ref(ORIGIN_NOTES_REF, NOTES_REF)
 
 
 class HostRepo(StackRepo):

@@ -59,6 +59,10 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
     ctx.deployer.preflight()
     repo = ctx.deployer.repo
     repo.fetch()
+    if ctx.cfg.release.push and rec.unpushed(ctx.cfg):  # an earlier run's records first
+        left = rec.push_pending(ctx.cfg, repo)
+        if not left["pushed"]:
+            ctx.reporter.note(f"records still not pushed ({left['error'][:200]}); kept")
     sha = repo.resolve(requested)
     repo.require_on_branch(sha)
     live = ctx.state.current
@@ -183,7 +187,10 @@ def _record_release(
     record["tag"] = tag
     record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, tag)
     if not record["publish"]["pushed"]:
-        ctx.reporter.note(f"warning: the record was not pushed: {record['publish']['error']}")
+        ctx.reporter.note(
+            f"warning: the record was not pushed: {record['publish']['error']}; it is kept "
+            f"in {rec.unpushed_path(ctx.cfg)} and pushed by the next release command"
+        )
     entry = Entry(
         sha,
         str(release_dir),

@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from servegate import __version__
 from servegate.config import Config
 from servegate.errors import CommandFailed
+from servegate.pipeline import atomic
 from servegate.pipeline.git import NOTES_REF, Identity, StackRepo
 
 SCHEMA = 1
@@ -60,7 +62,8 @@ def base_record(cfg: Config, sha: str, previous: str | None, verdict: str) -> di
 
 
 def parse_notes(text: str) -> list[dict[str, Any]]:
-    """A note holds one JSON record a line; ``git notes append`` adds blank lines between."""
+    """A note holds one JSON record a line (``git notes append`` adds blank lines between;
+    merging with origin's notes sorts the lines): the records, oldest first by ``at``."""
     records = []
     for line in text.splitlines():
         line = line.strip()
@@ -69,7 +72,7 @@ def parse_notes(text: str) -> list[dict[str, Any]]:
                 records.append(json.loads(line))
             except ValueError:
                 continue
-    return records
+    return sorted(records, key=lambda r: str(r.get("at", "")))
 
 
 def publish(
@@ -87,8 +90,32 @@ def publish(
         refs.append(f"refs/tags/{tag}:refs/tags/{tag}")
     if not cfg.release.push:
         return {"pushed": False, "refs": refs, "error": "release.push = false"}
+    return push_pending(cfg, repo, refs)
+
+
+def unpushed_path(cfg: Config) -> Path:
+    return cfg.host_root / "unpushed.json"
+
+
+def unpushed(cfg: Config) -> list[str]:
+    """Refs a run made and could not push (pushed by the next run of any release command)."""
     try:
-        repo.push(refs)
+        data = json.loads(unpushed_path(cfg).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(r) for r in data] if isinstance(data, list) else []
+
+
+def push_pending(cfg: Config, repo: StackRepo, refs: Sequence[str] = ()) -> dict[str, Any]:
+    """Push ``refs`` and whatever an earlier run could not push; what fails is kept."""
+    todo = list(dict.fromkeys([*unpushed(cfg), *refs]))
+    if not todo:
+        return {"pushed": True, "refs": [], "error": ""}
+    try:
+        repo.fetch_notes()  # merged first: the notes push is a fast-forward of origin's
+        repo.push(todo)
     except CommandFailed as exc:
-        return {"pushed": False, "refs": refs, "error": str(exc)}
-    return {"pushed": True, "refs": refs, "error": ""}
+        atomic.write_json(unpushed_path(cfg), todo)
+        return {"pushed": False, "refs": todo, "error": str(exc), "kept": str(unpushed_path(cfg))}
+    unpushed_path(cfg).unlink(missing_ok=True)
+    return {"pushed": True, "refs": todo, "error": ""}
