@@ -167,6 +167,14 @@ class GpuTestsSkipped(ServegateError):
     title = "every GPU test skipped"
 
 
+class StateInvalid(ServegateError):
+    """The host's state file is damaged or holds what no run of servegate wrote (a SHA
+    that is no SHA, a release directory outside the host root): nothing in it is used."""
+
+    exit_code = 20
+    title = "host state invalid"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -189,4 +197,5 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     HostUnreachable,
     HostKeyRejected,
     GpuTestsSkipped,
+    StateInvalid,
 )

@@ -7,6 +7,7 @@ leftover holder record is reported when the lock is taken over.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -93,7 +94,15 @@ class HostLock:
 
     def __enter__(self) -> HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a planted link: the lock is truncated and rewritten below
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise LockHeld(
+                f"{self.path} is a symbolic link: refusing to open it as a lock",
+                hint=f"something planted it; inspect it (ls -l {self.path}) and remove it",
+            ) from None
         self._acquire(fd)
         stale = read_holder(self.path)
         if stale is not None and stale.pid != os.getpid() and not pid_alive(stale.pid):

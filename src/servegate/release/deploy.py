@@ -7,6 +7,8 @@ fast-forwarded where it stands (the seeds' manual steps).
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import Protocol
@@ -61,6 +63,8 @@ class WorktreeDeploy:
         return self.root / "releases"
 
     def release_dir(self, sha: str) -> Path:
+        if not SHA.match(sha):  # a path servegate may delete is built from it
+            raise GitRefusal(f"{sha[:60]!r} is not a full commit SHA", hint="pass a 40-hex SHA")
         return self.releases_root / sha
 
     def preflight(self) -> None:
@@ -71,7 +75,7 @@ class WorktreeDeploy:
         if path.exists():
             if worktree_head(path) == sha and not dirty_files(path):
                 return path
-            shutil.rmtree(path)
+            remove_inside(path, self.releases_root)
         assert isinstance(self.repo, HostRepo)
         self.releases_root.mkdir(parents=True, exist_ok=True)
         self.repo.add_worktree(path, sha)
@@ -89,7 +93,7 @@ class WorktreeDeploy:
             return removed
         assert isinstance(self.repo, HostRepo)
         for path in sorted(self.releases_root.iterdir()):
-            if path.name not in keep and path.is_dir():
+            if path.name not in keep and path.is_dir() and not path.is_symlink():
                 self.repo.remove_worktree(path)
                 removed.append(path.name)
         return removed
@@ -129,6 +133,20 @@ class InPlaceDeploy:
 
     def prune(self, keep: set[str]) -> list[str]:
         return []
+
+
+SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def remove_inside(path: Path, root: Path) -> None:
+    """``rmtree`` of ``path`` — only when it really lies inside ``root`` (links resolved)."""
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    if real == top or not real.is_relative_to(top) or path.is_symlink():
+        raise GitRefusal(
+            f"refusing to delete {path}: it is not a directory inside {root}",
+            hint="something planted a link or a path there; inspect and remove it by hand",
+        )
+    shutil.rmtree(real)
 
 
 def make_deployer(cfg: Config) -> Deployer:

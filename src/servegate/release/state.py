@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servegate.errors import StateInvalid
 from servegate.pipeline import atomic
 
 SCHEMA = 1
@@ -29,6 +32,28 @@ class Entry:
         return cls(**known)
 
 
+SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _invalid(path: Path, why: str) -> StateInvalid:
+    return StateInvalid(
+        f"the host state {path} cannot be trusted: {why}",
+        hint=f"move it aside (mv {path} {path}.bad) and run `release recover`: the live "
+        "release is then read again from the service and the release notes",
+    )
+
+
+def _check_sha(path: Path, sha: str, where: str) -> None:
+    if not SHA.match(sha):
+        raise _invalid(path, f"{where} {sha[:60]!r} is not a 40-hex commit SHA")
+
+
+def _check_entry(path: Path, root: Path, e: Entry, where: str) -> None:
+    _check_sha(path, e.sha, f"{where}.sha")
+    if e.release_dir and not Path(os.path.realpath(e.release_dir)).is_relative_to(root):
+        raise _invalid(path, f"{where}.release_dir {e.release_dir!r} lies outside {root}")
+
+
 @dataclass
 class HostState:
     path: Path
@@ -41,19 +66,42 @@ class HostState:
 
     @classmethod
     def load(cls, path: Path) -> HostState:
-        if not path.exists():
+        """The state file, validated: nothing in it is trusted as a path or a SHA before it
+        is checked (a crafted file must not make servegate delete or start anything)."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
             return cls(path)
-        data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise _invalid(path, f"it is not readable JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise _invalid(path, f"it is not a host state of schema {SCHEMA}")
+        root = path.parent.resolve()
 
-        def entry(value: Any) -> Entry | None:
-            return Entry.from_dict(value) if isinstance(value, dict) else None
+        def entry(value: Any, where: str) -> Entry | None:
+            if value is None:
+                return None
+            if not isinstance(value, dict):
+                raise _invalid(path, f"{where} is not an object")
+            try:
+                e = Entry.from_dict(value)
+            except TypeError as exc:
+                raise _invalid(path, f"{where}: {exc}") from None
+            _check_entry(path, root, e, where)
+            return e
 
+        history = data.get("history", [])
+        if not isinstance(history, list):
+            raise _invalid(path, "history is not a list")
+        pending = data.get("pending") if isinstance(data.get("pending"), dict) else None
+        if pending is not None:
+            _check_sha(path, str(pending.get("sha", "")), "pending.sha")
         return cls(
             path,
-            entry(data.get("current")),
-            entry(data.get("previous")),
-            [Entry.from_dict(e) for e in data.get("history", [])],
-            data.get("pending") if isinstance(data.get("pending"), dict) else None,
+            entry(data.get("current"), "current"),
+            entry(data.get("previous"), "previous"),
+            [e for i, v in enumerate(history) if (e := entry(v, f"history[{i}]")) is not None],
+            pending,
         )
 
     def save(self) -> None:

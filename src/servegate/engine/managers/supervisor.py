@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -16,7 +18,7 @@ from typing import Any, cast
 from servegate.config import Config
 from servegate.engine.launch import LaunchSpec
 from servegate.engine.managers import ServiceState, read_from, read_tail
-from servegate.errors import ServiceFailed
+from servegate.errors import PreflightFailed, ServiceFailed
 from servegate.pipeline import atomic, proc
 
 #: supervisord's process states that mean "the process ended by itself"
@@ -65,12 +67,32 @@ def _env_line(env: dict[str, str]) -> str:
 
 def socket_path(directory: Path) -> Path:
     """``<dir>/supervisor.sock``, or — when that is longer than a unix socket path may be
-    (108 bytes) — a short path in the temp dir derived from the directory."""
+    (108 bytes) — a short path in a directory only this user can enter (never a guessable
+    name in a shared temp dir another user could listen on first)."""
     natural = directory / "supervisor.sock"
     if len(str(natural)) < 100:
         return natural
     digest = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"servegate-{os.getuid()}-{digest}.sock"
+    return private_dir() / f"{digest}.sock"
+
+
+def private_dir() -> Path:
+    """``$XDG_RUNTIME_DIR/servegate`` or ``<tmp>/servegate-<uid>``: made 0700, and refused
+    unless it is a real directory owned by this user that nobody else can enter."""
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = Path(base) / (
+        "servegate" if os.environ.get("XDG_RUNTIME_DIR") else f"servegate-{os.getuid()}"
+    )
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PreflightFailed(
+            f"{path} is not a private directory of this user (owner uid {info.st_uid}, mode "
+            f"{oct(stat.S_IMODE(info.st_mode))}): servegate will not put its socket there",
+            hint=f"remove {path}, or use a shorter host.root so the socket lives inside it",
+        )
+    return path
 
 
 class Supervisor:

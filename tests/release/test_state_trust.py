@@ -1,0 +1,82 @@
+"""Trust in local files: a damaged or crafted state file, a planted lock link, a socket
+path another user could take — each refused with a clear error, nothing deleted."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from servegate.cli import release_main
+from servegate.engine.managers import supervisor
+from servegate.errors import LockHeld, PreflightFailed
+from servegate.pipeline.lock import HostLock
+from tests.conftest import Host, Stack
+
+
+def test_a_truncated_state_file_is_named_not_a_traceback(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = host.cfg.host_root / "state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text('{"schema": 1, "current": {"sha": "ab')
+    for command in ("status", "history", "rollback"):
+        assert release_main([command, "--config", str(host.path), "--json"]) == 20
+        error = json.loads(capsys.readouterr().out)["error"]
+        assert str(state) in error["message"]
+        assert "not readable JSON" in error["message"]
+        assert "release recover" in error["hint"]
+
+
+def test_a_crafted_sha_never_becomes_a_path_servegate_deletes(
+    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    victim = tmp_path / "victim"
+    (victim / ".git").mkdir(parents=True)
+    (victim / "keep.txt").write_text("mine")
+    root = host.cfg.host_root
+    root.mkdir(parents=True, exist_ok=True)
+    crafted = {"sha": "../../victim", "release_dir": str(victim), "verdict": "released",
+               "at": "2026-12-01T00:00:00+00:00"}  # fmt: skip
+    (root / "state.json").write_text(json.dumps(
+        {"schema": 1, "current": None, "previous": None, "history": [crafted], "pending": None}
+    ))  # fmt: skip
+    assert release_main(["rollback", "--to", "../../victim", "--config", str(host.path)]) == 20
+    assert "is not a 40-hex commit SHA" in capsys.readouterr().err
+    assert (victim / "keep.txt").read_text() == "mine"
+    # a well-formed SHA with a release directory outside the host root: refused too
+    crafted["sha"] = "a" * 40
+    (root / "state.json").write_text(json.dumps(
+        {"schema": 1, "current": crafted, "previous": None, "history": [], "pending": None}
+    ))  # fmt: skip
+    assert release_main(["rollback", "--config", str(host.path)]) == 20
+    assert "lies outside" in capsys.readouterr().err
+    assert (victim / "keep.txt").exists()
+
+
+def test_a_planted_lock_link_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.conf"
+    precious.write_text("do not truncate\n")
+    lock = tmp_path / "root" / "servegate.lock"
+    lock.parent.mkdir()
+    lock.symlink_to(precious)
+    with pytest.raises(LockHeld, match="is a symbolic link"), HostLock(lock, "promote"):
+        pass
+    assert precious.read_text() == "do not truncate\n"
+
+
+def test_a_long_root_puts_the_socket_in_a_private_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(supervisor.tempfile, "gettempdir", lambda: str(tmp_path))
+    deep = tmp_path / ("d" * 120)
+    sock = supervisor.socket_path(deep)
+    assert sock.parent == tmp_path / f"servegate-{os.getuid()}"
+    assert (sock.parent.stat().st_mode & 0o777) == 0o700
+    # another user's (or anyone's) directory there: refused, never used
+    sock.parent.chmod(0o777)
+    with pytest.raises(PreflightFailed, match="not a private directory"):
+        supervisor.socket_path(deep)
