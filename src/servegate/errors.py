@@ -178,6 +178,15 @@ class StateInvalid(ServegateError):
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
+
+class Interrupted(ServegateError):
+    """Ctrl-C (SIGINT) after the switch: the previous release is put back, the attempt is
+    recorded with reason "interrupted"; the command exits 130 like any interruption."""
+
+    exit_code = INTERRUPTED
+    title = "interrupted"
+
+
 ALL_ERRORS: tuple[type[ServegateError], ...] = (
     ConfigError,
     GitRefusal,

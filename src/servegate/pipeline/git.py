@@ -22,6 +22,8 @@ from servegate.pipeline.gitenv import scrub_git_env
 NOTES_REF = "refs/notes/servegate"
 #: origin's notes as last fetched; merged into NOTES_REF, never written over it
 ORIGIN_NOTES_REF = "refs/notes/servegate-origin"
+#: seconds a git command that talks to the remote may take (the host lock is held)
+NETWORK_TIMEOUT = 300.0
 #: who merges notes (the merge commit needs a committer; the records keep their authors)
 NOTES_MERGER = ("servegate", "servegate@localhost")
 SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
@@ -91,8 +93,9 @@ class StackRepo:
         """Fetch every branch (to tell "not on the branch" from "unknown") and the notes."""
         with _git_errors(f"fetch from {self.remote_url}"):
             self.repo.git.fetch(
-                "--prune", "origin", "+refs/heads/*:refs/remotes/origin/*", "--no-tags"
-            )
+                "--prune", "origin", "+refs/heads/*:refs/remotes/origin/*", "--no-tags",
+                kill_after_timeout=NETWORK_TIMEOUT,
+            )  # fmt: skip
             self.fetch_notes()
         if not self._exists(self.branch_ref):
             raise GitRefusal(
@@ -104,9 +107,10 @@ class StackRepo:
         """Origin's release notes, merged into ours: a record made here and not yet pushed
         (origin was down, the push was refused) is never written over."""
         with _git_errors(f"fetch notes from {self.remote_url}"):
-            if not self.repo.git.ls_remote("origin", NOTES_REF):
+            if not self.repo.git.ls_remote("origin", NOTES_REF, kill_after_timeout=NETWORK_TIMEOUT):
                 return
-            self.repo.git.fetch("origin", f"+{NOTES_REF}:{ORIGIN_NOTES_REF}")
+            self.repo.git.fetch("origin", f"+{NOTES_REF}:{ORIGIN_NOTES_REF}",
+                                kill_after_timeout=NETWORK_TIMEOUT)  # fmt: skip
         if not self._ref_exists(NOTES_REF):
             self.repo.git.update_ref(NOTES_REF, ORIGIN_NOTES_REF)
             return
@@ -188,7 +192,7 @@ class StackRepo:
 
     def push(self, refs: list[str]) -> None:
         with _git_errors(f"push to {self.remote_url}"):
-            self.repo.git.push("origin", *refs)
+            self.repo.git.push("origin", *refs, kill_after_timeout=NETWORK_TIMEOUT)
             if f"{NOTES_REF}:{NOTES_REF}" in refs:  # origin now holds what we hold
                 self.repo.git.update_ref(ORIGIN_NOTES_REF, NOTES_REF)
 
@@ -256,7 +260,9 @@ class InPlaceCheckout(StackRepo):
         """The seed's exact steps: switch, pull --ff-only, HEAD must equal ``expected``."""
         with _git_errors(f"switch/pull {self.branch}"):
             self.repo.git.switch(self.branch)
-            self.repo.git.pull("--ff-only", "origin", self.branch)
+            self.repo.git.pull(
+                "--ff-only", "origin", self.branch, kill_after_timeout=NETWORK_TIMEOUT
+            )
         head = self.head()
         if head != expected:
             raise GitRefusal(

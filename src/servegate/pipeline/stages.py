@@ -117,7 +117,8 @@ class StageRunner:
             yield result
         except BaseException as exc:
             result.status = Status.FAILED
-            result.detail = result.detail or str(exc).splitlines()[0][:160]
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]  # Ctrl-C has no text
+            result.detail = result.detail or first[:160]
             raise
         finally:
             result.seconds = time.monotonic() - start

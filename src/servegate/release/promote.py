@@ -14,6 +14,7 @@ from servegate.engine.launch import cache_bases, launch_spec, placeholders, stal
 from servegate.errors import (
     BuildFailed,
     GitRefusal,
+    Interrupted,
     RollbackFailed,
     ServegateError,
     ServiceFailed,
@@ -162,6 +163,9 @@ def _switch_and_prove(
     except Exception as exc:  # the old release is stopped: whatever broke, put it back
         failure = ServiceFailed(f"unexpected error after the switch: {exc!r}")
         return _roll_back(ctx, sha, release_dir, built, evidence, failure, start)
+    except KeyboardInterrupt:  # the same: the old release is stopped
+        interrupted = Interrupted("interrupted", hint="the previous release was put back")
+        return _roll_back(ctx, sha, release_dir, built, evidence, interrupted, start)
     with runner.stage("record") as st:
         outcome = _record_release(ctx, sha, release_dir, built, evidence, previous, start)
         st.detail = outcome.tag
