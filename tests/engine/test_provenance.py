@@ -162,3 +162,58 @@ def test_wrong_working_directory_and_interpreter(
 def test_no_process_is_a_finding(release: Path) -> None:
     report = verify(None, expect(release))
     assert not report.ok
+
+
+EVIL = r"""
+#include <stdio.h>
+#include <string.h>
+__attribute__((constructor)) static void hook(void) {
+  char cmd[256] = {0};
+  FILE *c = fopen("/proc/self/cmdline", "r");
+  if (c) { size_t n = fread(cmd, 1, sizeof cmd - 1, c); fclose(c);
+           for (size_t i = 0; i < n; i++) if (!cmd[i]) cmd[i] = ' '; }
+  FILE *f = fopen(MARKER, "a");
+  if (f) { fprintf(f, "%s\n", cmd); fclose(f); }
+}
+"""
+
+
+def test_a_preload_from_outside_the_release_is_found_and_never_run_by_the_check(
+    release: Path, tmp_path: Path
+) -> None:
+    """A hostile launcher exports LD_PRELOAD with a library outside the release. The
+    library's constructor logs every process it runs in: the service's — never
+    servegate's own module check."""
+    marker = tmp_path / "ran-in.txt"
+    src = tmp_path / "evil.c"
+    src.write_text(EVIL)
+    evil = tmp_path / "shared" / "libevil.so"
+    evil.parent.mkdir()
+    subprocess.run(["cc", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(evil), str(src)],
+                   check=True)  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(release), LD_PRELOAD=str(evil))
+    proc = start(release, release / "build" / "libk.so", env)
+    try:
+        report = verify(proc.pid, expect(release))
+    finally:
+        stop(proc)
+    preloads = [f for f in report.findings if f.check == "LD_PRELOAD"]
+    assert preloads
+    assert preloads[0].found == str(evil)
+    ran_in = marker.read_text().splitlines()
+    assert ran_in  # it did run in the service's processes
+    assert not any("importlib.util" in line for line in ran_in), ran_in
+    assert report.modules["pkg"] == str(release / "pkg" / "__init__.py")
+
+
+def test_each_hash_says_how_it_was_taken_and_a_missing_build_hash_is_no_pass(
+    release: Path, running: subprocess.Popen[str]
+) -> None:
+    report = verify(running.pid, expect(release))
+    methods = {e["method"] for e in report.extensions}
+    # root reads the mapped inode; anyone else hashes the path, and the report says so
+    assert methods == ({"map_files"} if os.geteuid() == 0 else {"path"})
+    assert bool(report.weaker) == (os.geteuid() != 0)
+    unrecorded = verify(running.pid, expect(release, artifact_hashes={}))
+    assert not unrecorded.ok
+    assert any(f.check == "extension build/libk.so hash" for f in unrecorded.findings)

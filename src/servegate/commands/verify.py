@@ -34,8 +34,13 @@ def run(cfg: Config, out: Output) -> int:
     rows = [[str(p["pid"]), str(p["ppid"]), p["cwd"], p["cmdline"][:60]] for p in report.processes]
     out.table(f"live service runs {current.sha[:12]}", ["pid", "ppid", "cwd", "command"], rows)
     for ext in report.extensions:
-        out.line(f"  pid {ext['pid']} maps {ext['path']} sha256 {ext['sha256'][:16]}… ✓")
+        out.line(
+            f"  pid {ext['pid']} maps {ext['path']} sha256 {ext['sha256'][:16]}… ✓ "
+            f"(by {ext['method']})"
+        )
     for name, origin in report.modules.items():
-        out.line(f"  module {name} → {origin} ✓")
+        out.line(f"  module {name} → {origin} ✓ (inferred: resolved by the service's interpreter)")
+    for line in report.weaker:
+        out.line(f"  weaker evidence: {line}")
     out.line(f"provenance OK: {len(report.processes)} process(es) run {current.release_dir}")
     return 0

@@ -103,6 +103,8 @@ class Report:
     modules: dict[str, str | None] = field(default_factory=dict)
     listeners: list[int] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    #: checks that ran on weaker evidence than they could (said in the output and record)
+    weaker: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -116,6 +118,9 @@ class Report:
             "modules": self.modules,
             "listeners": self.listeners,
             "findings": [f.as_dict() for f in self.findings],
+            "weaker_evidence": self.weaker,
+            "modules_method": "inferred: resolved by the service's interpreter in a new process "
+            "(its cwd and environment, LD_PRELOAD/LD_AUDIT removed)",
         }
 
     def explain(self, limit: int = 8) -> str:
@@ -182,13 +187,14 @@ def read_process(pid: int) -> ProcInfo | None:
         return None  # it ended while we looked
 
 
-def mapped_sha256(pid: int, mapped: Mapped) -> str:
-    """Hash what is mapped, not what the path holds now: /proc/PID/map_files reaches the
-    mapped inode itself (root only); otherwise fall back to the path."""
+def mapped_sha256(pid: int, mapped: Mapped) -> tuple[str, str]:
+    """(hash, method). ``map_files``: the mapped inode itself, through
+    /proc/PID/map_files (observed; needs root or CAP_SYS_ADMIN). ``path``: the file the
+    path names now (inferred: a library replaced after it was loaded is not seen)."""
     try:
-        return sha256_file(f"/proc/{pid}/map_files/{mapped.span}")
+        return sha256_file(f"/proc/{pid}/map_files/{mapped.span}"), "map_files"
     except OSError:
-        return sha256_file(mapped.path)
+        return sha256_file(mapped.path), "path"
 
 
 def _inside(path: str, directory: Path) -> bool:
@@ -213,6 +219,9 @@ def _check_process(info: ProcInfo, main_pid: int, exp: Expectation, report: Repo
         if info.pid == main_pid:
             bad("environment", "readable in /proc/PID/environ", "blank (overwritten)")
         return _check_mapped_releases(info, exp, report)
+    for lib in info.environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        if not _inside(lib, exp.release_dir):
+            bad("LD_PRELOAD", f"nothing, or libraries inside {exp.release_dir}", lib)
     for key, value in exp.env.items():
         found = info.environ.get(key)
         if found != value:
@@ -265,7 +274,16 @@ def _check_one_extension(
     file: Path, infos: list[ProcInfo], exp: Expectation, report: Report
 ) -> None:
     rel = str(file.relative_to(exp.release_dir))
-    want = exp.artifact_hashes.get(rel) or sha256_file(file)
+    want = exp.artifact_hashes.get(rel)
+    if not want:  # comparing the file with itself would prove nothing
+        report.findings.append(
+            Finding(
+                f"extension {rel} hash",
+                "recorded by the build (build.artifacts)",
+                "not recorded: the mapped library cannot be compared with what was built",
+            )
+        )
+        return
     real = os.path.realpath(file)
     hits = [(i, m) for i in infos for m in i.mapped if os.path.realpath(m.path) == real]
     if not hits:
@@ -278,10 +296,16 @@ def _check_one_extension(
         )
         return
     for info, m in hits:
-        got = mapped_sha256(info.pid, m)
+        got, method = mapped_sha256(info.pid, m)
         report.extensions.append(
-            {"pid": info.pid, "path": m.path, "sha256": got, "expected_sha256": want}
-        )
+            {"pid": info.pid, "path": m.path, "sha256": got, "expected_sha256": want,
+             "method": method}
+        )  # fmt: skip
+        if method == "path":
+            report.weaker.append(
+                f"extension {rel} (pid {info.pid}) hashed by path, not by the mapped inode "
+                "(/proc/PID/map_files needs root): a library replaced after loading is unseen"
+            )
         if got != want:
             report.findings.append(
                 Finding(
@@ -296,10 +320,12 @@ def _check_one_extension(
 def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
     if not exp.modules:
         return
+    # never run the service's preloads inside servegate's own check
+    env = {k: v for k, v in main.environ.items() if k not in ("LD_PRELOAD", "LD_AUDIT")}
     result = proc.run(
         [exp.interpreter, "-c", RESOLVE_SCRIPT, *exp.modules],
         cwd=main.cwd,
-        env=dict(main.environ),
+        env=env,
         timeout=60,
         check=False,
     )

@@ -155,6 +155,8 @@ def _switch_and_prove(
         with runner.stage("provenance") as st:
             report = service.prove(ctx, sha, release_dir, built.artifacts, evidence)
             st.detail = f"{len(report.processes)} process(es), {len(report.extensions)} mapping(s)"
+            for line in report.weaker:
+                ctx.reporter.note(f"provenance, weaker evidence: {line}")
         with runner.stage("gate") as st:
             decision = service.gate(ctx, sha, release_dir, evidence)
             st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
