@@ -33,12 +33,28 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
     workdir = tmp_path / "demo"
     exe = Path(sys.executable).with_name("servegate")
     run = subprocess.run(
-        [str(exe), "demo", "--workdir", str(workdir), "--json"],
+        [str(exe), "demo", "--workdir", str(workdir), "--json", "--keep-running"],
         env=env,
         capture_output=True,
         text=True,
         timeout=1800,
     )
+    try:
+        _check_demo(run, workdir, tmp_path, env, exe)
+    finally:
+        from servegate import config
+        from servegate.engine.managers.supervisor import Supervisor
+
+        Supervisor(config.load(workdir / "servegate.toml", {})).shutdown_daemon()
+
+
+def _check_demo(
+    run: subprocess.CompletedProcess[str],
+    workdir: Path,
+    tmp_path: Path,
+    env: dict[str, str],
+    exe: Path,
+) -> None:
     assert run.returncode == 0, run.stderr[-4000:]
     steps = json.loads(run.stdout)["result"]["steps"]
     assert [s["verdict"] for s in steps] == ["released", "released", "rolled_back", "rolled_back"]
@@ -118,3 +134,18 @@ def test_demo_promotes_twice_and_rolls_back_two_bad_releases(tmp_path: Path) -> 
 
     # the built library holds gfx1030 code
     assert b"gfx1030" in (release_dir / "build" / "libdemo_kernels.so").read_bytes()
+
+    # the box's noise, measured on the live release across a restart, planned from
+    noise = subprocess.run(
+        [str(exe), "bench", "noise", "--restarts", "1", "--repetitions", "3", "--json",
+         "--config", str(workdir / "servegate.toml")],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert noise.returncode == 0, noise.stderr[-3000:]
+    found = json.loads(noise.stdout)["result"]
+    kept = json.loads(Path(found["file"]).read_text())
+    assert kept["sha"] == second["sha"]
+    row = kept["rows"]["regular-2k:engine_prefill_tps"]
+    assert row["starts"] == 2
+    assert row["samples"] >= 4  # two starts of three, less any the random model's text spoilt
+    assert {r["metric"] for r in found["plan"]} == {"engine_prefill_tps", "engine_generation_tps"}

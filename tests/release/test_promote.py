@@ -333,3 +333,29 @@ def test_records_that_could_not_be_pushed_are_kept_and_pushed_later(
     origin.close()
     assert release_main(["status", "--config", str(host.path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["result"]["unpushed"] == []
+
+
+def test_a_rollback_that_cannot_start_never_stops_the_live_release(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = released(host, stack)
+    b = released(host, stack)
+    lib = Path(host.release_dir(a)) / "build" / "libtiny.so"
+    built = lib.read_bytes()
+    lib.write_bytes(b"not what was built")
+    assert release_main(["rollback", "--config", str(host.path)]) == 6
+    assert "build/libtiny.so of " in capsys.readouterr().err
+    assert_serving(host, b)  # untouched
+    lib.unlink()
+    assert release_main(["rollback", "--config", str(host.path)]) == 6  # missing: the same
+    assert_serving(host, b)
+    # the artifacts are right but the checkout does not start: b is put back, verified
+    lib.write_bytes(built)
+    (Path(host.release_dir(a)) / "tinystack" / "server.py").write_text("raise SystemExit(3)\n")
+    assert release_main(["rollback", "--config", str(host.path)]) == 7
+    err = capsys.readouterr().err
+    assert f"{b[:12]}, which was serving, is back and verified" in err
+    assert_serving(host, b)
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == b
+    assert state["pending"] is None

@@ -8,8 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from servegate.engine.launch import placeholders
-from servegate.errors import NothingToDo, RollbackFailed, ServegateError
+from servegate.errors import (
+    NothingToDo,
+    PreflightFailed,
+    RollbackFailed,
+    ServegateError,
+    ServiceFailed,
+)
 from servegate.kernels.build import run_build
+from servegate.pipeline.hashing import sha256_file
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import record as rec
@@ -165,6 +172,31 @@ def pick_target(ctx: Context, to: str | None) -> Entry:
     return ctx.state.previous
 
 
+def check_restorable(ctx: Context, target: Entry) -> None:
+    """The target's checkout and built artifacts are there and are what was built: a
+    rollback that cannot start must not stop the live release first."""
+    if ctx.deployer.rebuilds_on_restore:
+        return  # in-place: the build runs again on restore
+    where = Path(target.release_dir)
+    if not where.is_dir():
+        raise PreflightFailed(
+            f"the release directory of {target.sha[:12]} ({where}) is gone: a rollback to it "
+            "would stop the live release and start nothing",
+            hint=f"promote {target.sha[:12]} again (`release promote --allow-non-ff "
+            f"{target.sha}`), which rebuilds it",
+        )
+    for rel, want in sorted(target.artifacts.items()):
+        path = where / rel
+        got = sha256_file(path) if path.is_file() else "missing"
+        if got != want:
+            raise PreflightFailed(
+                f"{rel} of {target.sha[:12]} is not what was built (sha256 {want[:16]}…, now "
+                f"{got[:16]}{'' if got == 'missing' else '…'}): refusing to stop the live "
+                "release for it",
+                hint=f"promote {target.sha[:12]} again with --allow-non-ff to rebuild it",
+            )
+
+
 def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
     """``release rollback [--to SHA]``: make an earlier release live again, verified."""
     with HostLock(ctx.lock_path, f"release rollback {to or ''}".strip()):
@@ -178,10 +210,22 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             raise NothingToDo(f"{target.sha[:12]} is already the live release")
         with ctx.runner.stage("preflight"):
             service.check_port_free(ctx)
+            check_restorable(ctx, target)  # before the healthy live release is stopped
         what = f"release rollback to {target.sha[:12]}"
         with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
             mark_pending(ctx, "rollback", target.sha, Path(target.release_dir))
             result = restore(ctx, target)
+            if not result["ok"] and current is not None:
+                back = restore(ctx, current)  # the release that was serving, back
+                if back["ok"]:
+                    ctx.state.pending = None
+                    ctx.state.save()
+                    raise ServiceFailed(
+                        f"the rollback to {target.sha[:12]} failed: {result['reason']}\n"
+                        f"{current.sha[:12]}, which was serving, is back and verified",
+                        hint="`release history` shows the releases; fix the target or pick "
+                        "another with --to",
+                    )
         if not result["ok"]:
             raise RollbackFailed(result["reason"], hint=WHAT_TO_DO.format(root=ctx.cfg.host_root))
         with ctx.runner.stage("record"):
