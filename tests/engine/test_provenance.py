@@ -217,3 +217,25 @@ def test_each_hash_says_how_it_was_taken_and_a_missing_build_hash_is_no_pass(
     unrecorded = verify(running.pid, expect(release, artifact_hashes={}))
     assert not unrecorded.ok
     assert any(f.check == "extension build/libk.so hash" for f in unrecorded.findings)
+
+
+def test_a_second_venv_on_the_same_base_python_is_told_apart(release: Path, tmp_path: Path) -> None:
+    """/proc/PID/exe is the base interpreter for every venv made from it: the path the
+    service was started with names the venv it runs in."""
+    other = tmp_path / "other-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
+    proc = subprocess.Popen(
+        [str(other / "bin" / "python"), "-c", LOADER, str(release / "build" / "libk.so")],
+        cwd=release, env=dict(os.environ, PYTHONPATH=str(release)),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    try:
+        report = verify(proc.pid, expect(release))
+    finally:
+        stop(proc)
+    assert os.path.realpath(other / "bin" / "python") == os.path.realpath(sys.executable)
+    found = [f for f in report.findings if f.check == "interpreter environment"]
+    assert len(found) == 1
+    assert str(other) in found[0].found

@@ -215,6 +215,8 @@ def _check_process(info: ProcInfo, main_pid: int, exp: Expectation, report: Repo
     want_exe = os.path.realpath(exp.interpreter)
     if os.path.realpath(info.exe) != want_exe:
         bad("executable", f"{exp.interpreter} (→ {want_exe})", info.exe)
+    elif info.pid == main_pid:
+        _check_venv(info, exp, bad)
     if not info.environ_readable:
         if info.pid == main_pid:
             bad("environment", "readable in /proc/PID/environ", "blank (overwritten)")
@@ -228,6 +230,20 @@ def _check_process(info: ProcInfo, main_pid: int, exp: Expectation, report: Repo
             shown = "<unset>" if found is None else redact.value(key, found, exp.salt) or ""
             bad(f"environment {key}", redact.value(key, value, exp.salt) or "", shown)
     _check_mapped_releases(info, exp, report)
+
+
+def _check_venv(info: ProcInfo, exp: Expectation, bad: Any) -> None:
+    """Two venvs on one base Python share /proc/PID/exe (a venv's python is a link to
+    the base): the path the process was started with names its venv."""
+    venv = Path(exp.interpreter).parent.parent
+    if not (venv / "pyvenv.cfg").is_file():
+        return
+    started = info.cmdline.split(" ", 1)[0]
+    if "/" not in started:
+        return  # started by name through PATH: the environment check covers PATH
+    here = os.path.realpath(Path(started).parent)
+    if here != os.path.realpath(venv / "bin"):
+        bad("interpreter environment", f"the venv {venv}", f"{started} (a venv in {here})")
 
 
 def _check_mapped_releases(info: ProcInfo, exp: Expectation, report: Report) -> None:
