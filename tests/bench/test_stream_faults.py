@@ -126,3 +126,21 @@ def test_a_broken_stream_is_a_failed_trial_and_the_result_is_kept(
     assert expected in second["error"]
     assert saved["cases"][0]["summary"]["performance_valid"] is False
     assert saved["status"] == "running"  # what an interrupted run leaves: status says so
+
+
+def test_a_vllm_server_whose_metrics_cannot_be_read_gives_no_valid_trial(
+    engine: tuple[str, type[Engine]], tmp_path: Path
+) -> None:
+    """On vLLM only the /metrics delta betrays a prompt-cache hit: a scrape that fails
+    (here: /metrics answers 404) leaves the trial unproven, never clean."""
+    from servegate.engine.adapters import VLLM
+
+    url, _ = engine
+    spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    assert trial["ok"]
+    assert "metrics_unread" in trial["invalid_reasons"]
+    assert "a prompt-cache hit could not be ruled out" in trial["reason_details"]["metrics_unread"]

@@ -353,7 +353,7 @@ class Bench:
         mark: int,
     ) -> None:
         names = self.spec.endpoint.adapter.metrics
-        if self.result["engine"].get("metrics") and not (before and after):
+        if names.prefix_hits and not (before and after):
             for t in trials:  # the only way to see a cache hit on vLLM was not read
                 measure.invalidate(
                     t, "metrics_unread",

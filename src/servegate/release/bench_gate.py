@@ -177,7 +177,20 @@ def run(
     evidence: dict[str, Any] = {
         "result_file": str(output),
         "fingerprint": bench.result["fingerprint"],
+        "weaker_evidence": [],
     }
+    if log_file is None:  # e.g. systemd-user: the journal, not a file
+        evidence["weaker_evidence"].append(
+            "compile/JIT lines inside measured windows were not checked: the service's log "
+            "is not a file servegate can read by offset"
+        )
+    if not cfg.bench.reference:
+        evidence["weaker_evidence"].append(
+            "bench.reference = false: a change of the box cannot be told from a change of "
+            "the release"
+        )
+    for line in evidence["weaker_evidence"]:
+        reporter.note(f"bench gate, weaker evidence: {line}")
     try:
         base, about = baseline(cfg, previous_record, bench.result["fingerprint"])
     except ResultFileError as exc:
