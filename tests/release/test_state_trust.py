@@ -80,3 +80,19 @@ def test_a_long_root_puts_the_socket_in_a_private_directory(
     sock.parent.chmod(0o777)
     with pytest.raises(PreflightFailed, match="not a private directory"):
         supervisor.socket_path(deep)
+
+
+def test_a_host_root_others_can_write_is_refused(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = host.cfg.host_root
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o777)
+    sha = stack.commit()
+    assert release_main(["promote", sha, "--config", str(host.path)]) == 6
+    err = capsys.readouterr().err
+    assert "writable by others" in err
+    assert f"chmod go-w {root}" in err
+    assert not (root / "releases").exists()  # nothing fetched, nothing deployed
+    root.chmod(0o755)
+    assert release_main(["promote", sha, "--config", str(host.path)]) == 0

@@ -185,10 +185,13 @@ class StackRepo:
                 self.repo.git.notes("--ref", NOTES_REF, "append", "-F", handle.name, sha)
 
     def notes(self, sha: str) -> str:
+        """The note on ``sha``; "" when it has none. Any other failure raises."""
         try:
             return str(self.repo.git.notes("--ref", NOTES_REF, "show", sha))
-        except git.GitCommandError:
-            return ""
+        except git.GitCommandError as exc:
+            if "no note found" in str(exc.stderr):
+                return ""
+            raise _fail(f"notes show {sha[:12]}", exc) from exc
 
     def push(self, refs: list[str]) -> None:
         with _git_errors(f"push to {self.remote_url}"):

@@ -57,6 +57,7 @@ class Outcome:
 
 
 def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
+    service.check_host_root(ctx)
     ctx.deployer.preflight()
     repo = ctx.deployer.repo
     repo.fetch()

@@ -209,6 +209,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
         if current is not None and current.sha == target.sha:
             raise NothingToDo(f"{target.sha[:12]} is already the live release")
         with ctx.runner.stage("preflight"):
+            service.check_host_root(ctx)
             service.check_port_free(ctx)
             check_restorable(ctx, target)  # before the healthy live release is stopped
         what = f"release rollback to {target.sha[:12]}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,6 @@ from servegate.errors import (
     LogRuleFailed,
     PreflightFailed,
     ProvenanceMismatch,
-    ServegateError,
 )
 from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.release.context import Context
@@ -53,6 +54,23 @@ class Evidence:
 def service_pids(ctx: Context) -> set[int]:
     pid = ctx.manager.main_pid()
     return set(provenance.descendants(pid)) if pid else set()
+
+
+def check_host_root(ctx: Context) -> None:
+    """Nothing servegate trusts may be writable by others: the host root must be this
+    user's and closed to group and others' writes."""
+    root = ctx.cfg.host_root
+    if not root.exists():
+        root.mkdir(parents=True, mode=0o700)
+        return
+    info = os.lstat(root)
+    if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PreflightFailed(
+            f"the host root {root} is writable by others or not this user's (owner uid "
+            f"{info.st_uid}, mode {oct(stat.S_IMODE(info.st_mode))}): anyone who can write "
+            "there could change what servegate deploys, records and deletes",
+            hint=f"chown $(id -u) {root} && chmod go-w {root}",
+        )
 
 
 def check_port_free(ctx: Context) -> None:
@@ -153,10 +171,9 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     current = ctx.state.current
     if current is None:
         return None
-    try:
-        text = ctx.deployer.repo.notes(current.sha)
-    except ServegateError:
-        return None
+    # an unreadable note is an error, not "no baseline" (the gate must not skip its
+    # comparison because git failed): it propagates and fails the check
+    text = ctx.deployer.repo.notes(current.sha)
     mine, old = host_id(ctx.cfg), f"hostname:{socket.gethostname()}"  # old: before host_id
     released = [  # every host writes the same notes ref: only this host's own record
         r
