@@ -359,3 +359,23 @@ def test_a_rollback_that_cannot_start_never_stops_the_live_release(
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state["current"]["sha"] == b
     assert state["pending"] is None
+
+
+def test_a_failed_rollback_is_recorded_as_failed_never_as_rolled_back(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = released(host, stack)
+    # someone broke the live release's checkout on the box; then a bad release comes
+    (Path(host.release_dir(a)) / "tinystack" / "server.py").write_text("raise SystemExit(3)\n")
+    bad = stack.commit("exit")
+    assert release_main(["promote", bad, "--config", str(host.path), "--json"]) == 10
+    result = json.loads(capsys.readouterr().out)["result"]
+    assert result["verdict"] == "failed"
+    assert result["record"]["verdict"] == "failed"
+    note = git.Repo(stack.origin).git.notes("--ref", "refs/notes/servegate", "show", bad)
+    assert json.loads(note)["verdict"] == "failed"
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.history[-1].verdict == "failed"
+    assert "no verified release is serving" in state.history[-1].reason
+    assert release_main(["status", "--config", str(host.path)]) == 0
+    assert "NO VERIFIED RELEASE SERVING" in capsys.readouterr().out

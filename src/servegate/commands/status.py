@@ -56,6 +56,12 @@ def run(cfg: Config, out: Output) -> int:
         f"service:      {cfg.service.unit} via {manager.name}: {svc.raw}, pid {svc.pid}, "
         + ("healthy" if healthy else f"NOT healthy ({why})")
     )
+    last = state.history[-1] if state.history else None
+    if last is not None and last.verdict == "failed":
+        out.line(
+            f"NO VERIFIED RELEASE SERVING: {last.sha[:12]} failed at {last.at} and its rollback "
+            "failed too; `release recover` or `release rollback` puts a release back"
+        )
     for ref in waiting:
         out.line(f"UNPUSHED:     {ref} (kept here; the next release command pushes it)")
     if state.pending:

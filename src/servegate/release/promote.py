@@ -285,6 +285,10 @@ def _roll_back(
     )
     record["reason"] = str(exc)
     rollback = restore_after_failure(ctx, failed_sha=sha)
+    verdict = "rolled_back" if rollback["ok"] else "failed"  # never "rolled back" untrue
+    record["verdict"] = verdict
+    if not rollback["ok"]:
+        reason = f"{reason}; the rollback failed too: no verified release is serving"
     record["rollback"] = rollback
     record["stages"] = ctx.runner.as_list()
     record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
@@ -294,7 +298,7 @@ def _roll_back(
         Entry(
             sha,
             str(release_dir),
-            "rolled_back",
+            verdict,
             when,
             "",
             reason,
@@ -305,7 +309,7 @@ def _roll_back(
     ctx.state.save()
     outcome = Outcome(
         sha,
-        "rolled_back",
+        verdict,
         exc.exit_code,
         reason=reason,
         record=record,
@@ -314,6 +318,5 @@ def _roll_back(
         seconds=time.monotonic() - start,
     )
     if not rollback["ok"]:
-        outcome.verdict = "failed"
         outcome.exit_code = RollbackFailed.exit_code
     return outcome
