@@ -16,16 +16,23 @@ from servegate.cli import release_main
 from servegate.engine.managers.supervisor import Supervisor
 from tests.conftest import Stack, config_text, free_port
 
-SECRETS = ("hunter2", "sk-live-123", "hf_abcdefSECRET", "pa55w0rd")
+SECRETS = ("hunter2", "sk-live-123", "hf_abcdefSECRET", "pa55w0rd", "sk-second-456",
+           "sk-under-789", "hf_json_SECRET", "redis_SECRET", "qs_SECRET")  # fmt: skip
 
 
 def hostile_config(tmp_path: Path, stack: Stack) -> Path:
     text = config_text(stack, tmp_path / "host", free_port())
-    text = text.replace('"--port", "{port}"]', '"--port", "{port}", "--api-key", "sk-live-123"]')
+    text = text.replace(
+        '"--port", "{port}"]',
+        '"--port", "{port}", "--api-key", "sk-live-123", "sk-second-456", "--api_key", '
+        '"sk-under-789", "--hf-overrides", \'{"hf_token": "hf_json_SECRET"}\']',
+    )
     text = text.replace(
         'TINY_SECRET_TOKEN = "hunter2"',
         'TINY_SECRET_TOKEN = "hunter2"\nHF_TOKEN = "${HF_TOKEN}"\n'
-        'VLLM_REMOTE_URL = "https://user:pa55w0rd@mirror.invalid/models"',
+        'VLLM_REMOTE_URL = "https://user:pa55w0rd@mirror.invalid/models"\n'
+        'VLLM_KV_STORE = "redis://:redis_SECRET@cache.invalid:6379/0"\n'
+        'VLLM_MODEL_URL = "https://hub.invalid/m?token=qs_SECRET&rev=main"',
     )
     text = text.replace(
         'env = ["PYTHONPATH"]', 'env = ["PYTHONPATH", "HF_TOKEN", "TINY_SECRET_TOKEN"]'
@@ -48,7 +55,7 @@ def test_secrets_stay_out_of_records_json_notes_and_readable_files(
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
     path = hostile_config(tmp_path, stack)
     cfg = config_mod.load(path, {})
-    assert leaks(path.read_text()) == ["hunter2", "sk-live-123", "pa55w0rd"]  # not the token
+    assert "hf_abcdefSECRET" not in path.read_text()  # the config holds only ${HF_TOKEN}
     try:
         first = stack.commit()
         assert release_main(["promote", first, "--config", str(path), "--json"]) == 0
@@ -60,6 +67,7 @@ def test_secrets_stay_out_of_records_json_notes_and_readable_files(
         assert launch_env["HF_TOKEN"].startswith("<redacted sha256:")
         assert launch_env["PYTHONPATH"] == str(cfg.host_root / "releases" / first)  # allowlisted
         assert launch_env["VLLM_REMOTE_URL"].startswith("https://user:<redacted sha256:")
+        assert launch_env["VLLM_MODEL_URL"].endswith("&rev=main")  # the rest stays readable
         assert "--api-key" in record["launch"]["argv"]
         # a second release: the same value shows the same hash, never the value
         second = stack.commit(message="again")
@@ -68,9 +76,16 @@ def test_secrets_stay_out_of_records_json_notes_and_readable_files(
         assert again["launch"]["env"]["HF_TOKEN"] == launch_env["HF_TOKEN"]
         assert release_main(["verify", "--config", str(path), "--json"]) == 0
         assert leaks(capsys.readouterr().out) == []
+        # a release that prints its own arguments and environment, then dies: the log
+        # tail in the failure, the record and the note is scrubbed of every secret value
+        loud = stack.commit("print-args-exit")
+        assert release_main(["promote", loud, "--config", str(path), "--json"]) == 7
+        failed = capsys.readouterr()
+        assert leaks(failed.out + failed.err) == []
+        assert "non-default args" in json.loads(failed.out)["result"]["record"]["reason"]
         # what went to origin
         origin = git.Repo(stack.origin)
-        for sha in (first, second):
+        for sha in (first, second, loud):
             assert leaks(origin.git.notes("--ref", "refs/notes/servegate", "show", sha)) == []
         origin.close()
         # every file servegate keeps on the host: either clean, or readable by its owner only

@@ -53,7 +53,7 @@ def _stream(http: httpx.Client, endpoint: Endpoint, body: dict[str, Any], timeou
     except httpx.TimeoutException:
         stream.error = f"no answer within {timeout:g}s"
     except httpx.ConnectError as exc:
-        stream.error = f"cannot connect to {endpoint.base_url}: {exc}"
+        stream.error = f"cannot connect to {endpoint.shown_url}: {exc}"
     except httpx.HTTPError as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
     if not stream.error and not stream.saw_done:

@@ -30,7 +30,7 @@ def new_result(s: Spec, scope: str, server_log: str | None) -> dict[str, Any]:
         "finished_at": None,
         "error": "",
         "run": {
-            "base_url": s.endpoint.base_url,
+            "base_url": s.endpoint.shown_url,
             "model": s.model,
             "command": s.command,
             "system": s.system,

@@ -127,13 +127,13 @@ class Bench:
             served = client.models(s.endpoint)
         except (httpx.HTTPError, ValueError) as exc:
             raise BenchFailed(
-                f"the server at {s.endpoint.base_url} does not answer /v1/models: {exc}",
+                f"the server at {s.endpoint.shown_url} does not answer /v1/models: {exc}",
                 hint="start the server (or pass the right --url); nothing was measured",
             ) from None
         ids = [str(m.get("id")) for m in served]
         if s.model not in ids:
             raise BenchFailed(
-                f"model {s.model!r} is not served at {s.endpoint.base_url} (served: {ids})",
+                f"model {s.model!r} is not served at {s.endpoint.shown_url} (served: {ids})",
                 hint="pass --model with one of the served names",
             )
         engine = s.endpoint.engine or adapters.detect(served)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -132,12 +133,13 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
             model = openai.first_model(endpoint)
         except Exception as exc:
             raise BenchFailed(
-                f"the server at {endpoint.base_url} does not answer /v1/models: {exc}",
+                f"the server at {endpoint.shown_url} does not answer /v1/models: {exc}",
                 hint="start the server or pass the right --url",
             ) from None
     live = _live_launch(cfg)
     salt = redact.host_salt(cfg.host_root) if cfg and cfg.host.root else ""
-    command = o.server_command or (" ".join(redact.argv(live.argv, salt)) if live else "")
+    given = redact.argv(shlex.split(o.server_command), salt) if o.server_command else []
+    command = " ".join(given) or (" ".join(redact.argv(live.argv, salt)) if live else "")
     spec = cases.spec_from_config(b, endpoint, model, command, o.system)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
@@ -164,11 +166,11 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
             )
     reporter = out.reporter()
     out.err.print(
-        f"bench: {len(spec.cases)} case(s) x {spec.repetitions} at {endpoint.base_url} "
+        f"bench: {len(spec.cases)} case(s) x {spec.repetitions} at {endpoint.shown_url} "
         f"({model}); results: {output}",
         markup=False,
     )
-    with _maybe_lease(o.lease, f"servegate bench {endpoint.base_url}", cfg):
+    with _maybe_lease(o.lease, f"servegate bench {endpoint.shown_url}", cfg):
         try:
             result = runner.run(spec, output, reporter, log, environ, _log_rules(cfg, live))
         except BenchFailed as exc:

@@ -196,8 +196,9 @@ def _merge_service_env(
     for key, value in extra.items():
         if key in merged and merged[key] != value:
             raise ConfigError(
-                f"{key} is set twice with different values: {merged[key]!r} in the profile "
-                f"({prof.where('env.' + key)}) and {value!r} in [service.env]",
+                f"{key} is set twice with different values: {redact.quoted(key, merged[key])} in "
+                f"the profile ({prof.where('env.' + key)}) and {redact.quoted(key, value)} in "
+                "[service.env]",
                 hint=f"set {key} in one place: a profile that includes {prof.name}, "
                 "or [service.env] after removing it from the profile",
             )

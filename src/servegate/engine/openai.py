@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from servegate.engine.adapters import VLLM, Engine
+from servegate.pipeline import redact
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,11 @@ class Endpoint:
     api_key: str = ""
     #: the engine's adapter; None: not named (the bench detects it from /v1/models)
     engine: Engine | None = None
+
+    @property
+    def shown_url(self) -> str:
+        """The URL as messages and result files show it: credentials in it redacted."""
+        return redact.text(self.base_url, "")
 
     @property
     def adapter(self) -> Engine:

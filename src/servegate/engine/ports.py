@@ -50,9 +50,14 @@ def port_in_use(port: int) -> bool:
     return bool(_listening_inodes(port))
 
 
-def cmdline(pid: int) -> str:
+def argv(pid: int) -> list[str]:
+    """The process's arguments as it was started (``["?"]`` when unreadable)."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return "?"
-    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+        return ["?"]
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def cmdline(pid: int) -> str:
+    return " ".join(argv(pid))

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from servegate.errors import ConfigError, did_you_mean
+from servegate.pipeline import redact
 
 Engine = Literal["vllm", "openai"]
 SECTIONS = ("profile", "params", "launch", "env", "args", "unit", "expect")
@@ -252,7 +253,8 @@ def _merge_included(
                 second = sibling.origins.get(f"{section}.{key}", sibling.files[-1])
                 raise ConfigError(
                     f"{path}: {section} {key} is set twice with different values: "
-                    f"{ours!r} ({first}) and {value!r} ({second})",
+                    f"{_shown(section, key, ours)} ({first}) and {_shown(section, key, value)} "
+                    f"({second})",
                     hint=f"set {key} in [{section}] of {path.name} to say which value holds",
                 )
     for section in SECTIONS:
@@ -463,3 +465,8 @@ def line_of(text: str, section: str, key: str) -> int:
 def _at(path: Path, text: str, section: str, key: str) -> str:
     number = line_of(text, section, key)
     return f"{path}:{number}" if number else str(path)
+
+
+def _shown(section: str, key: str, value: object) -> str:
+    """An env value in a message only when its name may be shown; other sections as is."""
+    return redact.quoted(key, value) if section == "env" else repr(value)

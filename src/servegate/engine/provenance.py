@@ -378,7 +378,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
             {
                 "pid": info.pid,
                 "ppid": info.ppid,
-                "cmdline": redact.cmdline(info.cmdline, exp.salt)[:300],
+                "cmdline": " ".join(redact.argv(ports.argv(info.pid), exp.salt))[:300],
                 "cwd": info.cwd,
                 "exe": info.exe,
                 "env": (
@@ -396,7 +396,11 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
         owners = ports.listeners(exp.port)
         report.listeners = sorted(owners)
         if not owners or not owners <= pids:
-            found = ", ".join(f"{p} ({ports.cmdline(p)[:80]})" for p in sorted(owners)) or "nobody"
+            shown = [
+                f"{p} ({' '.join(redact.argv(ports.argv(p), exp.salt))[:120]})"
+                for p in sorted(owners)
+            ]
+            found = ", ".join(shown) or "nobody"
             report.findings.append(
                 Finding(
                     f"port {exp.port} listener", f"a process of the service ({sorted(pids)})", found

@@ -93,7 +93,7 @@ class HostLock:
                 time.sleep(0.1)
 
     def __enter__(self) -> HostLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:  # never through a planted link: the lock is truncated and rewritten below
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servegate.errors import CommandFailed
+from servegate.pipeline import atomic
 
 log = logging.getLogger("servegate.proc")
 
@@ -119,8 +120,7 @@ def run(
     output = _hide(raw.decode(errors="replace"), redact) if raw is not None else ""
     seconds = time.monotonic() - start
     if log_path is not None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_path.write_text(f"$ {quote(shown)}\n{output}")
+        atomic.write_text(log_path, f"$ {quote(shown)}\n{output}")  # 0600: it may hold secrets
     if returncode is None:
         raise CommandFailed(
             failure_text(shown, None, output) + f"\n  (limit: {timeout:.0f}s)",

@@ -13,11 +13,13 @@ Hand-written because it is a small policy over strings, and the policy is the po
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 #: a name that looks secret: its value never leaves the process, allowlisted or not
 SECRET_NAME = re.compile(
@@ -33,8 +35,12 @@ ALLOWED_NAME = re.compile(
     r"SERVEGATE_|PYTHON|LD_LIBRARY_PATH$|LD_PRELOAD$|PATH$|HOME$|USER$|LANG$|LC_|TZ$|"
     r"HF_HUB_OFFLINE$|HF_HUB_CACHE$|HF_HOME$|TRANSFORMERS_OFFLINE$|XDG_)"
 )
-#: scheme://user:password@host — the password part
-URL_CREDENTIALS = re.compile(r"(?P<head>[a-zA-Z][\w+.-]*://[^:/@\s]+:)(?P<secret>[^@/\s]+)(?=@)")
+#: a URL: its userinfo and secret-looking query values are redacted
+URL = re.compile(r"[a-zA-Z][\w+.-]*://\S+")
+SECRET_QUERY = re.compile(
+    r"([?&](?:[^=&\s]*(?:key|token|secret|password|sig|signature|auth|credential)[^=&\s]*)=)([^&\s#]+)",
+    re.IGNORECASE,
+)
 SALT_FILE = "salt"
 
 
@@ -75,8 +81,35 @@ def shown(name: str) -> bool:
 
 
 def text(value: str, salt: str) -> str:
-    """A free-form value with any URL password redacted."""
-    return URL_CREDENTIALS.sub(lambda m: m.group("head") + hidden(m.group("secret"), salt), value)
+    """A free-form value with every URL's credentials and secret query values redacted."""
+    return URL.sub(lambda m: _url(m.group(0), salt), value)
+
+
+def _url(url: str, salt: str) -> str:
+    scheme, _, rest = url.partition("://")
+    at = rest.rfind("@", 0, _host_end(rest))
+    if at >= 0:  # user:password@ (or a token as the user): everything up to the last @
+        userinfo = rest[:at]
+        user, colon, _pw = userinfo.partition(":")
+        shown_user = user if colon else ""
+        rest = f"{shown_user}{':' if colon else ''}{hidden(userinfo, salt)}@{rest[at + 1 :]}"
+    rest = SECRET_QUERY.sub(lambda m: m.group(1) + hidden(m.group(2), salt), rest)
+    return f"{scheme}://{rest}"
+
+
+def _host_end(rest: str) -> int:
+    """Where the authority part ends: the first / ? or # after the last @ (a password may
+    hold / or @)."""
+    last_at = rest.rfind("@")
+    for i in range(max(last_at, 0), len(rest)):
+        if rest[i] in "/?#":
+            return i
+    return len(rest)
+
+
+def quoted(name: str, raw: object) -> str:
+    """A value for an error message: quoted when its name may be shown, else not at all."""
+    return repr(raw) if shown(name) else "<a value not shown: secret or not allowlisted>"
 
 
 def value(name: str, raw: str | None, salt: str) -> str | None:
@@ -89,24 +122,132 @@ def env(mapping: Mapping[str, str], salt: str) -> dict[str, str]:
     return {k: hidden(v, salt) if not shown(k) else text(v, salt) for k, v in mapping.items()}
 
 
+def _secret_flag(arg: str) -> bool:
+    name = arg.split("=", 1)[0].lower().replace("_", "-")
+    return name.startswith("--") and (name in SECRET_FLAGS or is_secret(name))
+
+
+def _json_arg(arg: str, salt: str) -> str | None:
+    """A JSON argument with the values of secret-looking keys redacted; None: not JSON."""
+    if arg[:1] not in ("{", "["):
+        return None
+    try:
+        doc = json.loads(arg)
+    except ValueError:
+        return None
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: hidden(json.dumps(v), salt) if is_secret(str(k)) else walk(v)
+                    for k, v in node.items()}  # fmt: skip
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return text(node, salt) if isinstance(node, str) else node
+
+    return json.dumps(walk(doc), separators=(",", ":"))
+
+
 def argv(args: Sequence[str], salt: str) -> list[str]:
+    """A command line as a record may hold it: every value of a secret-looking option
+    (``--api-key``, ``--api_key``, ``--hf-token``, ``--openai-api-key``…, up to the next
+    option: vLLM takes several keys), secret keys inside JSON arguments, URL credentials."""
     out: list[str] = []
-    hide_next = False
+    hiding = False
     for arg in args:
-        if hide_next:
+        if arg.startswith("-") and len(arg) > 1:
+            hiding = False
+        if hiding:
             out.append(hidden(arg, salt))
-            hide_next = False
-        elif arg in SECRET_FLAGS:
-            out.append(arg)
-            hide_next = True
-        elif any(arg.startswith(flag + "=") for flag in SECRET_FLAGS):
+        elif _secret_flag(arg) and "=" in arg:
             flag, secret = arg.split("=", 1)
             out.append(f"{flag}={hidden(secret, salt)}")
+        elif _secret_flag(arg):
+            out.append(arg)
+            hiding = True
+        elif "=" in arg and arg.startswith("--") and (j := _json_arg(arg.split("=", 1)[1], salt)):
+            out.append(f"{arg.split('=', 1)[0]}={j}")
         else:
-            out.append(text(arg, salt))
+            out.append(_json_arg(arg, salt) or text(arg, salt))
     return out
 
 
 def cmdline(line: str, salt: str) -> str:
     """A space-joined command line (as /proc shows it), redacted."""
     return " ".join(argv(line.split(" "), salt))
+
+
+def secrets_of(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
+    """The raw values :func:`env` and :func:`argv` would hide: what must never appear in
+    any text servegate records or prints (a service log quoting its own arguments)."""
+    found = {v for k, v in env.items() if not shown(k)}
+    hiding = False
+    for arg in args:
+        if arg.startswith("-") and len(arg) > 1:
+            hiding = False
+        if hiding:
+            found.add(arg)
+        elif _secret_flag(arg):
+            if "=" in arg:
+                found.add(arg.split("=", 1)[1])
+            else:
+                hiding = True
+        else:
+            found |= _json_secrets(
+                arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
+            )
+    return {v for v in found if len(v) >= 4}  # "1", "on": too short to be a secret
+
+
+def _json_secrets(arg: str) -> set[str]:
+    """The values under secret-looking keys of a JSON argument."""
+    if arg[:1] not in ("{", "["):
+        return set()
+    try:
+        doc = json.loads(arg)
+    except ValueError:
+        return set()
+    out: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if is_secret(str(k)):
+                    out.add(v if isinstance(v, str) else json.dumps(v))
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    return out
+
+
+class Scrubber:
+    """Replaces known secret values wherever they appear in a text or a JSON document."""
+
+    def __init__(self, values: Iterable[str], salt: str) -> None:
+        self.salt = salt
+        self.values = sorted(set(values), key=len, reverse=True)
+
+    def text(self, value: str) -> str:
+        for secret in self.values:
+            if secret in value:
+                value = value.replace(secret, hidden(secret, self.salt))
+        return text(value, self.salt)
+
+    def inplace(self, obj: Any) -> None:
+        """Scrub every string inside ``obj`` (dicts and lists changed in place, so every
+        reference to them sees the scrubbed values)."""
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                if isinstance(v, str):
+                    obj[k] = self.text(v)
+                else:
+                    self.inplace(v)
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                if isinstance(v, str):
+                    obj[i] = self.text(v)
+                else:
+                    self.inplace(v)

@@ -69,6 +69,15 @@ class Context:
         return redact.host_salt(self.cfg.host_root)
 
     @property
+    def scrubber(self) -> redact.Scrubber:
+        """Every secret value of the launches resolved so far, for texts servegate did not
+        write itself (a service's log tail in an error, a matched log line)."""
+        values: set[str] = set()
+        for spec in self._specs.values():
+            values |= redact.secrets_of(spec.env, spec.argv)
+        return redact.Scrubber(values, self.salt)
+
+    @property
     def cache_dir(self) -> Path:
         """servegate's own caches on the host (the installed vLLM's variable list, …)."""
         return self.cfg.host_root / "cache"

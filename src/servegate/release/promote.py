@@ -192,7 +192,7 @@ def _record_release(
         ctx, sha, previous.sha if previous else None, "released", built, evidence, start
     )
     record["tag"] = tag
-    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, tag)
+    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, tag, ctx.scrubber)
     if not record["publish"]["pushed"]:
         ctx.reporter.note(
             f"warning: the record was not pushed: {record['publish']['error']}; it is kept "
@@ -277,13 +277,14 @@ def _roll_back(
     exc: ServegateError,
     start: float,
 ) -> Outcome:
-    reason = str(exc).splitlines()[0]
-    ctx.reporter.note(f"{exc.render()}\nrolling back …")
+    scrub = ctx.scrubber  # a failure's text may quote the service's log
+    reason = scrub.text(str(exc).splitlines()[0])
+    ctx.reporter.note(f"{scrub.text(exc.render())}\nrolling back …")
     previous = ctx.state.current
     record = _record(
         ctx, sha, previous.sha if previous else None, "rolled_back", built, evidence, start
     )
-    record["reason"] = str(exc)
+    record["reason"] = scrub.text(str(exc))
     rollback = restore_after_failure(ctx, failed_sha=sha)
     verdict = "rolled_back" if rollback["ok"] else "failed"  # never "rolled back" untrue
     record["verdict"] = verdict
@@ -291,7 +292,7 @@ def _roll_back(
         reason = f"{reason}; the rollback failed too: no verified release is serving"
     record["rollback"] = rollback
     record["stages"] = ctx.runner.as_list()
-    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
+    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
     when = rec.now().isoformat(timespec="seconds")
     ctx.state.pending = None
     ctx.state.history.append(
@@ -314,7 +315,7 @@ def _roll_back(
         reason=reason,
         record=record,
         rollback=rollback,
-        stages=ctx.runner.as_list(),
+        stages=record["stages"],
         seconds=time.monotonic() - start,
     )
     if not rollback["ok"]:

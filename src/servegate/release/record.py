@@ -14,6 +14,7 @@ from servegate.config import Config
 from servegate.errors import CommandFailed
 from servegate.pipeline import atomic
 from servegate.pipeline.git import NOTES_REF, Identity, StackRepo
+from servegate.pipeline.redact import Scrubber
 
 SCHEMA = 1
 
@@ -76,10 +77,17 @@ def parse_notes(text: str) -> list[dict[str, Any]]:
 
 
 def publish(
-    cfg: Config, repo: StackRepo, record: dict[str, Any], tag: str | None
+    cfg: Config,
+    repo: StackRepo,
+    record: dict[str, Any],
+    tag: str | None,
+    scrubber: Scrubber | None = None,
 ) -> dict[str, Any]:
     """Note (and tag) locally, then push both. A failed push is reported, not fatal:
-    the release is live and verified either way."""
+    the release is live and verified either way. ``scrubber``: the record is scrubbed of
+    the launch's secret values first, in place (the caller's --json shows the same)."""
+    if scrubber is not None:
+        scrubber.inplace(record)
     identity = Identity(cfg.release.identity_name, cfg.release.identity_email)
     sha = str(record["sha"])
     repo.append_note(sha, json.dumps(record, sort_keys=True), identity)

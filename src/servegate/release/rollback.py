@@ -139,7 +139,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     )
     record = rec.base_record(ctx.cfg, sha, live.sha if live else None, "rolled_back")
     record.update({"reason": reason, "rollback": result, "stages": ctx.runner.as_list()})
-    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
+    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
     when = rec.now().isoformat(timespec="seconds")
     ctx.state.history.append(
         Entry(sha, str(pending.get("release_dir", "")), "rolled_back", when, "", reason)
@@ -222,19 +222,22 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
                     ctx.state.pending = None
                     ctx.state.save()
                     raise ServiceFailed(
-                        f"the rollback to {target.sha[:12]} failed: {result['reason']}\n"
+                        f"the rollback to {target.sha[:12]} failed: "
+                        f"{ctx.scrubber.text(result['reason'])}\n"
                         f"{current.sha[:12]}, which was serving, is back and verified",
                         hint="`release history` shows the releases; fix the target or pick "
                         "another with --to",
                     )
         if not result["ok"]:
-            raise RollbackFailed(result["reason"], hint=WHAT_TO_DO.format(root=ctx.cfg.host_root))
+            raise RollbackFailed(
+                ctx.scrubber.text(result["reason"]), hint=WHAT_TO_DO.format(root=ctx.cfg.host_root)
+            )
         with ctx.runner.stage("record"):
             record = rec.base_record(
                 ctx.cfg, target.sha, current.sha if current else None, "rollback"
             )
             record.update({"stages": ctx.runner.as_list(), "rollback": dict(result)})
-            record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None)
+            record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
             when = rec.now().isoformat(timespec="seconds")
             entry = Entry(
                 target.sha,

@@ -20,6 +20,7 @@ from servegate.errors import (
     PreflightFailed,
     ProvenanceMismatch,
 )
+from servegate.pipeline import redact
 from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.release.context import Context
 from servegate.release.gate import (
@@ -78,7 +79,10 @@ def check_port_free(ctx: Context) -> None:
     port = ctx.cfg.service.port
     foreign = ports.listeners(port) - service_pids(ctx)
     if foreign:
-        who = "; ".join(f"pid {p}: {ports.cmdline(p)[:120]}" for p in sorted(foreign))
+        who = "; ".join(
+            f"pid {p}: {' '.join(redact.argv(ports.argv(p), ctx.salt))[:160]}"
+            for p in sorted(foreign)
+        )
         raise PreflightFailed(
             f"port {port} is already taken by a process that is not the service: {who}",
             hint="stop that process, or set service.port to a free port; "

@@ -65,6 +65,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def main() -> None:
     port = int(sys.argv[sys.argv.index("--port") + 1])
     print(f"tiny: mode {MODE}, root {ROOT}", flush=True)
+    if MODE == "print-args-exit":  # as a server logs its own arguments, then dies
+        print(f"INFO non-default args: {sys.argv[1:]} env {os.environ.get('HF_TOKEN')}", flush=True)
+        sys.exit(3)
     if MODE == "exit":
         print("tiny: fatal: refusing to start", flush=True)
         sys.exit(3)

@@ -125,12 +125,15 @@ class Supervisor:
             return False
 
     def _write_daemon_conf(self) -> None:
-        (self.dir / "programs").mkdir(parents=True, exist_ok=True)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
+        # the service's output may quote its secrets: logs only for the owner
+        (self.dir / "programs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.log.parent.chmod(0o700)
         self.conf.write_text(
             "[unix_http_server]\n"
             f"file={self.socket}\nchmod=0700\n\n"
             "[supervisord]\n"
+            "umask=077\n"
             f"pidfile={self.dir / 'supervisord.pid'}\n"
             f"logfile={self.dir / 'supervisord.log'}\n"
             f"childlogdir={self.log.parent}\n"
