@@ -165,7 +165,15 @@ def real(runs: int, slow_arg: str) -> int:
                                        for cs in s.cases.values())  # fmt: skip
                 key = "invalid" if invalid_side else d["verdict"]
                 tally[cand][key] += 1
-                ratios = ", ".join(f"{r['metric']} {r['ratio']}" for r in d["rows"])
+                ratios = ", ".join(
+                    f"{r['metric']} {r['ratio']}"
+                    + (
+                        f" (box {r['drift']['change']:+.0%})"
+                        if (r["drift"] or {}).get("checked")
+                        else ""
+                    )
+                    for r in d["rows"]
+                )
                 print(f"round {i + 1} ({''.join(order)}): {cand} vs A {key} — {ratios}", flush=True)
     print(f"identical release A': {dict(tally[chr(65) + chr(39)])}")
     print(f"slower release B ({slow_arg}): {dict(tally['B'])}")
