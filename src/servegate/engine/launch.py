@@ -211,8 +211,13 @@ def cache_key(spec: LaunchSpec) -> str:
     parts = {
         "sha": spec.sha,
         "compilation-config": spec.args.get("compilation-config"),
-        "argv": list(spec.argv),
-        "env": {k: v for k, v in sorted(spec.env.items()) if k not in COMPILE_CACHES},
+        # secrets take no part in a compile and must not be guessable from a recorded key
+        "argv": redact.argv(spec.argv, "", mask="<secret>"),
+        "env": {
+            k: v
+            for k, v in sorted(spec.env.items())
+            if k not in COMPILE_CACHES and not redact.is_secret(k)
+        },
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 

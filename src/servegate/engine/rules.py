@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate.errors import ConfigError, did_you_mean
+from servegate.pipeline import redact
 
 SEVERITIES = ("fail", "warn", "fact")
 TESTS = (
@@ -176,11 +177,18 @@ def _number(value: Any) -> float | None:
 
 
 def describe(template: str, facts: Mapping[str, Any]) -> str:
-    """``{args.max-num-seqs}`` in a message → the launch's value."""
+    """``{args.max-num-seqs}`` in a message → the launch's value (an environment value only
+    when its name may be shown: a finding lands in the record)."""
 
     def sub(m: re.Match[str]) -> str:
-        value = lookup(facts, m.group(1))
-        return "(unset)" if value is MISSING else text(value)
+        path = m.group(1)
+        value = lookup(facts, path)
+        if value is MISSING:
+            return "(unset)"
+        name = path.split(".", 1)[-1]
+        if (path.startswith("env.") and not redact.shown(name)) or redact.is_secret(name):
+            return "(not shown)"
+        return text(value)
 
     return REFERENCE.sub(sub, template)
 

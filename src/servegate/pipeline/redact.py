@@ -147,20 +147,25 @@ def _json_arg(arg: str, salt: str) -> str | None:
     return json.dumps(walk(doc), separators=(",", ":"))
 
 
-def argv(args: Sequence[str], salt: str) -> list[str]:
+def argv(args: Sequence[str], salt: str, mask: str | None = None) -> list[str]:
     """A command line as a record may hold it: every value of a secret-looking option
     (``--api-key``, ``--api_key``, ``--hf-token``, ``--openai-api-key``…, up to the next
-    option: vLLM takes several keys), secret keys inside JSON arguments, URL credentials."""
+    option: vLLM takes several keys), secret keys inside JSON arguments, URL credentials.
+    ``mask``: hidden values become this constant instead of a salted hash."""
+
+    def hide(value: str) -> str:
+        return mask if mask is not None else hidden(value, salt)
+
     out: list[str] = []
     hiding = False
     for arg in args:
         if arg.startswith("-") and len(arg) > 1:
             hiding = False
         if hiding:
-            out.append(hidden(arg, salt))
+            out.append(hide(arg))
         elif _secret_flag(arg) and "=" in arg:
             flag, secret = arg.split("=", 1)
-            out.append(f"{flag}={hidden(secret, salt)}")
+            out.append(f"{flag}={hide(secret)}")
         elif _secret_flag(arg):
             out.append(arg)
             hiding = True
