@@ -27,7 +27,7 @@ def test_a_truncated_state_file_is_named_not_a_traceback(
         error = json.loads(capsys.readouterr().out)["error"]
         assert str(state) in error["message"]
         assert "not readable JSON" in error["message"]
-        assert "release recover" in error["hint"]
+        assert f"mv {state} {state}.bad" in error["hint"]
 
 
 def test_a_crafted_sha_never_becomes_a_path_servegate_deletes(

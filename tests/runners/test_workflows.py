@@ -50,8 +50,20 @@ def test_zizmor_reports_nothing() -> None:
 
 
 def evaluate(expr: str, ctx: dict[str, Any]) -> bool:
-    """The subset of GitHub's expression language the gate uses: property paths,
-    'literals', ==, ||, &&, and contains(list.*.name, 'x')."""
+    """A stand-in for GitHub's expression evaluator (there is no maintained Python one;
+    actionlint checks syntax and types, not values), covering exactly what the shipped
+    gates use and refusing anything else rather than guessing:
+
+    - property paths into ``ctx`` (``github.event.pull_request.head.repo.full_name``);
+    - single-quoted string literals; ``==`` between two terms (GitHub compares strings
+      case-insensitively: the gates' literals are lower case, as the contexts here);
+    - ``contains(list.*.field, 'x')`` (object filter + membership);
+    - ``&&`` binding tighter than ``||``, as in GitHub; no parentheses, ``!``, ``!=``,
+      ``<``/``>``, numbers or other functions (a ValueError says so).
+    """
+    bare = re.sub(r"contains\([^()]*\)", "", expr)
+    if re.search(r"[()!<>]|\b\d", bare) or re.search(r"\b(?!contains)\w+\(", expr):
+        raise ValueError(f"outside the evaluator's subset: {expr!r}")
 
     def value(term: str) -> Any:
         term = term.strip()
@@ -88,6 +100,12 @@ def event(head_repo: str, labels: list[str]) -> dict[str, Any]:
             },
         }
     }
+
+
+def test_the_stand_in_refuses_what_it_does_not_cover() -> None:
+    for expr in ("!github.x", "(a || b) && c", "github.n > 1", "startsWith(a, 'b')", "a != 'b'"):
+        with pytest.raises(ValueError, match="outside the evaluator's subset"):
+            evaluate(expr, {})
 
 
 def test_gpu_job_runs_only_for_own_branches_or_labelled_forks() -> None:

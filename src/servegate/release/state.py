@@ -38,8 +38,9 @@ SHA = re.compile(r"^[0-9a-f]{40}$")
 def _invalid(path: Path, why: str) -> StateInvalid:
     return StateInvalid(
         f"the host state {path} cannot be trusted: {why}",
-        hint=f"move it aside (mv {path} {path}.bad) and run `release recover`: the live "
-        "release is then read again from the service and the release notes",
+        hint=f"move it aside (mv {path} {path}.bad): servegate then knows no release on this "
+        "host; `release history` still reads the release notes, and `release promote "
+        "<the live SHA> --allow-non-ff` records the live release again",
     )
 
 
