@@ -198,6 +198,12 @@ def servegate_parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=3600.0, help="seconds to wait for the lease (default 3600)"
     )
     lease.add_argument("--what", help="how the holder is named to those who wait")
+    lease.add_argument(
+        "--config",
+        type=Path,
+        default=Path("servegate.toml"),
+        help="the config whose host.state_dir holds the lease (used when the file exists)",
+    )
     lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     lease.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
     run = sub.add_parser("runner", help="the self-hosted GitHub Actions runner on this box")
@@ -264,7 +270,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "lease":
         from servegate.commands import lease
 
-        return lease.run(out, args.argv, args.timeout, args.what)
+        return lease.run(out, args.argv, args.timeout, args.what, args.config)
     if args.command == "runner":
         from servegate.commands import runner
 

@@ -133,3 +133,18 @@ def test_promote_waits_for_the_lease_and_leaves_the_service_alone(
     assert "gpu job 17" in capsys.readouterr().err
     assert host.context().manager.main_pid() == pid
     assert host.live_root() == host.release_dir(good)
+
+
+def test_the_lease_command_takes_the_file_promote_takes(tmp_path: Path) -> None:
+    """host.state_dir moves the lease for promote; `servegate lease --config` follows."""
+    shared = tmp_path / "shared-state"
+    cfg = tmp_path / "servegate.toml"
+    cfg.write_text(f'[host]\nroot = "{tmp_path / "root"}"\nstate_dir = "{shared}"\n')
+    probe = "import os; print(os.environ['SERVEGATE_GPU_LEASE'])"
+    run = subprocess.run(
+        [*LEASE, "--config", str(cfg), "--", sys.executable, "-c", probe],
+        env=env_for(tmp_path / "default-state"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().startswith(str(shared / "gpu.lease"))
+    assert not (tmp_path / "default-state" / "gpu.lease").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_a_long_root_puts_the_socket_in_a_private_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    monkeypatch.setattr(supervisor.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # what gettempdir() answers
     deep = tmp_path / ("d" * 120)
     sock = supervisor.socket_path(deep)
     assert sock.parent == tmp_path / f"servegate-{os.getuid()}"

@@ -114,9 +114,7 @@ def _maybe_lease(take: bool, what: str, cfg: Config | None) -> Iterator[None]:
     if not take:
         yield
         return
-    path = lease_path(os.environ)
-    if cfg and cfg.host.state_dir:
-        path = Path(cfg.host.state_dir) / "gpu.lease"
+    path = lease_path(os.environ, cfg.host.state_dir if cfg else "")
     timeout = cfg.host.lease_timeout if cfg else 3600.0
     with gpu_lease(path, what, timeout):
         yield

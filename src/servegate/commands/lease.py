@@ -2,18 +2,25 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 
+from servegate import config as config_mod
 from servegate.errors import ConfigError
 from servegate.output import Output
 from servegate.pipeline import proc
 from servegate.pipeline.lease import gpu_lease, lease_path
 
 
-def run(out: Output, argv: list[str], timeout: float, what: str | None) -> int:
+def run(
+    out: Output, argv: list[str], timeout: float, what: str | None, config: Path | None = None
+) -> int:
     """Run ``argv`` holding the host's GPU lease; its exit code is ours."""
     argv = argv[1:] if argv[:1] == ["--"] else argv
     if not argv:
         raise ConfigError("no command to run", hint="servegate lease [--timeout S] -- COMMAND ...")
-    path = lease_path(os.environ)
+    state = ""
+    if config is not None and config.exists():
+        state = config_mod.load(config, os.environ, build_only=True).host.state_dir
+    path = lease_path(os.environ, state)
     with gpu_lease(path, what or shlex.join(argv), timeout) as env:
         return proc.run(argv, env={**os.environ, **env}, check=False, capture=False).returncode

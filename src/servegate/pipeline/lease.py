@@ -29,8 +29,10 @@ def state_dir(environ: Mapping[str, str]) -> Path:
     return Path(base) / "servegate"
 
 
-def lease_path(environ: Mapping[str, str]) -> Path:
-    return state_dir(environ) / "gpu.lease"
+def lease_path(environ: Mapping[str, str], configured: str = "") -> Path:
+    """The host's one GPU lease: ``host.state_dir`` when the config sets it, else the
+    state directory — the same file for promote, ``servegate bench`` and ``servegate lease``."""
+    return (Path(configured) if configured else state_dir(environ)) / "gpu.lease"
 
 
 def held_by_parent(path: Path, environ: Mapping[str, str]) -> bool:

@@ -14,7 +14,7 @@ from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
 from servegate.engine.rules import RuleSet
 from servegate.pipeline import redact
-from servegate.pipeline.lease import state_dir
+from servegate.pipeline.lease import lease_path
 from servegate.pipeline.stages import Reporter, StageRunner
 from servegate.release.deploy import Deployer, make_deployer
 from servegate.release.state import HostState
@@ -55,8 +55,7 @@ class Context:
 
     @property
     def lease_path(self) -> Path:
-        root = Path(self.cfg.host.state_dir) if self.cfg.host.state_dir else state_dir(os.environ)
-        return root / "gpu.lease"
+        return lease_path(os.environ, self.cfg.host.state_dir)
 
     @functools.cached_property
     def rules(self) -> RuleSet:
