@@ -128,7 +128,9 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
     assert {r["metric"] for r in gate["rows"]} == {"prefill_tps", "generation_tps"}
     for r in gate["rows"]:  # a degenerate sample of the random model is a reason, not a pass
         assert r["verdict"] == "FAIL"
-        assert ("invalid" in r["why"]) or ("fewer than two samples" in r["why"]), r
+        # the one baseline trial was spoilt (random text), dropped its client timings (a
+        # burst on a busy box), or is just one: never a comparison, never a pass
+        assert any(w in r["why"] for w in ("invalid", "fewer than two samples", "has no")), r
 
 
 def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import functools
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
@@ -321,7 +322,7 @@ class Bench:
                 th.start()
             for th in threads:
                 th.join()
-        after = prom.parse(client.metrics_text(s.endpoint, http=self.http))
+        after = self._settled_metrics(before, case.concurrency)
         box_after = reference.rate() if s.reference else None
         done = [st if st is not None else Stream(started, error="worker died") for st in streams]
         rules = measure.Rules(**{**asdict(s.rules), "max_tokens": s.max_tokens,
@@ -377,6 +378,19 @@ class Bench:
             for reason in self.window_check(window) if self.window_check else []:
                 for t in trials:
                     measure.invalidate(t, "log_rule", reason[:200])
+
+    def _settled_metrics(self, before: dict[str, float], requests: int) -> dict[str, float]:
+        """``/metrics`` after a group, once the engine has recorded its finished requests:
+        vLLM observes the prefill/decode time histograms when a request finishes, which
+        can be just after the client read [DONE] (on a busy box, noticeably after)."""
+        names = self.spec.endpoint.adapter.metrics
+        deadline = now() + 10.0
+        while True:
+            after = prom.parse(client.metrics_text(self.spec.endpoint, http=self.http))
+            done = prom.delta(before, after, tuple(n + "_count" for n in names.decode_time))
+            if not names.decode_time or not after or (done or 0) >= requests or now() > deadline:
+                return after
+            time.sleep(0.05)
 
     def _engine_clock(
         self, trials: list[dict[str, Any]], before: dict[str, float], after: dict[str, float]

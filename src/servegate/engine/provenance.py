@@ -221,15 +221,30 @@ def _check_process(info: ProcInfo, main_pid: int, exp: Expectation, report: Repo
         if info.pid == main_pid:
             bad("environment", "readable in /proc/PID/environ", "blank (overwritten)")
         return _check_mapped_releases(info, exp, report)
+    trusted = _preload_roots(exp)
     for lib in info.environ.get("LD_PRELOAD", "").replace(":", " ").split():
-        if not _inside(lib, exp.release_dir):
-            bad("LD_PRELOAD", f"nothing, or libraries inside {exp.release_dir}", lib)
+        if not any(_inside(lib, root) for root in trusted):
+            where = ", ".join(str(r) for r in trusted[:2])
+            bad("LD_PRELOAD", f"libraries of the release or its environment ({where}, …)", lib)
     for key, value in exp.env.items():
         found = info.environ.get(key)
         if found != value:
             shown = "<unset>" if found is None else redact.value(key, found, exp.salt) or ""
             bad(f"environment {key}", redact.value(key, value, exp.salt) or "", shown)
     _check_mapped_releases(info, exp, report)
+
+
+#: system library directories a preload may come from (the engine's own preloads: vLLM
+#: on CPU preloads PyTorch's libgomp and its bundled libtcmalloc from its environment)
+SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/opt/rocm",
+               "/usr/local/cuda")  # fmt: skip
+
+
+def _preload_roots(exp: Expectation) -> list[Path]:
+    """Where an LD_PRELOAD library may lie: the release, the service interpreter's own
+    environment (its venv or prefix), the system's library directories."""
+    env_root = Path(os.path.abspath(exp.interpreter)).parent.parent
+    return [exp.release_dir, env_root, *(Path(d) for d in SYSTEM_LIBS)]
 
 
 def _check_venv(info: ProcInfo, exp: Expectation, bad: Any) -> None:
