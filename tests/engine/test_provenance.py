@@ -239,3 +239,30 @@ def test_a_second_venv_on_the_same_base_python_is_told_apart(release: Path, tmp_
     found = [f for f in report.findings if f.check == "interpreter environment"]
     assert len(found) == 1
     assert str(other) in found[0].found
+
+
+def test_an_isolated_interpreter_is_resolved_as_isolated(release: Path) -> None:
+    """`python -I` ignores PYTHONPATH (and the working directory): the service cannot
+    import the release's package, and the check must not claim it does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", LOADER, str(release / "build" / "libk.so")],
+        cwd=release, env=dict(os.environ, PYTHONPATH=str(release)),
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    try:
+        report = verify(proc.pid, expect(release))
+    finally:
+        stop(proc)
+    assert report.modules["pkg"] is None
+    assert any(f.check == "module pkg" and f.found == "not importable" for f in report.findings)
+
+
+def test_interpreter_flags_and_the_first_path_entry() -> None:
+    from servegate.engine.provenance import interpreter_flags
+
+    assert interpreter_flags(["/v/bin/python", "-m", "vllm.x", "-I"], "/r") == ([], "-")
+    assert interpreter_flags(["/v/bin/python", "-I", "-X", "dev", "-c", "x"], "/r") == (["-I"], "-")
+    assert interpreter_flags(["python", "-Es", "serve.py"], "/r") == (["-E", "-s"], "/r")
+    assert interpreter_flags(["python", "-P", "app/serve.py", "-I"], "/r") == (["-P"], "/r/app")

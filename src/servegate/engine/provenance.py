@@ -22,8 +22,11 @@ from servegate.pipeline.hashing import sha256_file
 
 RESOLVE_SCRIPT = """
 import importlib.util, json, sys
+path0 = sys.argv[1]
+if path0 != "-" and sys.path and sys.path[0] == "":
+    sys.path[0] = path0  # a script's own directory, as the service got it
 out = {}
-for name in sys.argv[1:]:
+for name in sys.argv[2:]:
     try:
         spec = importlib.util.find_spec(name)
     except Exception as exc:
@@ -353,8 +356,9 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
         return
     # never run the service's preloads inside servegate's own check
     env = {k: v for k, v in main.environ.items() if k not in ("LD_PRELOAD", "LD_AUDIT")}
+    flags, path0 = interpreter_flags(ports.argv(main.pid), main.cwd)
     result = proc.run(
-        [exp.interpreter, "-c", RESOLVE_SCRIPT, *exp.modules],
+        [exp.interpreter, *flags, "-c", RESOLVE_SCRIPT, path0, *exp.modules],
         cwd=main.cwd,
         env=env,
         timeout=60,
@@ -377,6 +381,32 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
                     origin or "not importable",
                 )
             )
+
+
+#: interpreter options that change where imports resolve (-I isolated = -E -P -s)
+PATH_FLAGS = frozenset("IEPsS")
+
+
+def interpreter_flags(argv: list[str], cwd: str) -> tuple[list[str], str]:
+    """The live interpreter's import-relevant options, and what its ``sys.path[0]`` is:
+    "-" for ``-m``/``-c`` (the working directory, as the resolver's own ``-c`` has it),
+    or a script's directory. ``python -I``/``-P`` launches ignore PYTHONPATH or the
+    working directory, and the resolver must too."""
+    flags: list[str] = []
+    path0 = "-"
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in ("-m", "-c"):
+            break
+        if arg in ("-X", "-W", "--check-hash-based-pycs"):
+            next(args, None)
+            continue
+        if arg.startswith("-") and not arg.startswith("--"):
+            flags += [f"-{c}" for c in arg[1:] if c in PATH_FLAGS]
+            continue
+        path0 = os.path.dirname(os.path.join(cwd, arg))  # a script
+        break
+    return flags, path0
 
 
 def verify(main_pid: int | None, exp: Expectation) -> Report:
