@@ -44,9 +44,11 @@ def release(tmp_path: Path) -> Path:
     return path
 
 
-def start(release: Path, lib: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+def start(
+    release: Path, lib: Path, env: dict[str, str], python: tuple[str, ...] = (sys.executable,)
+) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", LOADER, str(lib)],
+        [*python, "-c", LOADER, str(lib)],
         cwd=release,
         env=env,
         stdout=subprocess.PIPE,
@@ -224,13 +226,8 @@ def test_a_second_venv_on_the_same_base_python_is_told_apart(release: Path, tmp_
     service was started with names the venv it runs in."""
     other = tmp_path / "other-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True)
-    proc = subprocess.Popen(
-        [str(other / "bin" / "python"), "-c", LOADER, str(release / "build" / "libk.so")],
-        cwd=release, env=dict(os.environ, PYTHONPATH=str(release)),
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
+    env = dict(os.environ, PYTHONPATH=str(release))
+    proc = start(release, release / "build" / "libk.so", env, (str(other / "bin" / "python"),))
     try:
         report = verify(proc.pid, expect(release))
     finally:
@@ -244,13 +241,8 @@ def test_a_second_venv_on_the_same_base_python_is_told_apart(release: Path, tmp_
 def test_an_isolated_interpreter_is_resolved_as_isolated(release: Path) -> None:
     """`python -I` ignores PYTHONPATH (and the working directory): the service cannot
     import the release's package, and the check must not claim it does."""
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-c", LOADER, str(release / "build" / "libk.so")],
-        cwd=release, env=dict(os.environ, PYTHONPATH=str(release)),
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
+    env = dict(os.environ, PYTHONPATH=str(release))
+    proc = start(release, release / "build" / "libk.so", env, (sys.executable, "-I"))
     try:
         report = verify(proc.pid, expect(release))
     finally:

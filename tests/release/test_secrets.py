@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import git
@@ -43,85 +44,86 @@ def hostile_config(tmp_path: Path, stack: Stack) -> Path:
     return path
 
 
+@pytest.fixture
+def hostile(tmp_path: Path, stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The hostile config, HF_TOKEN set in servegate's environment; the daemon stopped after."""
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
+    path = hostile_config(tmp_path, stack)
+    yield path
+    Supervisor(config_mod.load(path, {})).shutdown_daemon()
+
+
 def leaks(text: str) -> list[str]:
     return [s for s in SECRETS if s in text]
 
 
 def test_secrets_stay_out_of_records_json_notes_and_readable_files(
-    tmp_path: Path,
+    hostile: Path,
     stack: Stack,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
-    path = hostile_config(tmp_path, stack)
+    path = hostile
     cfg = config_mod.load(path, {})
     assert "hf_abcdefSECRET" not in path.read_text()  # the config holds only ${HF_TOKEN}
-    try:
-        first = stack.commit()
-        assert release_main(["promote", first, "--config", str(path), "--json"]) == 0
-        out = capsys.readouterr().out
-        assert leaks(out) == []
-        record = json.loads(out)["result"]["record"]
-        assert record["provenance"]["ok"]  # the live process got the very values
-        launch_env = record["launch"]["env"]
-        assert launch_env["HF_TOKEN"].startswith("<redacted sha256:")
-        assert launch_env["PYTHONPATH"] == str(cfg.host_root / "releases" / first)  # allowlisted
-        assert launch_env["VLLM_REMOTE_URL"].startswith("https://user:<redacted sha256:")
-        assert launch_env["VLLM_MODEL_URL"].endswith("&rev=main")  # the rest stays readable
-        assert "--api-key" in record["launch"]["argv"]
-        # a second release: the same value shows the same hash, never the value
-        second = stack.commit(message="again")
-        assert release_main(["promote", second, "--config", str(path), "--json"]) == 0
-        again = json.loads(capsys.readouterr().out)["result"]["record"]
-        assert again["launch"]["env"]["HF_TOKEN"] == launch_env["HF_TOKEN"]
-        assert release_main(["verify", "--config", str(path), "--json"]) == 0
-        assert leaks(capsys.readouterr().out) == []
-        # a release that prints its own arguments and environment, then dies: the log
-        # tail in the failure, the record and the note is scrubbed of every secret value
-        loud = stack.commit("print-args-exit")
-        assert release_main(["promote", loud, "--config", str(path), "--json"]) == 7
-        failed = capsys.readouterr()
-        assert leaks(failed.out + failed.err) == []
-        assert "non-default args" in json.loads(failed.out)["result"]["record"]["reason"]
-        # what went to origin
-        origin = git.Repo(stack.origin)
-        for sha in (first, second, loud):
-            assert leaks(origin.git.notes("--ref", "refs/notes/servegate", "show", sha)) == []
-        origin.close()
-        # every file servegate keeps on the host: either clean, or readable by its owner only
-        for f in cfg.host_root.rglob("*"):
-            if not f.is_file() or f.is_symlink() or "releases" in f.parts:
-                continue
-            found = leaks(f.read_text(errors="replace"))
-            if found:
-                mode = stat.S_IMODE(f.stat().st_mode)
-                assert mode & 0o077 == 0, f"{f} holds {found} and is {oct(mode)}"
-    finally:
-        Supervisor(cfg).shutdown_daemon()
+    first = stack.commit()
+    assert release_main(["promote", first, "--config", str(path), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert leaks(out) == []
+    record = json.loads(out)["result"]["record"]
+    assert record["provenance"]["ok"]  # the live process got the very values
+    launch_env = record["launch"]["env"]
+    assert launch_env["HF_TOKEN"].startswith("<redacted sha256:")
+    assert launch_env["PYTHONPATH"] == str(cfg.host_root / "releases" / first)  # allowlisted
+    assert launch_env["VLLM_REMOTE_URL"].startswith("https://user:<redacted sha256:")
+    assert launch_env["VLLM_MODEL_URL"].endswith("&rev=main")  # the rest stays readable
+    assert "--api-key" in record["launch"]["argv"]
+    # a second release: the same value shows the same hash, never the value
+    second = stack.commit(message="again")
+    assert release_main(["promote", second, "--config", str(path), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)["result"]["record"]
+    assert again["launch"]["env"]["HF_TOKEN"] == launch_env["HF_TOKEN"]
+    assert release_main(["verify", "--config", str(path), "--json"]) == 0
+    assert leaks(capsys.readouterr().out) == []
+    # a release that prints its own arguments and environment, then dies: the log
+    # tail in the failure, the record and the note is scrubbed of every secret value
+    loud = stack.commit("print-args-exit")
+    assert release_main(["promote", loud, "--config", str(path), "--json"]) == 7
+    failed = capsys.readouterr()
+    assert leaks(failed.out + failed.err) == []
+    assert "non-default args" in json.loads(failed.out)["result"]["record"]["reason"]
+    # what went to origin
+    origin = git.Repo(stack.origin)
+    for sha in (first, second, loud):
+        assert leaks(origin.git.notes("--ref", "refs/notes/servegate", "show", sha)) == []
+    origin.close()
+    # every file servegate keeps on the host: either clean, or readable by its owner only
+    for f in cfg.host_root.rglob("*"):
+        if not f.is_file() or f.is_symlink() or "releases" in f.parts:
+            continue
+        found = leaks(f.read_text(errors="replace"))
+        if found:
+            mode = stat.S_IMODE(f.stat().st_mode)
+            assert mode & 0o077 == 0, f"{f} holds {found} and is {oct(mode)}"
 
 
 def test_an_unset_secret_reference_stops_before_the_live_service_is_touched(
-    tmp_path: Path,
+    hostile: Path,
     stack: Stack,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")
-    path = hostile_config(tmp_path, stack)
+    path = hostile
     cfg = config_mod.load(path, {})
-    try:
-        good = stack.commit()
-        assert release_main(["promote", good, "--config", str(path)]) == 0
-        monkeypatch.delenv("HF_TOKEN")
-        nxt = stack.commit(message="next")
-        capsys.readouterr()
-        assert release_main(["promote", nxt, "--config", str(path), "--json"]) == 2
-        doc = json.loads(capsys.readouterr().out)
-        assert "refers to ${HF_TOKEN}, which is not set" in doc["error"]["message"]
-        monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")  # verify compares with the value
-        assert release_main(["verify", "--config", str(path)]) == 0  # still the good one
-        state = json.loads((cfg.host_root / "state.json").read_text())
-        assert state["current"]["sha"] == good
-    finally:
-        Supervisor(cfg).shutdown_daemon()
+    good = stack.commit()
+    assert release_main(["promote", good, "--config", str(path)]) == 0
+    monkeypatch.delenv("HF_TOKEN")
+    nxt = stack.commit(message="next")
+    capsys.readouterr()
+    assert release_main(["promote", nxt, "--config", str(path), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert "refers to ${HF_TOKEN}, which is not set" in doc["error"]["message"]
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefSECRET")  # verify compares with the value
+    assert release_main(["verify", "--config", str(path)]) == 0  # still the good one
+    state = json.loads((cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == good

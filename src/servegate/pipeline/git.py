@@ -120,14 +120,6 @@ class StackRepo:
             self.repo.git.notes("--ref", NOTES_REF, "merge", "-q", "-s", "cat_sort_uniq",
                                 ORIGIN_NOTES_REF)  # fmt: skip
 
-    def unpushed_notes(self) -> bool:
-        """Whether our notes hold records origin's (as last fetched) do not."""
-        if not self._ref_exists(NOTES_REF):
-            return False
-        if not self._ref_exists(ORIGIN_NOTES_REF):
-            return True
-        return bool(self.repo.git.rev_list(f"{ORIGIN_NOTES_REF}..{NOTES_REF}").strip())
-
     def _ref_exists(self, ref: str) -> bool:
         try:
             self.repo.git.rev_parse("--verify", "--quiet", ref)

@@ -176,11 +176,6 @@ def argv(args: Sequence[str], salt: str, mask: str | None = None) -> list[str]:
     return out
 
 
-def cmdline(line: str, salt: str) -> str:
-    """A space-joined command line (as /proc shows it), redacted."""
-    return " ".join(argv(line.split(" "), salt))
-
-
 def secrets_of(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
     """The raw values :func:`env` and :func:`argv` would hide: what must never appear in
     any text servegate records or prints (a service log quoting its own arguments)."""
