@@ -22,8 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+from servegate.archs import check_arch_names
 from servegate.errors import ConfigError, did_you_mean
-from servegate.kernels.inspect import check_arch_names
 
 Strategy = Literal["worktree", "in-place"]
 Manager = Literal["supervisor", "systemd-user"]

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from servegate import config
+from servegate.archs import check_arch_names
 from servegate.cli import main
 from servegate.errors import BuildFailed, ConfigError
-from servegate.kernels.inspect import check_arch_names, inspect, require_archs
+from servegate.kernels.inspect import inspect, require_archs
 
 STACK = resources.files("servegate.demo") / "stack"
 needs_hipcc = pytest.mark.skipif(

@@ -3,8 +3,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from servegate.archs import check_arch_names
 from servegate.config import Config
-from servegate.kernels.inspect import check_arch_names
 from servegate.kernels.targets import build_all
 from servegate.output import Output
 from servegate.pipeline.git import environ_without_git

@@ -3,8 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from servegate.archs import check_arch_names
 from servegate.errors import BuildFailed, ConfigError
-from servegate.kernels.inspect import check_arch_names, inspect, missing_archs
+from servegate.kernels.inspect import inspect, missing_archs
 from servegate.output import Output
 
 

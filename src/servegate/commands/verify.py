@@ -7,7 +7,7 @@ from servegate.config import Config
 from servegate.errors import NothingToDo, ServegateError
 from servegate.output import Output
 from servegate.pipeline.stages import QuietReporter
-from servegate.release import service
+from servegate.release import bringup
 from servegate.release.context import Context
 
 
@@ -20,9 +20,9 @@ def run(cfg: Config, out: Output) -> int:
                 "no release is recorded on this host", hint="run `release promote <sha>` first"
             )
         )
-    evidence = service.Evidence()
+    evidence = bringup.Evidence()
     try:
-        report = service.prove(
+        report = bringup.prove(
             ctx, current.sha, Path(current.release_dir), current.artifacts, evidence
         )
     except ServegateError as err:

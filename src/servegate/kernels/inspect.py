@@ -14,83 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servegate.errors import BuildFailed, ConfigError
+from servegate.errors import BuildFailed
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 COMPRESSED_BUNDLE_MAGIC = b"CCOB"
 FATBIN_MAGIC = 0xBA55ED50
 NV_KINDS = {1: "ptx", 2: "elf"}
-
-#: architectures that exist, to catch a typo in the config before a long build
-AMD_ARCHS = frozenset(
-    [
-        "gfx803",
-        "gfx900",
-        "gfx902",
-        "gfx906",
-        "gfx908",
-        "gfx909",
-        "gfx90a",
-        "gfx90c",
-        "gfx940",
-        "gfx941",
-        "gfx942",
-        "gfx950",
-        "gfx1010",
-        "gfx1011",
-        "gfx1012",
-        "gfx1013",
-        "gfx1030",
-        "gfx1031",
-        "gfx1032",
-        "gfx1033",
-        "gfx1034",
-        "gfx1035",
-        "gfx1036",
-        "gfx1100",
-        "gfx1101",
-        "gfx1102",
-        "gfx1103",
-        "gfx1150",
-        "gfx1151",
-        "gfx1152",
-        "gfx1200",
-        "gfx1201",
-    ]
-)
-NVIDIA_ARCHS = frozenset(
-    f"sm_{n}"
-    for n in [
-        "50",
-        "52",
-        "53",
-        "60",
-        "61",
-        "62",
-        "70",
-        "72",
-        "75",
-        "80",
-        "86",
-        "87",
-        "89",
-        "90",
-        "90a",
-        "100",
-        "100a",
-        "100f",
-        "101",
-        "101a",
-        "103",
-        "103a",
-        "110",
-        "110a",
-        "120",
-        "120a",
-        "121",
-        "121a",
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -109,16 +38,6 @@ class CodeObject:
             "size": self.size,
             "triple": self.triple,
         }
-
-
-def check_arch_names(archs: tuple[str, ...]) -> None:
-    for arch in archs:
-        base = arch.split(":")[0]
-        if base not in AMD_ARCHS and base not in NVIDIA_ARCHS:
-            raise ConfigError(
-                f"GPU architecture {arch!r} does not exist",
-                hint="AMD: gfx1030 (V620/RX 6800), gfx90a, gfx942 …; NVIDIA: sm_80, sm_90 …",
-            )
 
 
 def elf_sections(data: bytes) -> dict[str, bytes]:

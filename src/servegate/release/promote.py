@@ -23,8 +23,8 @@ from servegate.kernels.build import BuildResult, run_build
 from servegate.pipeline.git import dirty_files
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
+from servegate.release import bringup
 from servegate.release import record as rec
-from servegate.release import service
 from servegate.release.context import Context
 from servegate.release.rollback import mark_pending, recover, restore_after_failure
 from servegate.release.state import Entry
@@ -57,7 +57,7 @@ class Outcome:
 
 
 def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
-    service.check_host_root(ctx)
+    bringup.check_host_root(ctx)
     ctx.deployer.preflight()
     repo = ctx.deployer.repo
     repo.fetch()
@@ -74,7 +74,7 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
             hint="promote a descendant of the live release, or pass --allow-non-ff to "
             "deploy it anyway (`release rollback` returns to an earlier release)",
         )
-    service.check_port_free(ctx)
+    bringup.check_port_free(ctx)
     return sha
 
 
@@ -117,9 +117,9 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
         cached = [t["name"] for t in built.targets if t["cached"]]
         reuse = f", cache hit: {', '.join(cached)}" if cached else ""
         st.detail = f"{len(built.artifacts)} artifact(s) hashed{archs}{reuse}"
-    evidence = service.Evidence()
+    evidence = bringup.Evidence()
     with runner.stage("lint") as st:
-        findings = service.lint(ctx, sha, release_dir, evidence)
+        findings = bringup.lint(ctx, sha, release_dir, evidence)
         warned = f", {len(findings)} warning(s)" if findings else ""
         st.detail = f"{len(ctx.rules.of('lint'))} rules{warned}"
     with ExitStack() as lease:
@@ -135,7 +135,7 @@ def _switch_and_prove(
     sha: str,
     release_dir: Path,
     built: BuildResult,
-    evidence: service.Evidence,
+    evidence: bringup.Evidence,
     start: float,
 ) -> Outcome:
     """From stopping the old release to the record, holding the GPU lease."""
@@ -144,22 +144,22 @@ def _switch_and_prove(
     mark_pending(ctx, "promote", sha, release_dir)
     try:
         with runner.stage("switch") as st:
-            service.switch(ctx, sha, release_dir, evidence)
+            bringup.switch(ctx, sha, release_dir, evidence)
             st.detail = f"{ctx.manager.name} restarted {ctx.cfg.service.unit}"
         with runner.stage("healthy") as st:
-            service.healthy(ctx, sha, release_dir, evidence)
+            bringup.healthy(ctx, sha, release_dir, evidence)
             facts = evidence.startup_log.get("facts", {})
             shown = ", ".join(f"{k} {v}" for k, v in list(facts.items())[:3])
             st.detail = f"start-up {evidence.startup_seconds:.1f}s" + (
                 f"; {shown}" if shown else ""
             )
         with runner.stage("provenance") as st:
-            report = service.prove(ctx, sha, release_dir, built.artifacts, evidence)
+            report = bringup.prove(ctx, sha, release_dir, built.artifacts, evidence)
             st.detail = f"{len(report.processes)} process(es), {len(report.extensions)} mapping(s)"
             for line in report.weaker:
                 ctx.reporter.note(f"provenance, weaker evidence: {line}")
         with runner.stage("gate") as st:
-            decision = service.gate(ctx, sha, release_dir, evidence)
+            decision = bringup.gate(ctx, sha, release_dir, evidence)
             st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
     except ServegateError as exc:
         return _roll_back(ctx, sha, release_dir, built, evidence, exc, start)
@@ -182,7 +182,7 @@ def _record_release(
     sha: str,
     release_dir: Path,
     built: BuildResult,
-    evidence: service.Evidence,
+    evidence: bringup.Evidence,
     previous: Entry | None,
     start: float,
 ) -> Outcome:
@@ -243,7 +243,7 @@ def _record(
     previous: str | None,
     verdict: str,
     built: BuildResult,
-    evidence: service.Evidence,
+    evidence: bringup.Evidence,
     start: float,
 ) -> dict[str, Any]:
     record = rec.base_record(ctx.cfg, sha, previous, verdict)
@@ -273,7 +273,7 @@ def _roll_back(
     sha: str,
     release_dir: Path,
     built: BuildResult,
-    evidence: service.Evidence,
+    evidence: bringup.Evidence,
     exc: ServegateError,
     start: float,
 ) -> Outcome:

@@ -19,8 +19,8 @@ from servegate.kernels.build import run_build
 from servegate.pipeline.hashing import sha256_file
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
+from servegate.release import bringup
 from servegate.release import record as rec
-from servegate.release import service
 from servegate.release.context import Context
 from servegate.release.state import Entry
 
@@ -38,7 +38,7 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
     """
     start = time.monotonic()
     runner = ctx.runner
-    evidence = service.Evidence()
+    evidence = bringup.Evidence()
     try:
         with runner.stage("rb switch") as st:
             release_dir = ctx.deployer.restore(target.sha)
@@ -54,15 +54,15 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
                         ctx.build_cache,
                     ).artifacts
                 )
-            service.switch(ctx, target.sha, release_dir, evidence)
+            bringup.switch(ctx, target.sha, release_dir, evidence)
             st.detail = f"back to {target.sha[:12]}"
         with runner.stage("rb healthy") as st:
-            service.healthy(ctx, target.sha, release_dir, evidence)
+            bringup.healthy(ctx, target.sha, release_dir, evidence)
             st.detail = f"start-up {evidence.startup_seconds:.1f}s"
         with runner.stage("rb provenance"):
-            service.prove(ctx, target.sha, release_dir, artifacts, evidence)
+            bringup.prove(ctx, target.sha, release_dir, artifacts, evidence)
         with runner.stage("rb smoke"):
-            service.gate(ctx, target.sha, release_dir, evidence, smoke_only=True)
+            bringup.gate(ctx, target.sha, release_dir, evidence, smoke_only=True)
     except ServegateError as exc:
         return {
             "ok": False,
@@ -209,8 +209,8 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
         if current is not None and current.sha == target.sha:
             raise NothingToDo(f"{target.sha[:12]} is already the live release")
         with ctx.runner.stage("preflight"):
-            service.check_host_root(ctx)
-            service.check_port_free(ctx)
+            bringup.check_host_root(ctx)
+            bringup.check_port_free(ctx)
             check_restorable(ctx, target)  # before the healthy live release is stopped
         what = f"release rollback to {target.sha[:12]}"
         with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
