@@ -146,6 +146,13 @@ class Provenance:
     extensions: tuple[str, ...] = ()
     #: Python modules the service's interpreter must resolve inside the release
     modules: tuple[str, ...] = ()
+    #: directories code of the live processes may also come from, beside the release,
+    #: the interpreter's venv and base, the system library dirs and the compile caches
+    runtime_roots: tuple[str, ...] = ()
+    #: the py-spy that reads the live frames (empty: beside servegate, then PATH)
+    py_spy: str = ""
+    #: a Python process whose frames cannot be read is a finding (not inference)
+    require_observed: bool = False
 
 
 @dataclass(frozen=True)

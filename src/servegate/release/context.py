@@ -10,7 +10,7 @@ from pathlib import Path
 
 from servegate.config import Config
 from servegate.engine import lint, openai, provenance
-from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
+from servegate.engine.launch import COMPILE_CACHES, LaunchSpec, engine_of, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
 from servegate.engine.rules import RuleSet
 from servegate.pipeline import redact
@@ -109,4 +109,11 @@ class Context:
             releases_root=self.deployer.releases_root,
             port=self.cfg.service.port,
             salt=self.salt,
+            runtime_roots=tuple(
+                [Path(os.path.expanduser(r)) for r in self.cfg.provenance.runtime_roots]
+                + [Path(spec.env[n]) for n in COMPILE_CACHES if spec.env.get(n)]
+            ),
+            declared_env=dict(spec.env),
+            py_spy=os.path.expanduser(self.cfg.provenance.py_spy),
+            require_observed=self.cfg.provenance.require_observed,
         )
