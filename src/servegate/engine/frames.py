@@ -110,13 +110,22 @@ def _parse(pid: int, text: str) -> Frames:
 
 
 def _error_text(stderr: str) -> str:
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    keep = [ln for ln in lines if not ln[0].isdigit() and ln != "Stack backtrace:"]
-    return " ".join(keep)[:400]
+    """py-spy's message and its causes, without the Rust backtrace after them."""
+    text = stderr.split("Stack backtrace:", 1)[0]
+    return " ".join(ln.strip() for ln in text.splitlines() if ln.strip())[:400]
+
+
+def _alive(pid: int) -> bool:
+    """Still running: an ended process whose parent has not reaped it is a zombie (Z)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _status_of(pid: int, detail: str) -> Status:
-    if not os.path.exists(f"/proc/{pid}"):
+    if not _alive(pid):
         return "gone"
     low = detail.lower()
     if "permission denied" in low or "operation not permitted" in low:

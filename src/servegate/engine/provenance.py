@@ -656,10 +656,36 @@ def interpreter_flags(argv: list[str], cwd: str) -> tuple[list[str], str]:
     return flags, path0
 
 
-SITE_DIRS_SCRIPT = (
-    "import json, site, sys; "
-    "print(json.dumps([*site.getsitepackages(), site.getusersitepackages()]))"
-)
+#: the site directories of an interpreter started with -I -S (no site module ran, so a
+#: venv is not applied yet): the venv's from sysconfig, the base's where the venv
+#: includes them, and the user's
+SITE_DIRS_SCRIPT = """
+import json, site, sys, sysconfig
+venv, system_site = sys.argv[1], sys.argv[2] == "1"
+out = []
+if venv:
+    v = {"base": venv, "platbase": venv}
+    out += [sysconfig.get_path("purelib", vars=v), sysconfig.get_path("platlib", vars=v)]
+if not venv or system_site:
+    out += site.getsitepackages()
+out.append(site.getusersitepackages())
+print(json.dumps(out))
+"""
+
+
+def _venv_of(interpreter: str) -> tuple[str, bool]:
+    """(the venv root or "", whether it includes the base's site-packages)."""
+    root = Path(os.path.abspath(interpreter)).parent.parent
+    cfg = root / "pyvenv.cfg"
+    if not cfg.is_file():
+        return "", False
+    system = False
+    for line in cfg.read_text(errors="replace").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "include-system-site-packages":
+            system = value.strip().lower() == "true"
+    return str(root), system
+
 
 #: a hook that reads the command line behaves one way for servegate's resolver and
 #: another for the server: its effect cannot be inferred
@@ -672,8 +698,13 @@ def _check_hooks(main: ProcInfo, exp: Expectation, report: Report) -> None:
     command line fails (it can make the server import what no check of ours sees);
     the rest are listed as warnings. Read, never run: the interpreter is asked for its
     site directories with ``-I -S`` (no site, no environment, no hooks)."""
-    done = proc.run([exp.interpreter, "-I", "-S", "-c", SITE_DIRS_SCRIPT], timeout=60,
-                    check=False, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    venv, system_site = _venv_of(exp.interpreter)
+    done = proc.run(
+        [exp.interpreter, "-I", "-S", "-c", SITE_DIRS_SCRIPT, venv, "1" if system_site else "0"],
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     try:
         dirs: list[str] = json.loads(done.output.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -792,7 +823,12 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
         _check_process(info, main_pid, exp, where, report)
         if seen.observed:
             _check_frames(info, seen, exp, where, report)
-        elif seen.status not in ("not-python", "gone"):
+        elif seen.status == "gone":
+            report.weaker.append(
+                f"pid {info.pid} ended while it was checked: its mapped files were read, "
+                "its frames were not (nothing of it runs now)"
+            )
+        elif seen.status != "not-python":
             report.weaker.append(
                 f"pid {info.pid}: Python evidence inferred, not observed — "
                 f"{frames_mod.MEANING[seen.status]}" + (f" ({seen.detail})" if seen.detail else "")

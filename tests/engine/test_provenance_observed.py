@@ -1,0 +1,361 @@
+"""Observed provenance: what the live processes run, read by py-spy, against hostile
+launches — a stale copy in site-packages, start-up hooks that act only for the server,
+a hijack removed from disk after it loaded, foreign and untracked code, a C engine —
+and the boxes where py-spy is missing or may not read the process. Every process, venv,
+library and hook here is real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servegate.engine import frames
+from servegate.engine.provenance import Expectation, Report, descendants, verify
+from servegate.pipeline.hashing import sha256_file
+
+SERVER = """
+import ctypes, os, subprocess, sys, time
+
+def serve(lib, role):
+    ctypes.CDLL(lib)
+    if role == "main":
+        if os.environ.get("NONDUMPABLE"):
+            ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: needs CAP_SYS_PTRACE
+        child = subprocess.Popen(sys.orig_argv + ["child"])
+        while os.path.basename(lib) not in open(f"/proc/{child.pid}/maps").read():
+            time.sleep(0.05)
+        print("ready", flush=True)
+    while True:
+        time.sleep(0.05)
+
+def main():
+    serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "main")
+
+if __name__ == "__main__":
+    main()
+"""
+
+#: what pip writes for a console script ``stack-serve = stackpkg.server:main``
+CONSOLE_SCRIPT = """#!{python}
+import re, sys
+from stackpkg.server import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
+
+ENGINE_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (!dlopen(argv[1], RTLD_NOW)) { fprintf(stderr, "%s\n", dlerror()); return 1; }
+    printf("ready\n"); fflush(stdout);
+    for (;;) pause();
+}
+"""
+
+
+def cc(out: Path, src: str, *flags: str) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    source = out.with_suffix(".c")
+    source.write_text(src)
+    subprocess.run(["cc", *flags, "-o", str(out), str(source)], check=True)
+    return out
+
+
+def git(path: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c",
+                    "user.email=t@example.invalid", *args], check=True)  # fmt: skip
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    path = tmp_path / "releases" / "a"
+    (path / "stackpkg").mkdir(parents=True)
+    (path / "stackpkg" / "__init__.py").write_text("")
+    (path / "stackpkg" / "server.py").write_text(SERVER)
+    cc(path / "build" / "libk.so", "int k(void) { return 1; }\n", "-shared", "-fPIC")
+    shutil.move(path / "build" / "libk.c", path / "k.c")
+    git(path, "init", "-q")
+    git(path, "add", "stackpkg", "k.c")
+    git(path, "commit", "-qm", "release")
+    return path
+
+
+def expect(release: Path, **kw: object) -> Expectation:
+    base: dict[str, object] = {
+        "release_dir": release,
+        "interpreter": sys.executable,
+        "extensions": ("build/*.so",),
+        "modules": ("stackpkg",),
+        "releases_root": release.parent,
+        "artifact_hashes": {"build/libk.so": sha256_file(release / "build" / "libk.so")},
+    }
+    base.update(kw)
+    return Expectation(**base)  # type: ignore[arg-type]
+
+
+class Service:
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        assert line == "ready", f"the service did not start: {line!r}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        for pid in reversed(descendants(self.proc.pid)):
+            os.kill(pid, 9)
+        self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def services() -> Iterator[list[Service]]:
+    started: list[Service] = []
+    yield started
+    for s in started:
+        s.stop()
+
+
+def serve(
+    services: list[Service], release: Path, *, python: str = sys.executable,
+    argv: list[str] | None = None, **env: str,
+) -> Service:  # fmt: skip
+    """``python -m stackpkg.server`` in the release: sys.path[0] is the working directory,
+    as the seeds' launch has it."""
+    run = argv or [python, "-m", "stackpkg.server"]
+    s = Service([*run, str(release / "build" / "libk.so")], release, dict(os.environ, **env))
+    services.append(s)
+    return s
+
+
+def checks(report: Report) -> list[str]:
+    return [f.check for f in report.findings]
+
+
+def make_venv(path: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    site = next(path.glob("lib/python3*/site-packages"))
+    return site
+
+
+needs_py_spy = pytest.mark.skipif(
+    frames.find_py_spy() is None, reason="py-spy is not installed (it is a dependency)"
+)
+
+
+@needs_py_spy
+def test_every_python_process_is_observed_running_the_release(
+    release: Path, services: list[Service]
+) -> None:
+    s = serve(services, release)
+    report = verify(s.pid, expect(release))
+    assert report.ok, report.explain()
+    assert [p["evidence"] for p in report.processes] == ["observed", "observed"]
+    server = str(release / "stackpkg" / "server.py")
+    assert all(server in p["frames"] for p in report.processes)
+    assert report.modules_evidence == {"stackpkg": "observed"}
+    assert report.evidence == "observed"
+    assert report.mapped_summary["release"] == 2  # libk.so in both processes, hashed
+
+
+@needs_py_spy
+def test_a_stale_copy_in_site_packages_launched_through_a_console_script(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """The service venv holds a non-editable copy of the package; the console script
+    puts the venv's bin first on sys.path, so the working directory (the release) is
+    never searched: the live process runs the copy."""
+    venv = tmp_path / "venv"
+    site = make_venv(venv)
+    shutil.copytree(release / "stackpkg", site / "stackpkg")
+    script = venv / "bin" / "stack-serve"
+    script.write_text(CONSOLE_SCRIPT.format(python=venv / "bin" / "python"))
+    script.chmod(0o755)
+    s = serve(services, release, argv=[str(script)])
+    report = verify(s.pid, expect(release, interpreter=str(venv / "bin" / "python")))
+    copy = [
+        f for f in report.findings if f.check == "module stackpkg runs from outside the release"
+    ]
+    assert {f.pid for f in copy} == {p["pid"] for p in report.processes}
+    assert copy[0].found == str(site / "stackpkg" / "server.py")
+    # the inference, started as the live one (a script: its directory first), agrees
+    assert report.modules["stackpkg"] == str(site / "stackpkg" / "__init__.py")
+
+
+#: imports the package from elsewhere before the server's own import can look, only
+#: when the command line is the server's, and never names the package
+HOOK = """import os, sys
+if any(a.endswith(".server") for a in sys.orig_argv):
+    sys.path.insert(0, {evil!r})
+    __import__(os.listdir({evil!r})[0])
+    sys.path.pop(0)
+"""
+
+
+@pytest.fixture
+def hijacked(release: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A service venv whose sitecustomize redirects the import only for the server's
+    command line, to a copy of the package that lies outside the release."""
+    venv = tmp_path / "venv"
+    site = make_venv(venv)
+    evil = tmp_path / "evil"
+    shutil.copytree(release / "stackpkg", evil / "stackpkg")
+    (site / "sitecustomize.py").write_text(HOOK.format(evil=str(evil)))
+    return venv, evil
+
+
+@needs_py_spy
+def test_a_hook_acting_only_for_the_server_and_a_hijack_removed_from_disk(
+    release: Path, services: list[Service], hijacked: tuple[Path, Path]
+) -> None:
+    venv, evil = hijacked
+    python = str(venv / "bin" / "python")
+    s = serve(services, release, python=python)
+    exp = expect(release, interpreter=python)
+    report = verify(s.pid, exp)
+    # the resolver runs with -c: the hook stays quiet for it, and it alone would say OK
+    assert report.modules["stackpkg"] == str(release / "stackpkg" / "__init__.py")
+    assert "start-up hook sitecustomize.py" in checks(report)
+    assert [h["verdict"] for h in report.hooks if h["kind"] == "sitecustomize"] == ["fail"]
+    running = [f for f in report.findings if f.check.startswith("running code from outside")]
+    assert running
+    assert running[0].found == str(evil / "stackpkg" / "server.py")
+
+    # the hijack is removed from disk; the process still runs what it loaded
+    shutil.rmtree(evil)
+    next(venv.glob("lib/python3*/site-packages/sitecustomize.py")).unlink()
+    again = verify(s.pid, exp)
+    assert not again.ok
+    assert not any(f.check.startswith("start-up hook") for f in again.findings)
+    gone = [f for f in again.findings if f.check.startswith("running code from outside")]
+    assert gone
+    assert "no longer on disk" in gone[0].found
+
+
+def test_hooks_are_judged_without_py_spy(
+    release: Path, services: list[Service], hijacked: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Where py-spy cannot observe, inference must not lie: the hook that reads the
+    command line fails the check, and the evidence says it was inferred."""
+    venv, _ = hijacked
+    python = str(venv / "bin" / "python")
+    site = next(venv.glob("lib/python3*/site-packages"))
+    (site / "named.pth").write_text("import stackpkg_helper_is_not_it; import stackpkg\n")
+    (site / "plain.pth").write_text("import os\n")
+    s = serve(services, release, python=python)
+    report = verify(s.pid, expect(release, interpreter=python, py_spy=str(tmp_path / "none")))
+    assert [p["evidence"] for p in report.processes] == ["inferred", "inferred"]
+    assert report.evidence == "inferred"
+    assert any("py-spy is not installed" in w for w in report.weaker)
+    verdicts = {Path(h["path"]).name: (h["verdict"], h["why"]) for h in report.hooks}
+    assert verdicts["sitecustomize.py"][0] == "fail"
+    assert verdicts["named.pth"] == ("fail", "names the checked package stackpkg")
+    assert verdicts["plain.pth"][0] == "warn"
+    assert not report.ok
+
+
+@needs_py_spy
+def test_py_spy_missing_or_not_permitted_is_said_and_can_be_required(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    s = serve(services, release, NONDUMPABLE="1")
+    missing = verify(s.pid, expect(release, py_spy=str(tmp_path / "no-such-py-spy")))
+    assert missing.ok, missing.explain()  # inferred: the module resolves in the release
+    assert {p["frames_status"] for p in missing.processes} == {"no-py-spy"}
+    required = verify(s.pid, expect(release, py_spy=str(tmp_path / "x"), require_observed=True))
+    assert checks(required) == ["observed evidence", "observed evidence"]
+
+    # a py-spy without CAP_SYS_PTRACE may not read a non-dumpable process
+    real = frames.find_py_spy()
+    wrapper = tmp_path / "py-spy-unprivileged"
+    drop = "setpriv --bounding-set=-sys_ptrace --inh-caps=-sys_ptrace " if os.geteuid() == 0 else ""
+    wrapper.write_text(f'#!/bin/sh\nexec {drop}{real} "$@"\n')
+    wrapper.chmod(0o755)
+    denied = verify(s.pid, expect(release, py_spy=str(wrapper)))
+    main = denied.processes[0]
+    assert main["frames_status"] == "not-permitted", main["frames_note"]
+    assert main["evidence"] == "inferred"
+    assert any("box-setup.md" in w for w in denied.weaker)
+    strict = verify(s.pid, expect(release, py_spy=str(wrapper), require_observed=True))
+    assert "observed evidence" in checks(strict)
+
+
+@needs_py_spy
+def test_a_process_that_ends_during_the_check(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """py-spy is about to read the child when it is killed: the record says it ended,
+    and nothing about it is claimed as observed."""
+    s = serve(services, release)
+    child = descendants(s.pid)[1]
+    wrapper = tmp_path / "py-spy-racing"
+    wrapper.write_text(
+        f'#!/bin/sh\n[ "$3" = "{child}" ] && kill -9 {child} && sleep 0.2\n'
+        f'exec {frames.find_py_spy()} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    report = verify(s.pid, expect(release, py_spy=str(wrapper)))
+    by_pid = {p["pid"]: p for p in report.processes}
+    assert by_pid[child]["evidence"] == "gone"
+    assert by_pid[child]["frames"] == []
+    assert by_pid[s.pid]["evidence"] == "observed"
+
+
+def test_a_c_engine_is_judged_by_its_executable_and_mapped_code(
+    release: Path, tmp_path: Path
+) -> None:
+    engine = cc(release / "build" / "engine", ENGINE_C)
+    lib = release / "build" / "libk.so"
+    hashes = {"build/libk.so": sha256_file(lib), "build/engine": sha256_file(engine)}
+    exp = expect(release, interpreter=str(engine), modules=(), artifact_hashes=hashes)
+    clean = Service([str(engine), str(lib)], release, dict(os.environ))
+    try:
+        report = verify(clean.pid, exp)
+    finally:
+        clean.stop()
+    assert report.ok, report.explain()
+    if frames.find_py_spy():
+        assert report.processes[0]["evidence"] == "not python"
+
+    foreign = cc(tmp_path / "elsewhere" / "libother.so", "int o(void) { return 2; }\n",
+                 "-shared", "-fPIC")  # fmt: skip
+    dirty = Service([str(engine), str(foreign)], release, dict(os.environ))
+    try:
+        report = verify(dirty.pid, exp)
+    finally:
+        dirty.stop()
+    found = [f for f in report.findings if f.check == "mapped code from outside the allowed roots"]
+    assert [f.found for f in found] == [str(foreign)]
+    assert "provenance.runtime_roots" in found[0].expected
+
+
+def test_untracked_code_in_the_release_and_a_process_older_than_its_files(
+    release: Path, services: list[Service]
+) -> None:
+    extra = cc(release / "build" / "libextra.so", "int e(void) { return 3; }\n",
+               "-shared", "-fPIC")  # fmt: skip
+    s = Service([sys.executable, "-m", "stackpkg.server", str(extra)], release, dict(os.environ))
+    services.append(s)
+    later = time.time() + 30
+    os.utime(release / "stackpkg" / "server.py", (later, later))
+    report = verify(s.pid, expect(release))
+    untracked = [f for f in report.findings if f.check == "mapped code build/libextra.so"]
+    assert len(untracked) == 2
+    assert "neither tracked nor recorded by the build" in untracked[0].found
+    older = [f for f in report.findings if f.check == "process older than the release's files"]
+    assert len(older) == 1
+    assert "stackpkg/server.py" in older[0].expected
