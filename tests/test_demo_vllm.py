@@ -69,6 +69,16 @@ def _check_demo(
     assert mapping["path"] == str(release_dir.resolve() / "build" / "libdemo_kernels.so")
     assert mapping["sha256"] == first["record"]["artifacts"]["build/libdemo_kernels.so"]
     assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
+    # observed: py-spy read the frames of the API server, EngineCore and Worker (titles
+    # rewritten by setproctitle); torch's and vLLM's libraries and the compile cache's
+    # kernels are runtime code, nothing is foreign
+    observed = [p["cmdline"] for p in proof["processes"] if p["evidence"] == "observed"]
+    for title in ("demo_stack", "VLLM::EngineCore", "VLLM::Worker"):
+        assert any(title in c for c in observed), (title, observed)
+    assert proof["evidence"] == "observed"
+    assert proof["modules_evidence"]["demo_stack"] == "observed"
+    assert proof["mapped"]["runtime"] > 100
+    assert set(proof["mapped"]) <= {"release", "runtime", "data"}, proof["mapped"]
     assert first["record"]["gate"]["verdict"] == "PASS"
 
     # the bench gate: the first release has no baseline (validity decides, by the config's

@@ -31,16 +31,32 @@ def run(cfg: Config, out: Output) -> int:
         return out.error(err)
     if out.json_mode:
         return out.emit(report.as_dict())
-    rows = [[str(p["pid"]), str(p["ppid"]), p["cwd"], p["cmdline"][:60]] for p in report.processes]
-    out.table(f"live service runs {current.sha[:12]}", ["pid", "ppid", "cwd", "command"], rows)
+    rows = [
+        [str(p["pid"]), str(p["ppid"]), p["evidence"], p["cwd"], p["cmdline"][:60]]
+        for p in report.processes
+    ]
+    out.table(
+        f"live service runs {current.sha[:12]}", ["pid", "ppid", "evidence", "cwd", "command"], rows
+    )
     for ext in report.extensions:
         out.line(
             f"  pid {ext['pid']} maps {ext['path']} sha256 {ext['sha256'][:16]}… ✓ "
             f"(by {ext['method']})"
         )
     for name, origin in report.modules.items():
-        out.line(f"  module {name} → {origin} ✓ (inferred: resolved by the service's interpreter)")
+        how = report.modules_evidence.get(name, "inferred")
+        why = (
+            "a live frame runs it" if how == "observed" else "resolved by the service's interpreter"
+        )
+        out.line(f"  module {name} → {origin} ✓ ({how}: {why})")
+    mapped = ", ".join(f"{n} {k}" for k, n in sorted(report.mapped_summary.items()))
+    out.line(f"  mapped files: {mapped or 'none'}; nothing foreign")
+    for hook in report.hooks:
+        out.line(f"  start-up hook ({hook['verdict']}): {hook['path']} — {hook['why']}")
     for line in report.weaker:
         out.line(f"  weaker evidence: {line}")
-    out.line(f"provenance OK: {len(report.processes)} process(es) run {current.release_dir}")
+    out.line(
+        f"provenance OK ({report.evidence}): {len(report.processes)} process(es) run "
+        f"{current.release_dir}"
+    )
     return 0

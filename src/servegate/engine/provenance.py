@@ -313,6 +313,9 @@ class _Where:
     tracked: set[str] | None
     #: top-level names of the checked modules: a copy of one outside the release is a finding
     packages: frozenset[str]
+    #: file names of the release's extensions: a copy mapped from elsewhere is reported by
+    #: the extension check, by name
+    extension_names: frozenset[str] = frozenset()
 
     def classify(self, path: str) -> tuple[str, str]:
         """(class, detail): ``release`` / ``untracked`` (in the release, neither tracked
@@ -439,6 +442,8 @@ def _check_mapped(info: ProcInfo, exp: Expectation, where: _Where, report: Repor
             continue
         kind, detail = where.classify(m.path)
         summary[kind] = summary.get(kind, 0) + 1
+        if kind in ("foreign", "copy") and Path(m.path).name in where.extension_names:
+            continue  # "extension … mapped from outside the release"
         gone = " (deleted on disk: the process runs a file that is no longer there)"
         if kind == "release" and m.deleted:
             report.findings.append(
@@ -814,8 +819,13 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
         report.weaker.append(
             f"{exp.release_dir} is not a git checkout: any file in it counts as the release's"
         )
-    where = _Where(exp, runtime_roots(exp), tracked,
-                   frozenset(m.split(".")[0] for m in exp.modules))  # fmt: skip
+    where = _Where(
+        exp,
+        runtime_roots(exp),
+        tracked,
+        frozenset(m.split(".")[0] for m in exp.modules),
+        frozenset(f.name for p in exp.extensions for f in exp.release_dir.glob(p)),
+    )
     py_spy = frames_mod.find_py_spy(exp.py_spy)
     for info in infos:
         seen = frames_mod.observe(info.pid, py_spy)

@@ -155,7 +155,17 @@ def _switch_and_prove(
             )
         with runner.stage("provenance") as st:
             report = bringup.prove(ctx, sha, release_dir, built.artifacts, evidence)
-            st.detail = f"{len(report.processes)} process(es), {len(report.extensions)} mapping(s)"
+            observed = sum(p.get("evidence") == "observed" for p in report.processes)
+            st.detail = (
+                f"{len(report.processes)} process(es), {observed} observed, "
+                f"{len(report.extensions)} mapping(s)"
+            )
+            warned = [h for h in report.hooks if h["verdict"] == "warn"]
+            if warned:
+                ctx.reporter.note(
+                    f"provenance: {len(warned)} start-up hook(s) run code in the service's "
+                    "interpreter (listed in the record: provenance.startup_hooks)"
+                )
             for line in report.weaker:
                 ctx.reporter.note(f"provenance, weaker evidence: {line}")
         with runner.stage("gate") as st:
