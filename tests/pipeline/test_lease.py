@@ -95,6 +95,64 @@ def test_dead_holder_releases_the_lease(tmp_path: Path) -> None:
     assert "taking over a stale lock" in after.stderr
 
 
+def test_killing_the_lease_process_keeps_the_lease_while_its_command_runs(
+    tmp_path: Path,
+) -> None:
+    """``kill -9`` of ``servegate lease`` alone (not its command): the GPU job still runs,
+    so the lease must stay held — by the job, which the waiter is told about."""
+    with holder(tmp_path) as job:
+        (command,) = [p for p in proc_children(job.pid)]
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait()
+        assert pid_running(command)
+        late = subprocess.run(
+            [*LEASE, "--timeout", "1", "--", "true"],
+            env=env_for(tmp_path),
+            capture_output=True,
+            text=True,
+        )
+        assert late.returncode == 4, late.stderr
+        assert f"held by pid {command}" in late.stderr
+        assert "gpu job 17" in late.stderr
+        os.kill(command, signal.SIGKILL)
+        while pid_running(command):
+            time.sleep(0.05)
+    after = subprocess.run(
+        [*LEASE, "--timeout", "0", "--", "true"], env=env_for(tmp_path), capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert after.returncode == 0, after.stderr
+
+
+def test_sigterm_to_the_lease_process_reaches_its_command(tmp_path: Path) -> None:
+    with holder(tmp_path) as job:
+        job.send_signal(signal.SIGTERM)
+        assert (
+            job.wait(timeout=30) == 128 + signal.SIGTERM
+        )  # the command's death, as a shell says it
+
+
+def proc_children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def pid_running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def test_nested_lease_does_not_deadlock(tmp_path: Path) -> None:
     inner = f"{sys.executable} -m servegate lease --timeout 0 -- true"
     nested = subprocess.run(

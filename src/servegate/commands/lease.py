@@ -7,8 +7,7 @@ from pathlib import Path
 from servegate import config as config_mod
 from servegate.errors import ConfigError
 from servegate.output import Output
-from servegate.pipeline import proc
-from servegate.pipeline.lease import gpu_lease, lease_path
+from servegate.pipeline.lease import lease_path, run_holding
 
 
 def run(
@@ -22,5 +21,4 @@ def run(
     if config is not None and config.exists():
         state = config_mod.load(config, os.environ, build_only=True).host.state_dir
     path = lease_path(os.environ, state)
-    with gpu_lease(path, what or shlex.join(argv), timeout) as env:
-        return proc.run(argv, env={**os.environ, **env}, check=False, capture=False).returncode
+    return run_holding(path, what or shlex.join(argv), timeout, argv, os.environ)

@@ -6,16 +6,21 @@ servers never share the cards. It is a :class:`HostLock` on ``<state dir>/gpu.le
 waiting shows who holds it and since when, a timeout ends the wait, and a holder that
 died releases it (the kernel drops its flock). Children of the holder see
 ``SERVEGATE_GPU_LEASE`` and do not take it again (``servegate lease -- release promote``).
+``servegate lease -- CMD`` hands the locked descriptor to CMD: killing the lease
+process does not free the lease while CMD still runs.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from servegate.errors import ConfigError
 from servegate.pipeline import proc
 from servegate.pipeline.lock import Holder, HostLock
 
@@ -75,3 +80,41 @@ def gpu_lease(
     )
     with HostLock(path, what, wait=timeout, on_wait=WaitReporter(what), hint=hint):
         yield {ENV: f"{path}:{os.getpid()}"}
+
+
+def run_holding(
+    path: Path, what: str, timeout: float, argv: Sequence[str], environ: Mapping[str, str]
+) -> int:
+    """Run ``argv`` holding the lease; its exit code is returned.
+
+    The command inherits the locked descriptor, so the lease lasts as long as the command
+    does: a ``kill -9`` of this process leaves it held by the command (named as the
+    holder), and it is freed when the command ends. SIGTERM and SIGHUP are passed on to
+    the command; SIGINT from a terminal reaches it through its process group."""
+    env = dict(environ)
+    if held_by_parent(path, env):
+        return proc.run(argv, env=env, check=False, capture=False).returncode
+    hint = (
+        f"wait for the holder to finish or raise the timeout; a dead holder frees it "
+        f"by itself; the lease file is {path}"
+    )
+    with HostLock(path, what, wait=timeout, on_wait=WaitReporter(what), hint=hint) as lock:
+        env[ENV] = f"{path}:{os.getpid()}"
+        try:
+            child = subprocess.Popen(list(argv), env=env, pass_fds=(lock.fd,))
+        except OSError as exc:
+            raise ConfigError(f"cannot run {argv[0]!r}: {exc.strerror}",
+                              hint="check the command after `--`") from None  # fmt: skip
+        lock.hand_to(child.pid, what)
+
+        def forward(signum: int, _frame: object) -> None:
+            child.send_signal(signum)
+
+        old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = child.wait()
+            return 128 - code if code < 0 else code  # killed by a signal: 128 + its number
+        finally:
+            for signum, handler in old.items():
+                signal.signal(signum, handler)

@@ -123,6 +123,21 @@ class HostLock:
         self._fd = fd
         return self
 
+    @property
+    def fd(self) -> int:
+        """The locked descriptor: a child given it keeps the lock while it lives."""
+        if self._fd is None:
+            raise RuntimeError("the lock is not held")
+        return self._fd
+
+    def hand_to(self, pid: int, command: str) -> None:
+        """Name ``pid`` as the holder: a child that inherited :attr:`fd` holds the flock
+        as long as it runs, even if this process dies first."""
+        record = {"pid": pid, "host": socket.gethostname(), "command": command,
+                  "since": time.time()}  # fmt: skip
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, json.dumps(record).encode(), 0)
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
