@@ -60,3 +60,51 @@ def test_ctrl_c_before_the_switch_changes_nothing(host: Host, stack: Stack) -> N
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state["current"]["sha"] == good
     assert release_main(["verify", "--config", str(host.path)]) == 0
+
+
+CRASH_AT_THE_LAST_SAVE = """
+import os, signal, sys
+from servegate.release import state
+save = state.HostState.save
+def save_or_die(self):
+    if self.current is not None and self.current.sha == sys.argv[1]:
+        os.kill(os.getpid(), signal.SIGKILL)  # recorded and tagged, the state not yet saved
+    save(self)
+state.HostState.save = save_or_die
+from servegate.cli import release_main
+release_main(["promote", sys.argv[1], "--config", sys.argv[2]])
+"""
+
+
+def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
+    host: Host, stack: Stack
+) -> None:
+    """The worst moment: the record and tag are pushed, then the process dies before the
+    host state says "released". The next run rolls it back; the tag on origin must not
+    stand alone: the release's note says it was rolled back and supersedes the tag."""
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    nxt = stack.commit()
+    died = subprocess.run([sys.executable, "-c", CRASH_AT_THE_LAST_SAVE, nxt, str(host.path)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+    tags = subprocess.run(["git", "-C", str(stack.origin), "tag", "--points-at", nxt],
+                          capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert len(tags) == 1  # the tag reached origin before the crash
+
+    assert release_main(["recover", "--config", str(host.path)]) == 0
+    note = subprocess.run(
+        ["git", "-C", str(stack.origin), "notes", "--ref", "refs/notes/servegate", "show", nxt],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    records = sorted((json.loads(x) for x in note.splitlines() if x.startswith("{")),
+                     key=lambda r: r["at"])  # fmt: skip
+    assert [r["verdict"] for r in records] == ["released", "rolled_back"]
+    assert records[-1]["supersedes"] == {"verdict": "released", "tag": tags[0],
+                                         "at": records[0]["at"]}  # fmt: skip
+    assert tags[0] in records[-1]["reason"]
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == good
+    assert state["history"][-1]["verdict"] == "rolled_back"
+    assert state["history"][-1]["tag"] == tags[0]
+    assert release_main(["verify", "--config", str(host.path)]) == 0

@@ -139,10 +139,28 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     )
     record = rec.base_record(ctx.cfg, sha, live.sha if live else None, "rolled_back")
     record.update({"reason": reason, "rollback": result, "stages": ctx.runner.as_list()})
+    tagged = _released_before(ctx, sha, str(pending.get("at", "")))
+    if tagged is not None:
+        # the promote got as far as its record and tag, then died before the host state
+        # said so: the tag stays on origin, and this release's note says it is superseded
+        record["supersedes"] = tagged
+        record["reason"] = reason = (
+            f"{reason}; it had been recorded released and tagged {tagged['tag']} just before "
+            "the interruption: that tag stays, this record supersedes it"
+        )
+        ctx.reporter.note(f"the release record and tag {tagged['tag']} of {sha[:12]} are "
+                          "superseded by its rolled_back record")  # fmt: skip
     record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
     when = rec.now().isoformat(timespec="seconds")
     ctx.state.history.append(
-        Entry(sha, str(pending.get("release_dir", "")), "rolled_back", when, "", reason)
+        Entry(
+            sha,
+            str(pending.get("release_dir", "")),
+            "rolled_back",
+            when,
+            tagged["tag"] if tagged else "",
+            reason,
+        )
     )
     ctx.state.pending = None
     ctx.state.save()
@@ -153,6 +171,25 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         )
     result["recovered"] = sha
     return result
+
+
+def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | None:
+    """This host's ``released`` record of ``sha`` made by the interrupted run (at or after
+    ``since``), with its tag; None when the run died before recording."""
+    try:
+        records = rec.parse_notes(ctx.deployer.repo.notes(sha))
+    except ServegateError:
+        return None
+    mine = rec.host_id(ctx.cfg)
+    for r in reversed(records):
+        if (
+            r.get("verdict") == "released"
+            and r.get("sha") == sha
+            and r.get("host_id") == mine
+            and str(r.get("at", "")) >= since
+        ):
+            return {"verdict": "released", "tag": str(r.get("tag", "")), "at": str(r.get("at"))}
+    return None
 
 
 def pick_target(ctx: Context, to: str | None) -> Entry:
