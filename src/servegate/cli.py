@@ -58,6 +58,12 @@ def _release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = sub.add_parser(
         "recover", help="undo a promote or rollback that was interrupted after its switch"
     )
+    p.add_argument(
+        "--rebuild-state",
+        action="store_true",
+        help="make the host state again from this host's release notes and release "
+        "directories (the damaged file is kept aside)",
+    )
     _common(p)
 
 
@@ -315,7 +321,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     from servegate.commands import history, promote, recover, rollback, status, verify
 
     handlers: dict[str, Callable[[], int]] = {
-        "recover": lambda: recover.run(cfg, out),
+        "recover": lambda: recover.run(cfg, out, args.rebuild_state),
         "promote": lambda: promote.run(cfg, out, args.sha, args.allow_non_ff),
         "rollback": lambda: rollback.run(cfg, out, args.to),
         "status": lambda: status.run(cfg, out),

@@ -7,11 +7,14 @@ import os
 from servegate.config import Config
 from servegate.output import Output
 from servegate.pipeline.lock import HostLock
+from servegate.release import rebuild
 from servegate.release.context import Context
 from servegate.release.rollback import recover
 
 
-def run(cfg: Config, out: Output) -> int:
+def run(cfg: Config, out: Output, rebuild_state: bool = False) -> int:
+    if rebuild_state:
+        return _rebuild(cfg, out)
     ctx = Context.create(cfg, out.reporter(), os.environ)
     with HostLock(ctx.lock_path, "release recover"):
         result = recover(ctx)
@@ -22,4 +25,25 @@ def run(cfg: Config, out: Output) -> int:
     else:
         out.line(f"undid the interrupted release of {result['recovered'][:12]}: "
                  f"{str(result.get('sha'))[:12]} is live again and verified")  # fmt: skip
+    return 0
+
+
+def _rebuild(cfg: Config, out: Output) -> int:
+    with HostLock(cfg.host_root / "servegate.lock", "release recover --rebuild-state"):
+        result = rebuild.rebuild(cfg)
+    if out.json_mode:
+        return out.emit({"rebuilt": result})
+    if result["kept"]:
+        out.line(f"the damaged host state is kept as {result['kept']}")
+    out.line(f"rebuilt {result['state']} from {result['records']} release record(s) of this host")
+    live = result["live_directory_sha"]
+    if result["current"]:
+        out.line(f"  current:  {result['current'][:12]} (the service directory points at it)")
+    else:
+        shown = live[:12] if live else "nothing"
+        out.line(f"  current:  none — the service directory points at {shown}, with no "
+                 "verified release record of this host")  # fmt: skip
+    if result["previous"]:
+        out.line(f"  previous: {result['previous'][:12]}")
+    out.line("check the live service with `release verify`; `release history` shows the rest")
     return 0

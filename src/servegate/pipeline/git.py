@@ -185,6 +185,12 @@ class StackRepo:
                 return ""
             raise _fail(f"notes show {sha[:12]}", exc) from exc
 
+    def noted(self) -> list[str]:
+        """Every commit that carries a release note (``git notes list``)."""
+        with _git_errors("notes list"):
+            text = str(self.repo.git.notes("--ref", NOTES_REF, "list"))
+        return [line.split()[1] for line in text.splitlines() if len(line.split()) == 2]
+
     def push(self, refs: list[str]) -> None:
         with _git_errors(f"push to {self.remote_url}"):
             self.repo.git.push("origin", *refs, kill_after_timeout=NETWORK_TIMEOUT)

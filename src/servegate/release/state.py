@@ -38,9 +38,9 @@ SHA = re.compile(r"^[0-9a-f]{40}$")
 def _invalid(path: Path, why: str) -> StateInvalid:
     return StateInvalid(
         f"the host state {path} cannot be trusted: {why}",
-        hint=f"move it aside (mv {path} {path}.bad): servegate then knows no release on this "
-        "host; `release history` still reads the release notes, and `release promote "
-        "<the live SHA> --allow-non-ff` records the live release again",
+        hint="`release recover --rebuild-state` makes it again from this host's release "
+        "notes and release directories (the damaged file is kept beside it), then "
+        "`release verify`",
     )
 
 

@@ -1,0 +1,96 @@
+"""``release recover --rebuild-state``: the host state made again from what cannot lie
+as easily — this host's release records in the notes and the release directories.
+
+The damaged file is kept beside the new one (``state.json.bad-<time>``), never
+deleted. ``current`` is the release the service directory points at now (the
+``current`` link of the worktree layout, the checkout's HEAD in place) when a
+``released``/``rollback`` record of this host says it was verified; ``previous`` the
+newest verified release before it. An interrupted run's ``pending`` mark cannot be
+rebuilt: the output says to check the service with ``release verify``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from servegate.config import Config
+from servegate.release import record as rec
+from servegate.release.deploy import InPlaceDeploy, WorktreeDeploy, make_deployer
+from servegate.release.state import Entry, HostState
+
+SHA = re.compile(r"^[0-9a-f]{40}$")
+VERIFIED = ("released", "rollback")
+
+
+def live_sha(cfg: Config) -> str | None:
+    """The release the service directory points at now."""
+    deployer = make_deployer(cfg)
+    if isinstance(deployer, WorktreeDeploy):
+        try:
+            target = Path(os.readlink(deployer.current))
+        except OSError:
+            return None
+        name = target.name
+        inside = Path(os.path.realpath(target)).parent == Path(
+            os.path.realpath(deployer.releases_root)
+        )
+        return name if SHA.match(name) and inside else None
+    assert isinstance(deployer, InPlaceDeploy)
+    try:
+        return deployer.checkout.head()
+    except Exception:  # no checkout: nothing is live
+        return None
+
+
+def rebuild(cfg: Config) -> dict[str, Any]:
+    path = cfg.host_root / "state.json"
+    deployer = make_deployer(cfg)
+    mine = rec.host_id(cfg)
+    entries: list[Entry] = []
+    for sha in deployer.repo.noted():
+        for r in rec.parse_notes(deployer.repo.notes(sha)):
+            if r.get("host_id") != mine or r.get("sha") != sha or not SHA.match(sha):
+                continue
+            release_dir = deployer.release_dir(sha)
+            entries.append(
+                Entry(
+                    sha=sha,
+                    release_dir=str(release_dir) if release_dir.is_dir() else "",
+                    verdict=str(r.get("verdict", "")),
+                    at=str(r.get("at", "")),
+                    tag=str(r.get("tag") or (r.get("supersedes") or {}).get("tag", "")),
+                    reason=str(r.get("reason", "")),
+                    startup_seconds=float(r.get("startup_seconds") or 0.0),
+                    artifacts={str(k): str(v) for k, v in (r.get("artifacts") or {}).items()},
+                )
+            )
+    entries.sort(key=lambda e: e.at)
+    live = live_sha(cfg)
+    current = next(
+        (e for e in reversed(entries) if e.sha == live and e.verdict in VERIFIED and e.release_dir),
+        None,
+    )
+    previous = None
+    if current is not None:
+        before = entries[: entries.index(current)]
+        previous = next(
+            (e for e in reversed(before) if e.verdict in VERIFIED and e.sha != current.sha), None
+        )
+    kept = None
+    if path.exists() or path.is_symlink():
+        kept = path.with_name(f"state.json.bad-{time.strftime('%Y%m%dT%H%M%S')}")
+        os.replace(path, kept)
+    state = HostState(path, current, previous, entries, None)
+    state.save()
+    return {
+        "state": str(path),
+        "kept": str(kept) if kept else None,
+        "records": len(entries),
+        "live_directory_sha": live,
+        "current": current.sha if current else None,
+        "previous": previous.sha if previous else None,
+    }
