@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
+from servegate import hostpaths
 from servegate.bench import cases, document, probes, results, runner, verdict
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
@@ -222,7 +223,7 @@ def _live_launch(cfg: Config | None) -> LaunchSpec | None:
     """The configured service's launch, as promote starts it (None: no service here)."""
     if cfg is None or cfg.service.command == config_mod.UNCONFIGURED_COMMAND:
         return None
-    return launch_spec(cfg, cfg.host_root / "current", "", strict=False)
+    return launch_spec(cfg, hostpaths.of(cfg).current, "", strict=False)
 
 
 def _log_rules(
@@ -242,7 +243,7 @@ def _log_rules(
 def _service_log(cfg: Config | None) -> runner.LogWindow | None:
     if cfg is None or cfg.service.manager != "supervisor":
         return None
-    path = cfg.host_root / "logs" / f"{cfg.service.unit}.log"
+    path = hostpaths.of(cfg).service_log(cfg.service.unit)
     return runner.LogWindow(path) if path.exists() else None
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.engine.launch import launch_spec
 from servegate.engine.lint import ruleset
@@ -24,7 +25,7 @@ def _plain(value: Any) -> Any:
 def run(cfg: Config, out: Output) -> int:
     checks = [c.name for c in build_checks(cfg)]
     # the launch resolves (profile, includes, parameters, placeholders) and the rules load
-    spec = launch_spec(cfg, cfg.host_root / "current", "0" * 40)
+    spec = launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
     rules = ruleset(cfg)
     warnings = bench_gate.noise_warnings(cfg) if "bench" in checks else []
     if out.json_mode:

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.output import Output
 from servegate.release.state import HostState
 
 
 def run(cfg: Config, out: Output, limit: int) -> int:
-    state = HostState.load(cfg.host_root / "state.json")
+    state = HostState.load(hostpaths.of(cfg).state)
     entries = state.history[-limit:] if limit > 0 else state.history
     if out.json_mode:
         return out.emit(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.output import Output
 from servegate.pipeline.lock import HostLock
@@ -29,7 +30,7 @@ def run(cfg: Config, out: Output, rebuild_state: bool = False) -> int:
 
 
 def _rebuild(cfg: Config, out: Output) -> int:
-    with HostLock(cfg.host_root / "servegate.lock", "release recover --rebuild-state"):
+    with HostLock(hostpaths.of(cfg).lock, "release recover --rebuild-state"):
         result = rebuild.rebuild(cfg)
     if out.json_mode:
         return out.emit({"rebuilt": result})

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servegate import config as config_mod
+from servegate import hostpaths
 from servegate.config import Config, Host, Service, Stack
 from servegate.engine import render as render_mod
 from servegate.engine.launch import LaunchSpec, launch_spec, load_profile
@@ -67,7 +68,7 @@ def target(
     cfg = _config(config_path, profile, parse_params(params), port)
     notes: list[str] = []
     if sha is None and cfg.host.root:
-        live = HostState.load(cfg.host_root / "state.json").current
+        live = HostState.load(hostpaths.of(cfg).state).current
         sha = live.sha if live else None
     if not sha:
         cfg = dataclasses.replace(
@@ -79,7 +80,7 @@ def target(
         )
     unfilled: list[str] = []
     if release is None:
-        release = str(cfg.host_root / "current") if cfg.host.root else "{release}"
+        release = str(hostpaths.of(cfg).current) if cfg.host.root else "{release}"
         unfilled += [] if cfg.host.root else ["release"]
     spec = launch_spec(cfg, Path(release), sha or "", strict=False)
     unfilled += spec.unresolved

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from servegate import config as config_mod
+from servegate import hostpaths
 from servegate.bench import history, results
 from servegate.config import Config
 from servegate.errors import NothingToDo, ServegateError
@@ -19,8 +20,8 @@ from servegate.release.state import HostState
 def collect(cfg: Config | None, files: list[Path]) -> list[history.Point]:
     """Every release record with bench samples (oldest first), then the given files."""
     points: list[history.Point] = []
-    if cfg is not None and cfg.host.root and (cfg.host_root / "state.json").exists():
-        state = HostState.load(cfg.host_root / "state.json")
+    if cfg is not None and cfg.host.root and hostpaths.of(cfg).state.exists():
+        state = HostState.load(hostpaths.of(cfg).state)
         repo = make_deployer(cfg).repo
         seen: set[str] = set()
         for entry in state.history:

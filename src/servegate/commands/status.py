@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.engine import openai
 from servegate.engine.launch import engine_of
@@ -24,7 +25,7 @@ def _entry(e: Entry | None) -> dict[str, Any] | None:
 
 
 def run(cfg: Config, out: Output) -> int:
-    state = HostState.load(cfg.host_root / "state.json")
+    state = HostState.load(hostpaths.of(cfg).state)
     waiting = unpushed(cfg)
     manager = make_manager(cfg)
     svc = manager.state()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from servegate import hostpaths
 from servegate.config import Config, fill
 from servegate.engine import adapters, profiles
 from servegate.engine.adapters import Engine
@@ -185,7 +186,7 @@ def launch_spec(cfg: Config, release_dir: Path, sha: str, *, strict: bool = True
             args=parse_options(argv),
         )
     if svc.compile_cache and spec.engine == "vllm":
-        return keyed_caches(spec, cfg.host_root / "compile-cache")
+        return keyed_caches(spec, hostpaths.of(cfg).compile_cache)
     return spec
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from servegate import hostpaths
 from servegate.bench import noise, results, stats, verdict
 from servegate.bench.cases import parse_cases, spec_from_config
 from servegate.bench.document import fingerprint
@@ -102,7 +103,7 @@ def noise_warnings(cfg: Config) -> list[str]:
 def results_dir(cfg: Config) -> Path:
     if cfg.bench.results_dir:
         return Path(cfg.bench.results_dir)
-    return cfg.host_root / "bench" if cfg.host.root else Path("bench-results")
+    return hostpaths.of(cfg).bench if cfg.host.root else Path("bench-results")
 
 
 def recorded_samples(record: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -8,13 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.engine import lint, openai, provenance
 from servegate.engine.launch import COMPILE_CACHES, LaunchSpec, engine_of, launch_spec
 from servegate.engine.managers import ServiceManager, make_manager
 from servegate.engine.rules import RuleSet
 from servegate.pipeline import redact
-from servegate.pipeline.lease import lease_path
 from servegate.pipeline.stages import Reporter, StageRunner
 from servegate.release.deploy import Deployer, make_deployer
 from servegate.release.state import HostState
@@ -41,7 +41,7 @@ class Context:
             reporter=reporter,
             manager=make_manager(cfg),
             deployer=make_deployer(cfg),
-            state=HostState.load(cfg.host_root / "state.json"),
+            state=HostState.load(hostpaths.of(cfg).state),
             endpoint=openai.Endpoint(
                 f"http://{cfg.service.host}:{cfg.service.port}", api_key, engine_of(cfg)
             ),
@@ -51,11 +51,11 @@ class Context:
 
     @property
     def lock_path(self) -> Path:
-        return self.cfg.host_root / "servegate.lock"
+        return hostpaths.of(self.cfg).lock
 
     @property
     def lease_path(self) -> Path:
-        return lease_path(os.environ, self.cfg.host.state_dir)
+        return hostpaths.of(self.cfg).lease(os.environ)
 
     @functools.cached_property
     def rules(self) -> RuleSet:
@@ -79,14 +79,14 @@ class Context:
     @property
     def cache_dir(self) -> Path:
         """servegate's own caches on the host (the installed vLLM's variable list, …)."""
-        return self.cfg.host_root / "cache"
+        return hostpaths.of(self.cfg).cache
 
     @property
     def build_cache(self) -> Path:
-        return self.cfg.host_root / "build-cache"
+        return hostpaths.of(self.cfg).build_cache
 
     def log_path(self, sha: str, what: str) -> Path:
-        return self.cfg.host_root / "logs" / f"{sha[:12]}-{what}.log"
+        return hostpaths.of(self.cfg).run_log(sha, what)
 
     def spec(self, release_dir: Path, sha: str) -> LaunchSpec:
         """The launch of ``sha`` in ``release_dir``: resolved once per promote/rollback

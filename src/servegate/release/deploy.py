@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Protocol
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.errors import GitRefusal
 from servegate.pipeline import atomic
@@ -55,12 +56,13 @@ class WorktreeDeploy:
 
     def __init__(self, cfg: Config) -> None:
         self.root = cfg.host_root
-        self.repo: StackRepo = HostRepo(self.root / "repo.git", cfg.stack.remote, cfg.stack.branch)
-        self.current = self.root / "current"
+        self.paths = hostpaths.of(cfg)
+        self.repo: StackRepo = HostRepo(hostpaths.of(cfg).repo, cfg.stack.remote, cfg.stack.branch)
+        self.current = hostpaths.of(cfg).current
 
     @property
     def releases_root(self) -> Path:
-        return self.root / "releases"
+        return self.paths.releases
 
     def release_dir(self, sha: str) -> Path:
         if not SHA.match(sha):  # a path servegate may delete is built from it
@@ -103,7 +105,7 @@ class InPlaceDeploy:
     rebuilds_on_restore = True
 
     def __init__(self, cfg: Config) -> None:
-        self.path = cfg.host_root / "checkout"
+        self.path = hostpaths.of(cfg).checkout
         self.checkout = InPlaceCheckout(self.path, cfg.stack.remote, cfg.stack.branch)
         self.repo: StackRepo = self.checkout
 

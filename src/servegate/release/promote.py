@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servegate import hostpaths
 from servegate.engine.launch import cache_bases, launch_spec, placeholders, stale_caches
 from servegate.errors import (
     BuildFailed,
@@ -241,7 +242,7 @@ def prune_compile_caches(ctx: Context, protected: set[str]) -> list[Path]:
         ctx.cfg, service=dataclasses.replace(ctx.cfg.service, compile_cache=False)
     )
     unkeyed = launch_spec(cfg, Path(entries[-1].release_dir), entries[-1].sha)
-    stale = stale_caches(cache_bases(unkeyed, ctx.cfg.host_root / "compile-cache"), keep)
+    stale = stale_caches(cache_bases(unkeyed, hostpaths.of(ctx.cfg).compile_cache), keep)
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale

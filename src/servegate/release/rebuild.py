@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.release import record as rec
 from servegate.release.deploy import InPlaceDeploy, WorktreeDeploy, make_deployer
@@ -47,7 +48,7 @@ def live_sha(cfg: Config) -> str | None:
 
 
 def rebuild(cfg: Config) -> dict[str, Any]:
-    path = cfg.host_root / "state.json"
+    path = hostpaths.of(cfg).state
     deployer = make_deployer(cfg)
     mine = rec.host_id(cfg)
     entries: list[Entry] = []

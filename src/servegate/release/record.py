@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from servegate import __version__
+from servegate import __version__, hostpaths
 from servegate.config import Config
 from servegate.errors import CommandFailed
 from servegate.pipeline import atomic
@@ -102,7 +102,7 @@ def publish(
 
 
 def unpushed_path(cfg: Config) -> Path:
-    return cfg.host_root / "unpushed.json"
+    return hostpaths.of(cfg).unpushed
 
 
 def unpushed(cfg: Config) -> list[str]:

@@ -15,6 +15,7 @@ import xmlrpc.client
 from pathlib import Path
 from typing import Any, cast
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.engine.launch import LaunchSpec
 from servegate.engine.managers import ServiceState, read_from, read_tail
@@ -101,11 +102,11 @@ class Supervisor:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.unit = cfg.service.unit
-        self.dir = cfg.host_root / "supervisor"
+        self.dir = hostpaths.of(cfg).supervisor
         self.conf = self.dir / "supervisord.conf"
         self.socket = socket_path(self.dir)
         self.program_conf = self.dir / "programs" / f"{self.unit}.conf"
-        self.log = cfg.host_root / "logs" / f"{self.unit}.log"
+        self.log = hostpaths.of(cfg).service_log(self.unit)
         self.log_file: Path | None = self.log
         self._first_pid: int | None = None
         self._restarts = 0
