@@ -153,6 +153,12 @@ class Provenance:
     py_spy: str = ""
     #: a Python process whose frames cannot be read is a finding (not inference)
     require_observed: bool = False
+    #: py-spy dumps per process (0.1 s apart): code that runs now and then is seen more often
+    samples: int = 3
+    #: start-up hooks (paths) accepted although they run code the check cannot see
+    allowed_hooks: tuple[str, ...] = ()
+    #: executable anonymous memory: "record" (JIT engines make it) or "fail"
+    anonymous_code: Literal["record", "fail"] = "record"
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,26 @@ from servegate.engine.provenance import Expectation, Report, descendants, verify
 from servegate.pipeline.hashing import sha256_file
 
 SERVER = """
-import ctypes, os, subprocess, sys, time
+import ctypes, mmap, os, subprocess, sys, threading, time
+
+def hostile(how, foreign):
+    # what a hostile commit does besides serving (HOSTILE=how, FOREIGN=a file)
+    if how in ("exec-string", "exec-borrowed"):
+        name = "<string>" if how == "exec-string" else __file__
+        scope = {}
+        exec(compile(open(foreign).read(), name, "exec"), scope)
+        threading.Thread(target=scope["spin"], daemon=True).start()
+    elif how == "memfd":
+        fd = os.memfd_create("x/../../usr/lib/libfoo.so")
+        os.write(fd, open(foreign, "rb").read())
+        ctypes.CDLL(f"/proc/self/fd/{fd}")
+    elif how == "anonymous":
+        global PAGE
+        PAGE = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
 
 def serve(lib, role):
     ctypes.CDLL(lib)
+    hostile(os.environ.get("HOSTILE", ""), os.environ.get("FOREIGN", ""))
     if role == "main":
         if os.environ.get("NONDUMPABLE"):
             ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: needs CAP_SYS_PTRACE
@@ -256,6 +272,10 @@ def test_hooks_are_judged_without_py_spy(
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "named.pth").write_text("import stackpkg_helper_is_not_it; import stackpkg\n")
     (site / "plain.pth").write_text("import os\n")
+    payload = tmp_path / "payload.py"
+    payload.write_text("")
+    reader = site / "zz_reader.pth"
+    reader.write_text(f"import os; exec(open({str(payload)!r}).read())\n")
     s = serve(services, release, python=python)
     report = verify(s.pid, expect(release, interpreter=python, py_spy=str(tmp_path / "none")))
     assert [p["evidence"] for p in report.processes] == ["inferred", "inferred"]
@@ -265,7 +285,15 @@ def test_hooks_are_judged_without_py_spy(
     assert verdicts["sitecustomize.py"][0] == "fail"
     assert verdicts["named.pth"] == ("fail", "names the checked package stackpkg")
     assert verdicts["plain.pth"][0] == "warn"
+    assert verdicts["zz_reader.pth"] == (
+        "fail",
+        "runs code it reads or decodes (exec, open, marshal, …)",
+    )
     assert not report.ok
+    allowed = verify(s.pid, expect(release, interpreter=python, py_spy=str(tmp_path / "none"),
+                                   allowed_hooks=(str(reader),)))  # fmt: skip
+    assert "start-up hook zz_reader.pth" not in checks(allowed)
+    assert [h["verdict"] for h in allowed.hooks if h["path"] == str(reader)] == ["allowed"]
 
 
 @needs_py_spy
@@ -359,3 +387,141 @@ def test_untracked_code_in_the_release_and_a_process_older_than_its_files(
     older = [f for f in report.findings if f.check == "process older than the release's files"]
     assert len(older) == 1
     assert "stackpkg/server.py" in older[0].expected
+
+
+ESCAPING_SERVER = """
+import os, sys, time
+from stackpkg.server import serve
+
+if __name__ == "__main__":
+    if os.fork() == 0:  # double fork: the worker is reparented to PID 1, out of the tree
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, sys.argv[2]])
+        os._exit(0)
+    os.wait()
+    serve(sys.argv[1], "solo")
+"""
+
+WORKER = "import time\ndef work():\n    while True:\n        time.sleep(0.05)\nwork()\n"
+
+
+def _cgroup2_root() -> Path | None:
+    from servegate.engine.liveproc import CGROUP2_MOUNTS
+
+    for mount in CGROUP2_MOUNTS:
+        if (Path(mount) / "cgroup.procs").is_file() and os.access(mount, os.W_OK):
+            return Path(mount)
+    return None
+
+
+@needs_py_spy
+@pytest.mark.skipif(
+    os.geteuid() != 0 or _cgroup2_root() is None,
+    reason="making a cgroup needs root and a writable cgroup v2 hierarchy",
+)
+def test_a_worker_that_double_forks_out_of_the_tree_is_found_in_the_units_cgroup(
+    release: Path, tmp_path: Path
+) -> None:
+    """systemd gives each unit a cgroup; a process that leaves the tree stays in it."""
+    (release / "stackpkg" / "escape.py").write_text(ESCAPING_SERVER)
+    git(release, "add", "stackpkg/escape.py")
+    git(release, "commit", "-qm", "escape")
+    worker = tmp_path / "elsewhere" / "worker.py"
+    worker.parent.mkdir()
+    worker.write_text(WORKER)
+    root = _cgroup2_root()
+    assert root is not None
+    unit = f"sg-test-{os.getpid()}.service"
+    group = root / unit
+    group.mkdir()
+    shell = (f'echo $$ > {group}/cgroup.procs && exec {sys.executable} -m stackpkg.escape '
+             f'{release / "build" / "libk.so"} {worker}')  # fmt: skip
+    main = subprocess.Popen(["sh", "-c", shell], cwd=release)
+    try:
+        deadline = time.monotonic() + 30
+        while len((group / "cgroup.procs").read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the worker did not start"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        tree_only = verify(main.pid, expect(release))
+        assert tree_only.ok, tree_only.explain()  # what the tree alone shows: a lie
+        assert any("only the process tree was checked" in w for w in tree_only.weaker)
+        report = verify(main.pid, expect(release, unit_cgroup=unit))
+        assert report.scope == f"process tree and cgroup /{unit}"
+        (escaped,) = [p for p in report.processes if p.get("outside_tree")]
+        found = [f for f in report.findings if f.pid == escaped["pid"]]
+        assert any(f.check == "running code from outside the allowed roots"
+                   and f.found == str(worker) for f in found), report.explain()  # fmt: skip
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            os.kill(int(pid), 9)
+        main.wait()
+        deadline = time.monotonic() + 10
+        while (group / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        group.rmdir()
+
+
+SPIN = "import time\ndef spin():\n    while True:\n        time.sleep(0.01)\n"
+
+
+@needs_py_spy
+def test_a_thread_of_code_with_no_file_or_under_a_borrowed_name(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """Foreign source read and exec'd: under "<string>" its thread has no file; under
+    the release's own server.py its frames name functions that file does not have."""
+    foreign = tmp_path / "payload.py"
+    foreign.write_text(SPIN)
+    s = serve(services, release, HOSTILE="exec-string", FOREIGN=str(foreign))
+    report = verify(s.pid, expect(release))
+    rooted = [f for f in report.findings if f.check == "thread runs code with no file"]
+    assert rooted
+    assert "spin in <string>" in rooted[0].found
+    s2 = serve(services, release, HOSTILE="exec-borrowed", FOREIGN=str(foreign))
+    borrowed = verify(s2.pid, expect(release))
+    mismatch = [f for f in borrowed.findings if f.check == "frame does not match its file"]
+    assert mismatch
+    assert "spin spanning line" in mismatch[0].expected
+    assert str(release / "stackpkg" / "server.py") in mismatch[0].expected
+
+
+def test_code_from_a_memfd_and_executable_anonymous_memory(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    foreign = cc(tmp_path / "libforeign.so", "int f(void) { return 4; }\n", "-shared", "-fPIC")
+    s = serve(services, release, HOSTILE="memfd", FOREIGN=str(foreign))
+    report = verify(s.pid, expect(release))
+    memfd = [f for f in report.findings if f.check == "mapped code from outside the allowed roots"]
+    assert memfd
+    assert memfd[0].found.startswith("/memfd:x/../../usr/lib/libfoo.so")  # never resolved
+
+    jit = serve(services, release, HOSTILE="anonymous")
+    counted = verify(jit.pid, expect(release))
+    assert counted.ok, counted.explain()  # a JIT's code (oneDNN in vLLM's CPU worker)
+    assert counted.mapped_summary["anonymous"] >= 1
+    strict = verify(jit.pid, expect(release, anonymous_code="fail"))
+    assert "executable anonymous memory" in checks(strict)
+
+
+def test_a_hashed_artifact_outside_the_extension_globs_is_hashed_too(
+    release: Path, services: list[Service]
+) -> None:
+    helper = cc(release / "build" / "libhelper.so", "int h(void) { return 5; }\n",
+                "-shared", "-fPIC")  # fmt: skip
+    recorded = sha256_file(helper)
+    s = Service([sys.executable, "-m", "stackpkg.server", str(helper)], release, dict(os.environ))
+    services.append(s)
+    hashes = {"build/libk.so": sha256_file(release / "build" / "libk.so"),
+              "build/libhelper.so": recorded}  # fmt: skip
+    exp = expect(release, extensions=(), artifact_hashes=hashes)
+    assert verify(s.pid, exp).ok
+    replaced = dict(hashes, **{"build/libhelper.so": "0" * 64})
+    differs = verify(s.pid, expect(release, extensions=(), artifact_hashes=replaced))
+    assert "artifact build/libhelper.so content" in checks(differs)
+    # rebuilt under the running service: it still runs the old inode, gone from disk
+    cc(release / "build" / "libhelper.so", "int h(void) { return 6; }\n", "-shared", "-fPIC")
+    rebuilt = verify(s.pid, exp)
+    assert checks(rebuilt) == ["mapped code build/libhelper.so"] * 2
+    assert "deleted on disk" in rebuilt.findings[0].found

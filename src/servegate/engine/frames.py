@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,20 +40,40 @@ MEANING: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class Frame:
+    name: str  # the code object's name: a function, "<module>", "<lambda>", …
+    file: str
+    line: int
+
+    @property
+    def pseudo(self) -> bool:
+        """Code with no file of its own: ``<string>`` (exec/compile), ``<frozen …>``, …"""
+        return not self.file or self.file.startswith("<")
+
+
+@dataclass(frozen=True)
 class Frames:
     pid: int
     status: Status
-    #: distinct files of the frames, in the order first seen (real files only: no
-    #: ``<string>``, ``<frozen …>``)
-    files: tuple[str, ...] = ()
+    #: every distinct thread stack seen over the samples, outermost frame first
+    stacks: tuple[tuple[Frame, ...], ...] = ()
     #: py-spy's own words when it did not observe
     detail: str = ""
-    threads: int = 0
-    pseudo: tuple[str, ...] = ()
+    samples: int = 0
 
     @property
     def observed(self) -> bool:
         return self.status == "observed"
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Distinct real files of the frames, in the order first seen."""
+        seen = dict.fromkeys(f.file for stack in self.stacks for f in stack if not f.pseudo)
+        return tuple(seen)
+
+    @property
+    def pseudo(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.file for st in self.stacks for f in st if f.pseudo))
 
 
 def find_py_spy(configured: str = "") -> str | None:
@@ -66,7 +87,27 @@ def find_py_spy(configured: str = "") -> str | None:
     return shutil.which("py-spy")
 
 
-def observe(pid: int, py_spy: str | None, timeout: float = 30.0) -> Frames:
+def observe(
+    pid: int, py_spy: str | None, samples: int = 1, interval: float = 0.1, timeout: float = 30.0
+) -> Frames:
+    """``samples`` dumps ``interval`` seconds apart, their stacks merged: code that runs
+    only now and then is more likely seen (it is sampled, never proven absent)."""
+    first = _dump(pid, py_spy, timeout)
+    if not first.observed:
+        return first
+    stacks = dict.fromkeys(first.stacks)
+    taken = 1
+    for _ in range(samples - 1):
+        time.sleep(interval)
+        more = _dump(pid, py_spy, timeout)
+        if not more.observed:
+            break  # it ended or stopped answering: what was seen stands
+        stacks.update(dict.fromkeys(more.stacks))
+        taken += 1
+    return Frames(pid, "observed", tuple(stacks), samples=taken)
+
+
+def _dump(pid: int, py_spy: str | None, timeout: float) -> Frames:
     if py_spy is None:
         return Frames(pid, "no-py-spy")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "RUST_BACKTRACE": "0",
@@ -100,13 +141,14 @@ def _parse(pid: int, text: str) -> Frames:
         threads = json.loads(text)
     except ValueError:
         return Frames(pid, "failed", detail=f"unreadable py-spy output: {text[:200]!r}")
-    files: dict[str, None] = {}
-    pseudo: dict[str, None] = {}
+    stacks = []
     for thread in threads:
-        for frame in thread.get("frames", []):
-            name = str(frame.get("filename") or "")
-            (pseudo if name.startswith("<") or not name else files)[name] = None
-    return Frames(pid, "observed", tuple(files), threads=len(threads), pseudo=tuple(pseudo))
+        frames = [
+            Frame(str(f.get("name") or ""), str(f.get("filename") or ""), int(f.get("line") or 0))
+            for f in thread.get("frames", [])
+        ]
+        stacks.append(tuple(reversed(frames)))  # py-spy lists the innermost first
+    return Frames(pid, "observed", tuple(stacks), samples=1)
 
 
 def _error_text(stderr: str) -> str:

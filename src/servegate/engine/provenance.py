@@ -4,14 +4,14 @@ For the service's main PID and every descendant (a vLLM server is an API process
 EngineCore and its workers):
 
 - **observed**: the working directory, the executable and its venv, the environment
-  (with the dynamic-loader and start-up variables), every file mapped executable (the
-  release's tracked files and hashed artifacts, an allowed runtime root, or foreign),
-  the extension libraries by the SHA-256 of the mapped inode, and the files of the
-  Python frames each process is running (:mod:`servegate.engine.frames`, py-spy);
+  (with the dynamic-loader and start-up variables), every file mapped executable and
+  the frames each Python process is running (:mod:`servegate.engine.codeorigin`, read by
+  py-spy through :mod:`servegate.engine.frames`), the extension libraries by the SHA-256
+  of the mapped inode;
 - **inferred**: where the service's interpreter resolves the configured packages,
   reproduced in a new process started exactly as the live one (its flags, first path
   entry, working directory and environment, never its preloads or start-up file), and
-  the start-up hooks (``.pth`` code, ``sitecustomize``) of its site directories.
+  the start-up hooks of its site directories (:mod:`servegate.engine.hooks`).
 
 Each process records which level its Python evidence reached. Any difference is a
 finding with expected and found; docs/records.md says how to read and fix each.
@@ -21,19 +21,40 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import stat
-import subprocess
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servegate.engine import codeorigin, hooks, ports
 from servegate.engine import frames as frames_mod
-from servegate.engine import ports
+from servegate.engine.codeorigin import SYSTEM_LIBS, Where, runtime_roots, tracked_files
+from servegate.engine.liveproc import (
+    Expectation,
+    Finding,
+    Mapped,
+    ProcInfo,
+    Report,
+    descendants,
+    inside,
+    mapped_sha256,
+    read_process,
+    service_processes,
+)
 from servegate.pipeline import proc, redact
-from servegate.pipeline.hashing import sha256_file
+
+__all__ = [
+    "SYSTEM_LIBS",
+    "Expectation",
+    "Finding",
+    "Mapped",
+    "ProcInfo",
+    "Report",
+    "descendants",
+    "interpreter_flags",
+    "read_process",
+    "runtime_roots",
+    "verify",
+]
 
 RESOLVE_SCRIPT = """
 import importlib.util, json, sys
@@ -57,297 +78,6 @@ print(json.dumps(out))
 """
 
 
-@dataclass(frozen=True)
-class Mapped:
-    path: str
-    span: str  # "start-end" as in /proc/PID/maps, the name under /proc/PID/map_files
-    deleted: bool
-    #: mapped with execute permission somewhere (code, not data such as weights or shm)
-    executable: bool = False
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    pid: int
-    ppid: int
-    cmdline: str
-    cwd: str
-    exe: str
-    environ: Mapping[str, str]
-    mapped: tuple[Mapped, ...]
-    #: False when the process overwrote its environment block, as setproctitle does to
-    #: make room for a title like "VLLM::EngineCore"; /proc/PID/environ is then blank
-    environ_readable: bool = True
-
-
-@dataclass(frozen=True)
-class Expectation:
-    release_dir: Path
-    interpreter: str
-    env: Mapping[str, str] = field(default_factory=dict)
-    extensions: tuple[str, ...] = ()
-    #: path relative to the release → SHA-256 recorded when it was built
-    artifact_hashes: Mapping[str, str] = field(default_factory=dict)
-    modules: tuple[str, ...] = ()
-    #: directory holding every release; a mapping from another release in it is a finding
-    releases_root: Path | None = None
-    port: int | None = None
-    #: the host's salt for redacted values in the report (:mod:`servegate.pipeline.redact`)
-    salt: str = ""
-    #: directories code may also come from (config ``provenance.runtime_roots``, the
-    #: launch's compile caches); the interpreter's venv, its base and the system library
-    #: directories always count
-    runtime_roots: tuple[Path, ...] = ()
-    #: the launch's whole environment: a loader or start-up variable it sets is declared
-    declared_env: Mapping[str, str] = field(default_factory=dict)
-    #: ``provenance.py_spy``: the py-spy to read frames with (empty: found)
-    py_spy: str = ""
-    #: a Python process whose frames could not be observed is a finding, not inference
-    require_observed: bool = False
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    expected: str
-    found: str
-    pid: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "check": self.check,
-            "pid": self.pid,
-            "expected": self.expected,
-            "found": self.found,
-        }
-
-    def line(self) -> str:
-        where = f"pid {self.pid}: " if self.pid else ""
-        return f"{where}{self.check}\n      expected: {self.expected}\n      found:    {self.found}"
-
-
-@dataclass
-class Report:
-    processes: list[dict[str, Any]] = field(default_factory=list)
-    extensions: list[dict[str, Any]] = field(default_factory=list)
-    modules: dict[str, str | None] = field(default_factory=dict)
-    listeners: list[int] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)
-    #: checks that ran on weaker evidence than they could (said in the output and record)
-    weaker: list[str] = field(default_factory=list)
-    #: module → "observed" (a live frame runs a file of it) or "inferred" (resolved)
-    modules_evidence: dict[str, str] = field(default_factory=dict)
-    #: ``.pth`` files that run code, ``sitecustomize``/``usercustomize`` of the live
-    #: interpreter's site directories: path, kind, verdict (fail/warn), why
-    hooks: list[dict[str, str]] = field(default_factory=list)
-    #: files mapped by the tree by class: release, runtime, data (not executable)
-    mapped_summary: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.findings
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "processes": self.processes,
-            "extensions": self.extensions,
-            "modules": self.modules,
-            "listeners": self.listeners,
-            "findings": [f.as_dict() for f in self.findings],
-            "weaker_evidence": self.weaker,
-            "modules_evidence": self.modules_evidence,
-            "modules_method": "inferred: resolved by the service's interpreter in a new process "
-            "started as the live one (its flags, first path entry, cwd and environment; "
-            "LD_PRELOAD, LD_AUDIT and PYTHONSTARTUP removed); observed where a live frame "
-            "runs a file of the module",
-            "startup_hooks": self.hooks,
-            "mapped": self.mapped_summary,
-            "evidence": self.evidence,
-        }
-
-    @property
-    def evidence(self) -> str:
-        """``observed`` when every Python process's frames were read, else ``inferred``."""
-        levels = {p.get("evidence") for p in self.processes} - {"not python", "gone"}
-        return "inferred" if "inferred" in levels else "observed"
-
-    def explain(self, limit: int = 8) -> str:
-        lines = [f"  - {f.line()}" for f in self.findings[:limit]]
-        if len(self.findings) > limit:
-            lines.append(f"  … and {len(self.findings) - limit} more (see the record)")
-        return "\n".join(lines)
-
-
-# -- reading /proc ----------------------------------------------------------------
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (ppid := proc.parent_of(int(entry))) is not None:
-            children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def descendants(root: int) -> list[int]:
-    """``root`` and every process below it, parents first."""
-    children = _children_map()
-    order, queue = [], [root]
-    while queue:
-        pid = queue.pop(0)
-        order.append(pid)
-        queue.extend(sorted(children.get(pid, [])))
-    return order
-
-
-def _maps(pid: int) -> tuple[Mapped, ...]:
-    seen: dict[str, Mapped] = {}
-    for row in Path(f"/proc/{pid}/maps").read_text().splitlines():
-        cols = row.split(maxsplit=5)
-        if len(cols) < 6 or not cols[5].startswith("/"):
-            continue
-        path = cols[5]
-        deleted = path.endswith(" (deleted)")
-        path = path.removesuffix(" (deleted)")
-        first = seen.setdefault(path, Mapped(path, cols[0], deleted, "x" in cols[1]))
-        if "x" in cols[1] and not first.executable:
-            seen[path] = Mapped(path, first.span, deleted, True)
-    return tuple(seen.values())
-
-
-def read_process(pid: int) -> ProcInfo | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        raw_env = Path(f"/proc/{pid}/environ").read_bytes()
-        parts = raw_env.removesuffix(b"\0").split(b"\0")
-        environ = dict(p.decode(errors="replace").split("=", 1) for p in parts if b"=" in p)
-        # an intact block is NAME=value entries only; a rewritten title leaves NUL runs
-        readable = bool(raw_env) and all(b"=" in p for p in parts)
-        return ProcInfo(
-            pid=pid,
-            ppid=int(stat.rsplit(")", 1)[1].split()[1]),
-            cmdline=ports.cmdline(pid),
-            cwd=os.readlink(f"/proc/{pid}/cwd"),
-            exe=os.readlink(f"/proc/{pid}/exe"),
-            environ=environ,
-            mapped=_maps(pid),
-            environ_readable=readable,
-        )
-    except (FileNotFoundError, ProcessLookupError):
-        return None  # it ended while we looked
-
-
-def mapped_sha256(pid: int, mapped: Mapped) -> tuple[str, str]:
-    """(hash, method). ``map_files``: the mapped inode itself, through
-    /proc/PID/map_files (observed; needs root or CAP_SYS_ADMIN). ``path``: the file the
-    path names now (inferred: a library replaced after it was loaded is not seen)."""
-    try:
-        return sha256_file(f"/proc/{pid}/map_files/{mapped.span}"), "map_files"
-    except OSError:
-        return sha256_file(mapped.path), "path"
-
-
-def _inside(path: str, directory: Path) -> bool:
-    real = os.path.realpath(path)
-    base = os.path.realpath(directory)
-    return real == base or real.startswith(base + os.sep)
-
-
-# -- where code may come from -----------------------------------------------------------
-
-#: system library directories, and the engine runtimes' usual homes
-SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/opt/rocm",
-               "/usr/local/cuda", "/usr/share")  # fmt: skip
-
-
-def runtime_roots(exp: Expectation) -> list[Path]:
-    """Where code outside the release may lie: the service interpreter's environment (its
-    venv or prefix), the base installation that venv was made from, the system's library
-    directories, and the configured roots (``provenance.runtime_roots``, the launch's
-    compile caches)."""
-    env_root = Path(os.path.abspath(exp.interpreter)).parent.parent
-    roots = [env_root, Path(os.path.realpath(exp.interpreter)).parent.parent]
-    cfg = env_root / "pyvenv.cfg"
-    if cfg.is_file():
-        for line in cfg.read_text(errors="replace").splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                roots.append(Path(value.strip()).parent)
-    roots += [Path(d) for d in SYSTEM_LIBS] + list(exp.runtime_roots)
-    out: list[Path] = []
-    for root in roots:
-        if root not in out and str(root) != "/":
-            out.append(root)
-    return out
-
-
-def tracked_files(release_dir: Path) -> set[str] | None:
-    """Paths git tracks in the release (relative), or None when it is not a checkout."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(release_dir), "ls-files", "-z"],
-            capture_output=True,
-            timeout=60,
-            check=False,
-            env={
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "GIT_OPTIONAL_LOCKS": "0",
-                "HOME": os.environ.get("HOME", "/"),
-            },
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    return {p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p}
-
-
-@dataclass
-class _Where:
-    """What a file of a live process is: the release's (tracked or a hashed artifact),
-    a runtime root's, or foreign."""
-
-    exp: Expectation
-    roots: list[Path]
-    tracked: set[str] | None
-    #: top-level names of the checked modules: a copy of one outside the release is a finding
-    packages: frozenset[str]
-    #: file names of the release's extensions: a copy mapped from elsewhere is reported by
-    #: the extension check, by name
-    extension_names: frozenset[str] = frozenset()
-
-    def classify(self, path: str) -> tuple[str, str]:
-        """(class, detail): ``release`` / ``untracked`` (in the release, neither tracked
-        nor built) / ``runtime`` (the root) / ``copy`` (a checked package's module
-        outside the release) / ``foreign``."""
-        real = os.path.realpath(path)
-        base = os.path.realpath(self.exp.release_dir)
-        if real == base or real.startswith(base + os.sep):
-            rel = os.path.relpath(real, base)
-            if self.tracked is None or rel in self.tracked or rel in self.exp.artifact_hashes:
-                return "release", rel
-            return "untracked", rel
-        package = _site_package(path)
-        if package in self.packages:
-            return "copy", package
-        for root in self.roots:
-            if _inside(path, root):
-                return "runtime", str(root)
-        return "foreign", ""
-
-
-SITE_DIR = re.compile(r"/(?:site|dist)-packages/([^/]+)")
-
-
-def _site_package(path: str) -> str:
-    """The top-level package a file in a site directory belongs to ('' elsewhere)."""
-    match = SITE_DIR.search(path)
-    if not match:
-        return ""
-    return match.group(1).removesuffix(".py").split(".", 1)[0]
-
-
 # -- the checks -----------------------------------------------------------------------
 
 
@@ -358,19 +88,19 @@ STARTUP_VARS = ("PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT"
 
 
 def _check_process(
-    info: ProcInfo, main_pid: int, exp: Expectation, where: _Where, report: Report
+    info: ProcInfo, main_pid: int, exp: Expectation, where: Where, report: Report
 ) -> None:
     def bad(check: str, expected: str, found: str) -> None:
         report.findings.append(Finding(check, expected, found, info.pid))
 
-    if not _inside(info.cwd, exp.release_dir):
+    if not inside(info.cwd, exp.release_dir):
         bad("working directory", f"inside {exp.release_dir}", info.cwd)
     want_exe = os.path.realpath(exp.interpreter)
     if os.path.realpath(info.exe) != want_exe:
         bad("executable", f"{exp.interpreter} (→ {want_exe})", info.exe)
-    elif info.pid == main_pid:
+    else:
         _check_venv(info, exp, bad)
-    _check_mapped(info, exp, where, report)
+    codeorigin.check_mapped(info, exp, where, report)
     if not info.environ_readable:
         if info.pid == main_pid:
             bad("environment", "readable in /proc/PID/environ", "blank (overwritten)")
@@ -381,7 +111,7 @@ def _check_process(
         if not value or exp.declared_env.get(name) == value:
             continue
         for entry in value.replace(":", " ").split():
-            if not any(_inside(entry, root) for root in trusted):
+            if not any(inside(entry, root) for root in trusted):
                 bad(name, f"the release or an allowed runtime root ({_shown_roots(trusted)})",
                     entry)  # fmt: skip
     for name in STARTUP_VARS:
@@ -414,111 +144,6 @@ def _check_venv(info: ProcInfo, exp: Expectation, bad: Any) -> None:
         bad("interpreter environment", f"the venv {venv}", f"{started} (a venv in {here})")
 
 
-def _needs_root(path: str) -> str:
-    return f"add {os.path.dirname(path)} to provenance.runtime_roots if it is trusted"
-
-
-def _check_mapped(info: ProcInfo, exp: Expectation, where: _Where, report: Report) -> None:
-    """Every mapped file: another release's is a finding; code (mapped executable) must
-    be the release's tracked file or hashed artifact, or lie in an allowed runtime root."""
-    summary = report.mapped_summary
-    for m in info.mapped:
-        if (
-            exp.releases_root is not None
-            and _inside(m.path, exp.releases_root)
-            and not _inside(m.path, exp.release_dir)
-        ):
-            report.findings.append(
-                Finding(
-                    "mapped file from another release",
-                    f"inside {exp.release_dir}",
-                    m.path,
-                    info.pid,
-                )
-            )
-            continue
-        if not m.executable or _is_device(m.path):
-            summary["data"] = summary.get("data", 0) + 1
-            continue
-        kind, detail = where.classify(m.path)
-        summary[kind] = summary.get(kind, 0) + 1
-        if kind in ("foreign", "copy") and Path(m.path).name in where.extension_names:
-            continue  # "extension … mapped from outside the release"
-        gone = " (deleted on disk: the process runs a file that is no longer there)"
-        if kind == "release" and m.deleted:
-            report.findings.append(
-                Finding(f"mapped code {detail}", "the file on disk", m.path + gone, info.pid)
-            )
-        elif kind == "untracked":
-            report.findings.append(
-                Finding(
-                    f"mapped code {detail}",
-                    "a tracked file or a hashed build artifact of the release",
-                    f"{m.path}: neither tracked nor recorded by the build",
-                    info.pid,
-                )
-            )
-        elif kind == "copy":
-            report.findings.append(
-                Finding(
-                    f"module {detail} mapped from outside the release",
-                    f"inside {exp.release_dir}",
-                    m.path,
-                    info.pid,
-                )
-            )
-        elif kind == "foreign":
-            report.findings.append(
-                Finding(
-                    "mapped code from outside the allowed roots",
-                    f"the release or a runtime root ({_needs_root(m.path)})",
-                    m.path + (gone if m.deleted else ""),
-                    info.pid,
-                )
-            )
-        elif kind == "runtime" and m.deleted:
-            report.weaker.append(
-                f"pid {info.pid} maps {m.path}, replaced on disk since it was loaded: "
-                "restart the service to run the file that is there now"
-            )
-
-
-def _is_device(path: str) -> bool:
-    """GPU device nodes (/dev/nvidia*, /dev/kfd, /dev/dri/*) are mapped, not code files."""
-    try:
-        return path.startswith("/dev/") and stat.S_ISCHR(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def _check_frames(
-    info: ProcInfo, seen: frames_mod.Frames, exp: Expectation, where: _Where, report: Report
-) -> None:
-    """The files of the frames the process is running, each classified like mapped code."""
-    for file in seen.files:
-        kind, detail = where.classify(file)
-        if kind == "release":
-            top = detail.split(os.sep, 1)[0].removesuffix(".py")
-            for name in exp.modules:
-                if name.split(".")[0] == top:
-                    report.modules_evidence[name] = "observed"
-            continue
-        if kind == "runtime":
-            continue
-        expected = f"a file of {exp.release_dir} or a runtime root"
-        if kind == "copy":
-            check, found = f"module {detail} runs from outside the release", file
-            expected = f"inside {exp.release_dir}"
-        elif kind == "untracked":
-            check, found = f"running code {detail}", f"{file}: not tracked by the release"
-        else:
-            check, found = "running code from outside the allowed roots", file
-            expected += f" ({_needs_root(file)})"
-        if not os.path.exists(file):
-            found += " (no longer on disk: loaded before it was removed)"
-        report.findings.append(Finding(check, expected, found, info.pid))
-
-
 def _check_extensions(infos: list[ProcInfo], exp: Expectation, report: Report) -> None:
     for pattern in exp.extensions:
         files = sorted(exp.release_dir.glob(pattern))
@@ -531,7 +156,7 @@ def _check_extensions(infos: list[ProcInfo], exp: Expectation, report: Report) -
         names = {f.name for f in files}
         for info in infos:
             for m in info.mapped:
-                if Path(m.path).name in names and not _inside(m.path, exp.release_dir):
+                if Path(m.path).name in names and not inside(m.path, exp.release_dir):
                     report.findings.append(
                         Finding(
                             f"extension {Path(m.path).name} mapped from outside the release",
@@ -618,7 +243,7 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
     report.modules = origins
     for name, origin in origins.items():
         report.modules_evidence.setdefault(name, "inferred")
-        if origin is None or not _inside(origin, exp.release_dir):
+        if origin is None or not inside(origin, exp.release_dir):
             report.findings.append(
                 Finding(
                     f"module {name}",
@@ -659,107 +284,6 @@ def interpreter_flags(argv: list[str], cwd: str) -> tuple[list[str], str]:
         path0 = os.path.dirname(os.path.join(cwd, arg))  # a script
         break
     return flags, path0
-
-
-#: the site directories of an interpreter started with -I -S (no site module ran, so a
-#: venv is not applied yet): the venv's from sysconfig, the base's where the venv
-#: includes them, and the user's
-SITE_DIRS_SCRIPT = """
-import json, site, sys, sysconfig
-venv, system_site = sys.argv[1], sys.argv[2] == "1"
-out = []
-if venv:
-    v = {"base": venv, "platbase": venv}
-    out += [sysconfig.get_path("purelib", vars=v), sysconfig.get_path("platlib", vars=v)]
-if not venv or system_site:
-    out += site.getsitepackages()
-out.append(site.getusersitepackages())
-print(json.dumps(out))
-"""
-
-
-def _venv_of(interpreter: str) -> tuple[str, bool]:
-    """(the venv root or "", whether it includes the base's site-packages)."""
-    root = Path(os.path.abspath(interpreter)).parent.parent
-    cfg = root / "pyvenv.cfg"
-    if not cfg.is_file():
-        return "", False
-    system = False
-    for line in cfg.read_text(errors="replace").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "include-system-site-packages":
-            system = value.strip().lower() == "true"
-    return str(root), system
-
-
-#: a hook that reads the command line behaves one way for servegate's resolver and
-#: another for the server: its effect cannot be inferred
-READS_ARGV = re.compile(r"\bsys\.(?:orig_)?argv\b|/proc/self/cmdline|\bargv\b")
-
-
-def _check_hooks(main: ProcInfo, exp: Expectation, report: Report) -> None:
-    """Start-up hooks of the live interpreter: ``.pth`` lines that run code, and
-    ``sitecustomize``/``usercustomize``. One that names a checked package or reads the
-    command line fails (it can make the server import what no check of ours sees);
-    the rest are listed as warnings. Read, never run: the interpreter is asked for its
-    site directories with ``-I -S`` (no site, no environment, no hooks)."""
-    venv, system_site = _venv_of(exp.interpreter)
-    done = proc.run(
-        [exp.interpreter, "-I", "-S", "-c", SITE_DIRS_SCRIPT, venv, "1" if system_site else "0"],
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-    try:
-        dirs: list[str] = json.loads(done.output.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        report.weaker.append(f"start-up hooks not listed: {proc.tail(done.output, 2)}")
-        return
-    if main.environ_readable:
-        dirs += [d for d in main.environ.get("PYTHONPATH", "").split(":") if d]
-    packages = {m.split(".")[0] for m in exp.modules}
-    seen: set[str] = set()
-    for directory in dirs:
-        base = Path(directory if os.path.isabs(directory) else os.path.join(main.cwd, directory))
-        if not base.is_dir() or str(base) in seen:
-            continue
-        seen.add(str(base))
-        for path in sorted(base.glob("*.pth")):
-            code = [ln for ln in _read(path).splitlines() if ln.startswith(("import ", "import\t"))]
-            if code:
-                _judge_hook(path, "pth", "\n".join(code), packages, main, report)
-        for kind in ("sitecustomize", "usercustomize"):
-            for path in (base / f"{kind}.py", base / kind / "__init__.py"):
-                if path.is_file():
-                    _judge_hook(path, kind, _read(path), packages, main, report)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError as exc:
-        return f"<unreadable: {exc}>"
-
-
-def _judge_hook(
-    path: Path, kind: str, code: str, packages: set[str], main: ProcInfo, report: Report
-) -> None:
-    named = sorted(p for p in packages if re.search(rf"\b{re.escape(p)}\b", code))
-    why, verdict = "runs code at every start of the interpreter", "warn"
-    if named:
-        why, verdict = f"names the checked package {', '.join(named)}", "fail"
-    elif READS_ARGV.search(code):
-        why, verdict = "reads the command line: it may act only for the server", "fail"
-    report.hooks.append({"path": str(path), "kind": kind, "verdict": verdict, "why": why})
-    if verdict == "fail":
-        report.findings.append(
-            Finding(
-                f"start-up hook {path.name}",
-                "no start-up hook that can redirect the checked packages",
-                f"{path} {why}",
-                main.pid,
-            )
-        )
 
 
 def _start_time(pid: int) -> float | None:
@@ -810,7 +334,14 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
     if main_pid is None:
         report.findings.append(Finding("service process", "a running main process", "none"))
         return report
-    infos = [i for i in map(read_process, descendants(main_pid)) if i is not None]
+    tree, outside, scope = service_processes(main_pid, exp.unit_cgroup)
+    report.scope = scope
+    if not outside and "no cgroup" in scope:
+        report.weaker.append(
+            "only the process tree was checked: a process that left it (a double fork) is "
+            "not seen without a cgroup of the service's own (systemd gives each unit one)"
+        )
+    infos = [i for i in map(read_process, tree + outside) if i is not None]
     if not infos:
         report.findings.append(Finding("service process", f"pid {main_pid} running", "gone"))
         return report
@@ -819,20 +350,23 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
         report.weaker.append(
             f"{exp.release_dir} is not a git checkout: any file in it counts as the release's"
         )
-    where = _Where(
+    where = Where(
         exp,
         runtime_roots(exp),
         tracked,
         frozenset(m.split(".")[0] for m in exp.modules),
         frozenset(f.name for p in exp.extensions for f in exp.release_dir.glob(p)),
     )
+    report.findings += codeorigin.writable_roots(exp)
     py_spy = frames_mod.find_py_spy(exp.py_spy)
     for info in infos:
-        seen = frames_mod.observe(info.pid, py_spy)
+        seen = frames_mod.observe(info.pid, py_spy, samples=exp.samples)
         report.processes.append(_process_entry(info, seen, exp))
+        if info.pid in outside:
+            report.processes[-1]["outside_tree"] = True
         _check_process(info, main_pid, exp, where, report)
         if seen.observed:
-            _check_frames(info, seen, exp, where, report)
+            codeorigin.check_frames(info, seen, ports.argv(info.pid), exp, where, report)
         elif seen.status == "gone":
             report.weaker.append(
                 f"pid {info.pid} ended while it was checked: its mapped files were read, "
@@ -854,7 +388,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
                 )
     _check_extensions(infos, exp, report)
     _check_modules(infos[0], exp, report)
-    _check_hooks(infos[0], exp, report)
+    hooks.check_hooks(infos, exp, report)
     _check_age(infos[0], exp, tracked, report)
     if exp.port is not None:
         pids = {i.pid for i in infos}
@@ -889,6 +423,8 @@ def _process_entry(info: ProcInfo, seen: frames_mod.Frames, exp: Expectation) ->
         ),
         "evidence": level.get(seen.status, "inferred"),
         "frames": list(seen.files[:60]),
+        "frames_pseudo": list(seen.pseudo[:20]),
+        "samples": seen.samples,
         "frames_status": seen.status,
         "frames_note": frames_mod.MEANING[seen.status]
         + (f" ({seen.detail})" if seen.detail else ""),

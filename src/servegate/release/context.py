@@ -116,4 +116,12 @@ class Context:
             declared_env=dict(spec.env),
             py_spy=os.path.expanduser(self.cfg.provenance.py_spy),
             require_observed=self.cfg.provenance.require_observed,
+            samples=self.cfg.provenance.samples,
+            allowed_hooks=self.cfg.provenance.allowed_hooks,
+            anonymous_code=self.cfg.provenance.anonymous_code,
+            unit_cgroup=(
+                f"{self.cfg.service.unit}.service"
+                if self.cfg.service.manager == "systemd-user"
+                else ""
+            ),
         )

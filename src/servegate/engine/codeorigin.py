@@ -1,0 +1,410 @@
+"""Where the code a live process runs comes from: the release, a runtime root, or not.
+
+Two kinds of evidence, both read from outside the process:
+
+- every file mapped **executable** (``/proc/PID/maps``): the release's tracked file or
+  hashed build artifact (hashed again through the mapped inode), a file under an
+  allowed runtime root, or foreign. Kernel pseudo-files (``/memfd:…``, ``/SYSV…``) and
+  executable anonymous memory have no file to trust: memfd/SysV code is foreign,
+  anonymous code (JIT engines such as oneDNN make it) is counted;
+- the **frames** py-spy read (:mod:`servegate.engine.frames`): each frame's file is
+  classified the same way, each frame must match its file (the function it names spans
+  that line: code compiled under a borrowed file name, or a file changed since it was
+  loaded, does not), and a thread whose own code has no file (``exec`` of a string)
+  is a finding.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servegate.engine import frames as frames_mod
+from servegate.engine.liveproc import (
+    ANONYMOUS,
+    Expectation,
+    Finding,
+    Mapped,
+    ProcInfo,
+    Report,
+    inside,
+    mapped_sha256,
+)
+
+#: system library directories, and the engine runtimes' usual homes
+SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/opt/rocm",
+               "/usr/local/cuda", "/usr/share")  # fmt: skip
+
+
+def runtime_roots(exp: Expectation) -> list[Path]:
+    """Where code outside the release may lie: the service interpreter's venv (all of
+    it), the libraries and executables of the installation it was made from (``lib``,
+    ``lib64``, ``bin`` of its prefix — never the whole prefix: for /usr/bin/python that
+    would be all of /usr), the system's library directories, and the configured roots
+    (``provenance.runtime_roots``, the launch's compile caches)."""
+    env_root = Path(os.path.abspath(exp.interpreter)).parent.parent
+    bases = [Path(os.path.realpath(exp.interpreter)).parent.parent]
+    roots: list[Path] = []
+    cfg = env_root / "pyvenv.cfg"
+    if cfg.is_file():
+        roots.append(env_root)
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                bases.append(Path(value.strip()).parent)
+    else:
+        bases.append(env_root)
+    for base in bases:
+        roots += [base / "lib", base / "lib64", base / "bin"]
+    roots += [Path(d) for d in SYSTEM_LIBS] + list(exp.runtime_roots)
+    return list(dict.fromkeys(r for r in roots if str(r) != "/"))
+
+
+def tracked_files(release_dir: Path) -> set[str] | None:
+    """Paths git tracks in the release (relative), or None when it is not a checkout."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(release_dir), "ls-files", "-z"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "GIT_OPTIONAL_LOCKS": "0",
+                "HOME": os.environ.get("HOME", "/"),
+            },
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return {p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p}
+
+
+def writable_roots(exp: Expectation) -> list[Finding]:
+    """A configured runtime root (or compile cache) that group or others may write, or
+    that belongs to another user, lets a neighbour plant code the check would allow."""
+    out = []
+    for root in exp.runtime_roots:
+        try:
+            info = os.stat(root)
+        except OSError:
+            continue
+        if info.st_mode & 0o022 or info.st_uid not in (0, os.getuid()):
+            out.append(
+                Finding(
+                    f"runtime root {root}",
+                    "writable only by this user (or root), as every code root must be",
+                    f"mode {oct(stat.S_IMODE(info.st_mode))}, owner uid {info.st_uid}: a "
+                    f"neighbour could plant code in it (chmod go-w {root})",
+                )
+            )
+    return out
+
+
+#: kernel pseudo-files that can be mapped executable: code with no file on disk
+PSEUDO_CODE = ("/memfd:", "/SYSV", "/anon_hugepage", "/dev/zero")
+
+
+@dataclass
+class Where:
+    """What a file of a live process is: the release's (tracked or a hashed artifact),
+    a runtime root's, or foreign."""
+
+    exp: Expectation
+    roots: list[Path]
+    tracked: set[str] | None
+    #: top-level names of the checked modules: a copy of one outside the release is a finding
+    packages: frozenset[str]
+    #: file names of the release's extensions: a copy mapped from elsewhere is reported by
+    #: the extension check, by name
+    extension_names: frozenset[str] = frozenset()
+    #: parsed sources of frame files: path → functions (name → [(first, last line)]), or
+    #: None when unreadable
+    _sources: dict[str, dict[str, list[tuple[int, int]]] | None] = field(default_factory=dict)
+
+    def classify(self, path: str) -> tuple[str, str]:
+        """(class, detail): ``release`` / ``untracked`` (in the release, neither tracked
+        nor built) / ``runtime`` (the root) / ``copy`` (a checked package's module
+        outside the release) / ``foreign``."""
+        if path.startswith(PSEUDO_CODE):
+            return "foreign", ""  # never resolved as a path: "/memfd:x/../../usr/lib/…"
+        real = os.path.realpath(path)
+        base = os.path.realpath(self.exp.release_dir)
+        if real == base or real.startswith(base + os.sep):
+            rel = os.path.relpath(real, base)
+            if self.tracked is None or rel in self.tracked or rel in self.exp.artifact_hashes:
+                return "release", rel
+            return "untracked", rel
+        package = site_package(path)
+        if package in self.packages:
+            return "copy", package
+        for root in self.roots:
+            if inside(path, root):
+                return "runtime", str(root)
+        return "foreign", ""
+
+    def functions(self, path: str) -> dict[str, list[tuple[int, int]]] | None:
+        if path not in self._sources:
+            self._sources[path] = _functions(path)
+        return self._sources[path]
+
+
+SITE_DIR = re.compile(r"/(?:site|dist)-packages/([^/]+)")
+
+
+def site_package(path: str) -> str:
+    """The top-level package a file in a site directory belongs to ('' elsewhere)."""
+    match = SITE_DIR.search(path)
+    if not match:
+        return ""
+    return match.group(1).removesuffix(".py").split(".", 1)[0]
+
+
+def _needs_root(path: str) -> str:
+    return f"add {os.path.dirname(path)} to provenance.runtime_roots if it is trusted"
+
+
+def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report) -> None:
+    """Every mapped file: another release's is a finding; code (mapped executable) must
+    be the release's tracked file or hashed artifact, or lie in an allowed runtime root."""
+    summary = report.mapped_summary
+    for m in info.mapped:
+        if (
+            exp.releases_root is not None
+            and inside(m.path, exp.releases_root)
+            and not inside(m.path, exp.release_dir)
+        ):
+            report.findings.append(
+                Finding(
+                    "mapped file from another release",
+                    f"inside {exp.release_dir}",
+                    m.path,
+                    info.pid,
+                )
+            )
+            continue
+        if not m.executable or _is_device(m):
+            summary["data"] = summary.get("data", 0) + 1
+            continue
+        if m.path == ANONYMOUS or m.path.startswith("/dev/zero"):  # no file: JIT code?
+            summary["anonymous"] = summary.get("anonymous", 0) + 1
+            if exp.anonymous_code == "fail":
+                report.findings.append(
+                    Finding(
+                        "executable anonymous memory",
+                        'no code without a file (provenance.anonymous_code = "fail")',
+                        f"{m.path} at {m.span}",
+                        info.pid,
+                    )
+                )
+            continue
+        kind, detail = where.classify(m.path)
+        summary[kind] = summary.get(kind, 0) + 1
+        if kind in ("foreign", "copy") and Path(m.path).name in where.extension_names:
+            continue  # "extension … mapped from outside the release"
+        _judge_mapping(info, m, kind, detail, exp, report)
+
+
+def _judge_mapping(
+    info: ProcInfo, m: Mapped, kind: str, detail: str, exp: Expectation, report: Report
+) -> None:
+    gone = " (deleted on disk: the process runs a file that is no longer there)"
+    if kind == "release" and m.deleted:
+        report.findings.append(
+            Finding(f"mapped code {detail}", "the file on disk", m.path + gone, info.pid)
+        )
+    elif kind == "release" and detail in exp.artifact_hashes and not _is_extension(detail, exp):
+        want = exp.artifact_hashes[detail]
+        got, method = mapped_sha256(info.pid, m)
+        if got != want:
+            report.findings.append(
+                Finding(
+                    f"artifact {detail} content",
+                    f"sha256 {want} (recorded by the build)",
+                    f"sha256 {got} (by {method})",
+                    info.pid,
+                )
+            )
+    elif kind == "untracked":
+        report.findings.append(
+            Finding(
+                f"mapped code {detail}",
+                "a tracked file or a hashed build artifact of the release",
+                f"{m.path}: neither tracked nor recorded by the build",
+                info.pid,
+            )
+        )
+    elif kind == "copy":
+        report.findings.append(
+            Finding(
+                f"module {detail} mapped from outside the release",
+                f"inside {exp.release_dir}",
+                m.path,
+                info.pid,
+            )
+        )
+    elif kind == "foreign":
+        expected = f"the release or a runtime root ({_needs_root(m.path)})"
+        if m.path.startswith(PSEUDO_CODE):
+            expected = "code from a file of the release or a runtime root"
+        report.findings.append(
+            Finding(
+                "mapped code from outside the allowed roots",
+                expected,
+                m.path + (gone if m.deleted else ""),
+                info.pid,
+            )
+        )
+    elif kind == "runtime" and m.deleted:
+        report.weaker.append(
+            f"pid {info.pid} maps {m.path}, replaced on disk since it was loaded: "
+            "restart the service to run the file that is there now"
+        )
+
+
+def _is_extension(rel: str, exp: Expectation) -> bool:
+    """Matched by a ``provenance.extensions`` glob (hashed by the extension check)."""
+    return any((exp.release_dir / rel) in exp.release_dir.glob(p) for p in exp.extensions)
+
+
+def _is_device(m: Mapped) -> bool:
+    """GPU device nodes (/dev/nvidia*, /dev/kfd, /dev/dri/*) are mapped, not code files;
+    a deleted mapping is never one (``/dev/zero (deleted)`` is anonymous memory)."""
+    if m.deleted or not m.path.startswith("/dev/"):
+        return False
+    try:
+        return stat.S_ISCHR(os.stat(m.path).st_mode) and m.path != "/dev/zero"
+    except OSError:
+        return False
+
+
+#: code objects that are no ``def`` or ``class`` of their file
+ANONYMOUS_CODE = frozenset(["<module>", "<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>",
+                            "<genexpr>"])  # fmt: skip
+#: code objects compilers make under their source's file name: TorchDynamo's resume
+#: functions (``torch_dynamo_resume_in_forward_at_57``) keep the compiled function's file
+GENERATED_NAMES = ("torch_dynamo_resume_in_", "__resume_at_")
+#: where a thread's own code starts: the frames below it belong to the interpreter
+BOOTSTRAP = ("/threading.py", "/runpy.py", "<frozen runpy>")
+
+
+def check_frames(
+    info: ProcInfo,
+    seen: frames_mod.Frames,
+    argv: list[str],
+    exp: Expectation,
+    where: Where,
+    report: Report,
+) -> None:
+    """The frames the process is running: each file classified like mapped code, each
+    frame checked against its file, and every thread's own code must have a file."""
+    for file in seen.files:
+        kind, detail = where.classify(file)
+        if kind == "release":
+            top = detail.split(os.sep, 1)[0].removesuffix(".py")
+            for name in exp.modules:
+                if name.split(".")[0] == top:
+                    report.modules_evidence[name] = "observed"
+            continue
+        if kind == "runtime":
+            if not _on_disk(file):
+                report.findings.append(
+                    Finding(
+                        "running code that is not on disk",
+                        f"{file} on disk",
+                        "missing: loaded before it was removed, or a borrowed name",
+                        info.pid,
+                    )
+                )
+            continue
+        expected = f"a file of {exp.release_dir} or a runtime root"
+        if kind == "copy":
+            check, found = f"module {detail} runs from outside the release", file
+            expected = f"inside {exp.release_dir}"
+        elif kind == "untracked":
+            check, found = f"running code {detail}", f"{file}: not tracked by the release"
+        else:
+            check, found = "running code from outside the allowed roots", file
+            expected += f" ({_needs_root(file)})"
+        if not _on_disk(file):
+            found += " (no longer on disk: loaded before it was removed)"
+        report.findings.append(Finding(check, expected, found, info.pid))
+    mismatched: set[tuple[str, str, int]] = set()
+    for stack in seen.stacks:
+        _check_thread_root(info, stack, argv, report)
+        for frame in stack:
+            if (
+                frame.pseudo
+                or frame.line <= 0
+                or not frame.file.endswith(".py")
+                or frame.name in ANONYMOUS_CODE
+                or frame.name.startswith(GENERATED_NAMES)
+            ):
+                continue
+            spans = where.functions(frame.file)
+            if spans is None:
+                continue
+            name = frame.name.rsplit(".", 1)[-1]
+            if not any(a <= frame.line <= b for a, b in spans.get(name, [])):
+                mismatched.add((frame.file, name, frame.line))
+    for file, name, line in sorted(mismatched):
+        report.findings.append(
+            Finding(
+                "frame does not match its file",
+                f"a def or class {name} spanning line {line} of {file}",
+                "none there: code compiled under this file's name from other source, or the "
+                "file changed since it was loaded",
+                info.pid,
+            )
+        )
+
+
+def _check_thread_root(
+    info: ProcInfo, stack: tuple[frames_mod.Frame, ...], argv: list[str], report: Report
+) -> None:
+    """A thread's own first frame (after the interpreter's bootstrap) must have a file.
+    ``<string>`` at the very bottom is the program of ``python -c`` (multiprocessing's
+    spawn starts vLLM's EngineCore and workers so); code made by ``exec`` and called from
+    a file (a dataclass's generated ``__init__``) is not a thread's root."""
+    for i, frame in enumerate(stack):
+        if frame.file.startswith("<frozen") or frame.file.endswith(BOOTSTRAP):
+            continue
+        if i == 0 and frame.file == "<string>" and "-c" in argv[1:3]:
+            continue
+        if frame.pseudo:
+            report.findings.append(
+                Finding(
+                    "thread runs code with no file",
+                    "a thread's own code in a file of the release or a runtime root",
+                    f"{frame.name} in {frame.file or '?'} (line {frame.line}): code made by "
+                    "exec/compile from a string or from memory",
+                    info.pid,
+                )
+            )
+        return
+
+
+def _on_disk(path: str) -> bool:
+    """The file exists — or lies inside an archive that does (zipimport)."""
+    p = Path(path)
+    return p.exists() or any(a.is_file() for a in p.parents)
+
+
+def _functions(path: str) -> dict[str, list[tuple[int, int]]] | None:
+    """Every def and class of a Python file: name → [(first line, last line)]."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    out: dict[str, list[tuple[int, int]]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            out.setdefault(node.name, []).append((first, node.end_lineno or node.lineno))
+    return out
