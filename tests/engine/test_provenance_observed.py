@@ -525,3 +525,19 @@ def test_a_hashed_artifact_outside_the_extension_globs_is_hashed_too(
     rebuilt = verify(s.pid, exp)
     assert checks(rebuilt) == ["mapped code build/libhelper.so"] * 2
     assert "deleted on disk" in rebuilt.findings[0].found
+
+
+@needs_py_spy
+def test_a_python_c_launcher_that_execs_foreign_source(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """The program of `python -c` is the bottom frame of its main thread (vLLM's
+    EngineCore starts so); what it execs from elsewhere is not."""
+    foreign = tmp_path / "payload.py"
+    foreign.write_text("import time\nprint('ready', flush=True)\n" + SPIN + "spin()\n")
+    s = Service([sys.executable, "-c", f"exec(open({str(foreign)!r}).read())"], release,
+                dict(os.environ))  # fmt: skip
+    services.append(s)
+    report = verify(s.pid, expect(release, extensions=(), modules=()))
+    (rooted,) = [f for f in report.findings if f.check == "thread runs code with no file"]
+    assert rooted.found.startswith("<module> in <string> (line 7)")  # the spin() call

@@ -297,7 +297,6 @@ BOOTSTRAP = ("/threading.py", "/runpy.py", "<frozen runpy>")
 def check_frames(
     info: ProcInfo,
     seen: frames_mod.Frames,
-    argv: list[str],
     exp: Expectation,
     where: Where,
     report: Report,
@@ -337,7 +336,7 @@ def check_frames(
         report.findings.append(Finding(check, expected, found, info.pid))
     mismatched: set[tuple[str, str, int]] = set()
     for stack in seen.stacks:
-        _check_thread_root(info, stack, argv, report)
+        _check_thread_root(info, stack, report)
         for frame in stack:
             if (
                 frame.pseudo
@@ -365,18 +364,17 @@ def check_frames(
         )
 
 
-def _check_thread_root(
-    info: ProcInfo, stack: tuple[frames_mod.Frame, ...], argv: list[str], report: Report
-) -> None:
+def _check_thread_root(info: ProcInfo, stack: tuple[frames_mod.Frame, ...], report: Report) -> None:
     """A thread's own first frame (after the interpreter's bootstrap) must have a file.
-    ``<string>`` at the very bottom is the program of ``python -c`` (multiprocessing's
-    spawn starts vLLM's EngineCore and workers so); code made by ``exec`` and called from
-    a file (a dataclass's generated ``__init__``) is not a thread's root."""
+    ``<string>``'s ``<module>`` at the very bottom of a stack is the program of
+    ``python -c`` (multiprocessing's spawn starts vLLM's EngineCore and workers so; a
+    thread's stack starts in threading instead); code made by ``exec`` and called from a
+    file (a dataclass's generated ``__init__``) is not a thread's root."""
     for i, frame in enumerate(stack):
         if frame.file.startswith("<frozen") or frame.file.endswith(BOOTSTRAP):
             continue
-        if i == 0 and frame.file == "<string>" and "-c" in argv[1:3]:
-            continue
+        if i == 0 and frame.file == "<string>" and frame.name == "<module>":
+            continue  # the program of `python -c` (its title may hide the -c: setproctitle)
         if frame.pseudo:
             report.findings.append(
                 Finding(

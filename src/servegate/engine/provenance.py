@@ -366,7 +366,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
             report.processes[-1]["outside_tree"] = True
         _check_process(info, main_pid, exp, where, report)
         if seen.observed:
-            codeorigin.check_frames(info, seen, ports.argv(info.pid), exp, where, report)
+            codeorigin.check_frames(info, seen, exp, where, report)
         elif seen.status == "gone":
             report.weaker.append(
                 f"pid {info.pid} ended while it was checked: its mapped files were read, "

@@ -208,7 +208,7 @@ class HostRepo(StackRepo):
     def _open(self) -> git.Repo:
         with _git_errors("init"):
             if not (self.path / "HEAD").exists():
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)  # the host root
                 repo = git.Repo.init(self.path, bare=True)
                 repo.create_remote("origin", self.remote_url)
                 return repo

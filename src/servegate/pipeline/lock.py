@@ -49,6 +49,13 @@ def read_holder(path: Path) -> Holder | None:
 WaitCallback = Callable[[Holder | None, float], None]
 
 
+def _owner(path: Path) -> str:
+    try:
+        return f" owned by uid {os.lstat(path).st_uid}"
+    except OSError:
+        return ""
+
+
 class HostLock:
     """``with HostLock(path, "release promote abc"):`` — raises LockHeld when taken.
 
@@ -97,12 +104,20 @@ class HostLock:
         try:  # never through a planted link: the lock is truncated and rewritten below
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise LockHeld(
-                f"{self.path} is a symbolic link: refusing to open it as a lock",
-                hint=f"something planted it; inspect it (ls -l {self.path}) and remove it",
-            ) from None
+            if exc.errno == errno.ELOOP or os.path.islink(self.path):
+                raise LockHeld(
+                    f"{self.path} is a symbolic link{_owner(self.path)}: refusing to open it "
+                    "as a lock",
+                    hint=f"something planted it; inspect it (ls -l {self.path}) and remove it",
+                ) from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise LockHeld(
+                    f"{self.path} cannot be opened ({exc.strerror}): it is{_owner(self.path)} "
+                    "in a directory others may write",
+                    hint=f"inspect it (ls -l {self.path}); point host.state_dir at a directory "
+                    "only the GPU's users share",
+                ) from None
+            raise
         self._acquire(fd)
         stale = read_holder(self.path)
         if stale is not None and stale.pid != os.getpid() and not pid_alive(stale.pid):

@@ -55,7 +55,7 @@ def host_salt(root: Path) -> str:
         return ""
     salt = secrets.token_hex(16)
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the host root: closed to others
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         return path.read_text().strip()
