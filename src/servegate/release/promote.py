@@ -27,7 +27,12 @@ from servegate.pipeline.lock import HostLock
 from servegate.release import bringup
 from servegate.release import record as rec
 from servegate.release.context import Context
-from servegate.release.rollback import mark_pending, recover, restore_after_failure
+from servegate.release.rollback import (
+    mark_pending,
+    recover,
+    restore_after_failure,
+    warn_unpushed,
+)
 from servegate.release.state import Entry
 
 
@@ -199,16 +204,12 @@ def _record_release(
 ) -> Outcome:
     when = rec.now()
     tag = rec.tag_name(ctx.cfg.release.tag, sha, when, ctx.state.release_count() + 1)
-    record = _record(
+    typed = _record(
         ctx, sha, previous.sha if previous else None, "released", built, evidence, start
     )
-    record["tag"] = tag
-    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, tag, ctx.scrubber)
-    if not record["publish"]["pushed"]:
-        ctx.reporter.note(
-            f"warning: the record was not pushed: {record['publish']['error']}; it is kept "
-            f"in {rec.unpushed_path(ctx.cfg)} and pushed by the next release command"
-        )
+    typed.tag = tag
+    record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
+    warn_unpushed(ctx, record)
     entry = Entry(
         sha,
         str(release_dir),
@@ -256,26 +257,22 @@ def _record(
     built: BuildResult,
     evidence: bringup.Evidence,
     start: float,
-) -> dict[str, Any]:
-    record = rec.base_record(ctx.cfg, sha, previous, verdict)
-    record.update(
-        {
-            "stages": ctx.runner.as_list(),
-            "total_seconds": round(time.monotonic() - start, 3),
-            "startup_seconds": round(evidence.startup_seconds, 3),
-            "artifacts": dict(built.artifacts),
-            "code_objects": dict(built.code_objects),
-            "build_targets": built.targets,
-            "build_log": built.log,
-            "launch": evidence.launch,
-            "lint": evidence.lint,
-            "startup_log": evidence.startup_log,
-            "service_manager": ctx.manager.name,
-            "service_pid": evidence.service_pid,
-            "provenance": evidence.provenance,
-            "gate": evidence.gate,
-        }
-    )
+) -> rec.ReleaseRecord:
+    record = rec.ReleaseRecord.new(ctx.cfg, sha, previous, verdict)
+    record.stages = ctx.runner.as_list()
+    record.total_seconds = round(time.monotonic() - start, 3)
+    record.startup_seconds = round(evidence.startup_seconds, 3)
+    record.artifacts = dict(built.artifacts)
+    record.code_objects = dict(built.code_objects)
+    record.build_targets = list(built.targets)
+    record.build_log = str(built.log)
+    record.launch = evidence.launch
+    record.lint = evidence.lint
+    record.startup_log = evidence.startup_log
+    record.service_manager = ctx.manager.name
+    record.service_pid = evidence.service_pid
+    record.provenance = evidence.provenance
+    record.gate = evidence.gate
     return record
 
 
@@ -292,18 +289,19 @@ def _roll_back(
     reason = scrub.text(str(exc).splitlines()[0])
     ctx.reporter.note(f"{scrub.text(exc.render())}\nrolling back …")
     previous = ctx.state.current
-    record = _record(
+    typed = _record(
         ctx, sha, previous.sha if previous else None, "rolled_back", built, evidence, start
     )
-    record["reason"] = scrub.text(str(exc))
+    typed.reason = scrub.text(str(exc))
     rollback = restore_after_failure(ctx, failed_sha=sha)
     verdict = "rolled_back" if rollback["ok"] else "failed"  # never "rolled back" untrue
-    record["verdict"] = verdict
+    typed.verdict = verdict
     if not rollback["ok"]:
         reason = f"{reason}; the rollback failed too: no verified release is serving"
-    record["rollback"] = rollback
-    record["stages"] = ctx.runner.as_list()
-    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
+    typed.rollback = rollback
+    typed.stages = ctx.runner.as_list()
+    record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
+    warn_unpushed(ctx, record)
     when = rec.now().isoformat(timespec="seconds")
     ctx.state.pending = None
     ctx.state.history.append(

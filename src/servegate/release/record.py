@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,21 +47,70 @@ def host_id(cfg: Config) -> str:
     return f"machine:{machine}" if machine else f"hostname:{socket.gethostname()}"
 
 
-def base_record(cfg: Config, sha: str, previous: str | None, verdict: str) -> dict[str, Any]:
-    return {
-        "schema": SCHEMA,
-        "kind": "servegate.release",
-        "servegate_version": __version__,
-        "verdict": verdict,
-        "sha": sha,
-        "previous_sha": previous,
-        "host": socket.gethostname(),
-        "host_id": host_id(cfg),
-        "branch": cfg.stack.branch,
-        "remote": cfg.stack.remote,
-        "strategy": cfg.host.strategy,
-        "at": now().isoformat(timespec="seconds"),
-    }
+#: fields left out of a record while unset: a rolled-back attempt has no tag, a rollback
+#: no build; the others are always written, null when unknown
+OPTIONAL = frozenset(
+    ["tag", "total_seconds", "startup_seconds", "artifacts", "code_objects", "build_targets",
+     "build_log", "launch", "lint", "startup_log", "service_manager", "service_pid",
+     "provenance", "gate", "reason", "rollback", "supersedes"]
+)  # fmt: skip
+
+
+@dataclass
+class ReleaseRecord:
+    """One line of a release note: every promote, automatic rollback, requested rollback
+    and recovery writes one (docs/records.md, "The release record")."""
+
+    verdict: str  # released | rolled_back | rollback | failed
+    sha: str
+    previous_sha: str | None
+    host: str
+    host_id: str
+    branch: str
+    remote: str
+    strategy: str
+    at: str
+    schema: int = SCHEMA
+    kind: str = "servegate.release"
+    servegate_version: str = __version__
+    tag: str | None = None
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    total_seconds: float | None = None
+    startup_seconds: float | None = None
+    artifacts: dict[str, str] | None = None
+    code_objects: dict[str, Any] | None = None
+    build_targets: list[Any] | None = None
+    build_log: str | None = None
+    launch: dict[str, Any] | None = None
+    lint: list[dict[str, str]] | None = None
+    startup_log: dict[str, Any] | None = None
+    service_manager: str | None = None
+    service_pid: int | None = None
+    provenance: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None
+    reason: str | None = None
+    rollback: dict[str, Any] | None = None
+    #: a released record (and its tag) this one overrides: ``{verdict, tag, at}``
+    supersedes: dict[str, str] | None = None
+
+    @classmethod
+    def new(cls, cfg: Config, sha: str, previous: str | None, verdict: str) -> ReleaseRecord:
+        return cls(
+            verdict=verdict,
+            sha=sha,
+            previous_sha=previous,
+            host=socket.gethostname(),
+            host_id=host_id(cfg),
+            branch=cfg.stack.branch,
+            remote=cfg.stack.remote,
+            strategy=cfg.host.strategy,
+            at=now().isoformat(timespec="seconds"),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            k: v for k, v in dataclasses.asdict(self).items() if v is not None or k not in OPTIONAL
+        }
 
 
 def parse_notes(text: str) -> list[dict[str, Any]]:
@@ -79,26 +130,30 @@ def parse_notes(text: str) -> list[dict[str, Any]]:
 def publish(
     cfg: Config,
     repo: StackRepo,
-    record: dict[str, Any],
+    record: ReleaseRecord,
     tag: str | None,
     scrubber: Scrubber | None = None,
 ) -> dict[str, Any]:
-    """Note (and tag) locally, then push both. A failed push is reported, not fatal:
-    the release is live and verified either way. ``scrubber``: the record is scrubbed of
-    the launch's secret values first, in place (the caller's --json shows the same)."""
+    """Note (and tag) locally, then push both; returns the record as written, with
+    ``publish`` (what reached origin) added. A failed push is reported, not fatal: the
+    release is live and verified either way. ``scrubber``: the written record is
+    scrubbed of the launch's secret values (the caller's --json shows the same)."""
+    doc = record.as_dict()
     if scrubber is not None:
-        scrubber.inplace(record)
+        scrubber.inplace(doc)
     identity = Identity(cfg.release.identity_name, cfg.release.identity_email)
-    sha = str(record["sha"])
-    repo.append_note(sha, json.dumps(record, sort_keys=True), identity)
+    sha = record.sha
+    repo.append_note(sha, json.dumps(doc, sort_keys=True), identity)
     refs = [f"{NOTES_REF}:{NOTES_REF}"]
     if tag:
-        message = f"servegate release {sha[:12]} ({record['verdict']})"
+        message = f"servegate release {sha[:12]} ({record.verdict})"
         repo.tag(tag, sha, message, identity)
         refs.append(f"refs/tags/{tag}:refs/tags/{tag}")
     if not cfg.release.push:
-        return {"pushed": False, "refs": refs, "error": "release.push = false"}
-    return push_pending(cfg, repo, refs)
+        doc["publish"] = {"pushed": False, "refs": refs, "error": "release.push = false"}
+    else:
+        doc["publish"] = push_pending(cfg, repo, refs)
+    return doc
 
 
 def unpushed_path(cfg: Config) -> Path:

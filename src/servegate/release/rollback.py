@@ -137,20 +137,21 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         f"interrupted after the switch (started {pending.get('at', '?')}); "
         "rolled back by the next run"
     )
-    record = rec.base_record(ctx.cfg, sha, live.sha if live else None, "rolled_back")
-    record.update({"reason": reason, "rollback": result, "stages": ctx.runner.as_list()})
+    record = rec.ReleaseRecord.new(ctx.cfg, sha, live.sha if live else None, "rolled_back")
+    record.reason, record.rollback, record.stages = reason, result, ctx.runner.as_list()
     tagged = _released_before(ctx, sha, str(pending.get("at", "")))
     if tagged is not None:
         # the promote got as far as its record and tag, then died before the host state
         # said so: the tag stays on origin, and this release's note says it is superseded
-        record["supersedes"] = tagged
-        record["reason"] = reason = (
+        record.supersedes = tagged
+        record.reason = reason = (
             f"{reason}; it had been recorded released and tagged {tagged['tag']} just before "
             "the interruption: that tag stays, this record supersedes it"
         )
         ctx.reporter.note(f"the release record and tag {tagged['tag']} of {sha[:12]} are "
                           "superseded by its rolled_back record")  # fmt: skip
-    record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
+    written = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
+    warn_unpushed(ctx, written)
     when = rec.now().isoformat(timespec="seconds")
     ctx.state.history.append(
         Entry(
@@ -171,6 +172,15 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         )
     result["recovered"] = sha
     return result
+
+
+def warn_unpushed(ctx: Context, written: dict[str, Any]) -> None:
+    """Said the same way by promote, rollback and recover: the record is kept, not lost."""
+    if not written["publish"]["pushed"]:
+        ctx.reporter.note(
+            f"warning: the record was not pushed: {written['publish']['error']}; it is kept "
+            f"in {rec.unpushed_path(ctx.cfg)} and pushed by the next release command"
+        )
 
 
 def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | None:
@@ -270,11 +280,12 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
                 ctx.scrubber.text(result["reason"]), hint=WHAT_TO_DO.format(root=ctx.cfg.host_root)
             )
         with ctx.runner.stage("record"):
-            record = rec.base_record(
+            typed = rec.ReleaseRecord.new(
                 ctx.cfg, target.sha, current.sha if current else None, "rollback"
             )
-            record.update({"stages": ctx.runner.as_list(), "rollback": dict(result)})
-            record["publish"] = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
+            typed.stages, typed.rollback = ctx.runner.as_list(), dict(result)
+            record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
+            warn_unpushed(ctx, record)
             when = rec.now().isoformat(timespec="seconds")
             entry = Entry(
                 target.sha,
