@@ -211,14 +211,14 @@ def _record_release(
     record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
     warn_unpushed(ctx, record)
     entry = Entry(
-        sha,
-        str(release_dir),
-        "released",
-        when.isoformat(timespec="seconds"),
-        tag,
-        "",
-        evidence.startup_seconds,
-        dict(built.artifacts),
+        sha=sha,
+        release_dir=str(release_dir),
+        verdict="released",
+        at=when.isoformat(timespec="seconds"),
+        tag=tag,
+        reason="",
+        startup_seconds=evidence.startup_seconds,
+        artifacts=dict(built.artifacts),
     )
     state = ctx.state
     state.pending = None
@@ -306,14 +306,14 @@ def _roll_back(
     ctx.state.pending = None
     ctx.state.history.append(
         Entry(
-            sha,
-            str(release_dir),
-            verdict,
-            when,
-            "",
-            reason,
-            evidence.startup_seconds,
-            dict(built.artifacts),
+            sha=sha,
+            release_dir=str(release_dir),
+            verdict=verdict,
+            at=when,
+            tag="",
+            reason=reason,
+            startup_seconds=evidence.startup_seconds,
+            artifacts=dict(built.artifacts),
         )
     )
     ctx.state.save()

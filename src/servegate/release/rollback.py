@@ -155,12 +155,12 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     when = rec.now().isoformat(timespec="seconds")
     ctx.state.history.append(
         Entry(
-            sha,
-            str(pending.get("release_dir", "")),
-            "rolled_back",
-            when,
-            tagged["tag"] if tagged else "",
-            reason,
+            sha=sha,
+            release_dir=str(pending.get("release_dir", "")),
+            verdict="rolled_back",
+            at=when,
+            tag=tagged["tag"] if tagged else "",
+            reason=reason,
         )
     )
     ctx.state.pending = None
@@ -288,14 +288,14 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             warn_unpushed(ctx, record)
             when = rec.now().isoformat(timespec="seconds")
             entry = Entry(
-                target.sha,
-                result["release_dir"],
-                "rollback",
-                when,
-                target.tag,
-                f"requested (from {current.sha[:12] if current else 'nothing'})",
-                result["startup_seconds"],
-                dict(target.artifacts),
+                sha=target.sha,
+                release_dir=result["release_dir"],
+                verdict="rollback",
+                at=when,
+                tag=target.tag,
+                reason=f"requested (from {current.sha[:12] if current else 'nothing'})",
+                startup_seconds=result["startup_seconds"],
+                artifacts=dict(target.artifacts),
             )
             ctx.state.pending = None
             ctx.state.previous = current

@@ -15,7 +15,7 @@ from servegate.pipeline import atomic
 SCHEMA = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Entry:
     sha: str
     release_dir: str
