@@ -78,7 +78,8 @@ def _check_demo(
     assert proof["evidence"] == "observed"
     assert proof["modules_evidence"]["demo_stack"] == "observed"
     assert proof["mapped"]["runtime"] > 100
-    assert set(proof["mapped"]) <= {"release", "runtime", "data"}, proof["mapped"]
+    # oneDNN's JIT code in the worker is counted as anonymous; nothing else has no home
+    assert set(proof["mapped"]) <= {"release", "runtime", "data", "anonymous"}, proof["mapped"]
     assert first["record"]["gate"]["verdict"] == "PASS"
 
     # the bench gate: the first release has no baseline (validity decides, by the config's
