@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -359,8 +360,12 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
     )
     report.findings += codeorigin.writable_roots(exp)
     py_spy = frames_mod.find_py_spy(exp.py_spy)
-    for info in infos:
-        seen = frames_mod.observe(info.pid, py_spy, samples=exp.samples)
+    # every process sampled at once: the samples' pauses overlap (py-spy is a subprocess)
+    with ThreadPoolExecutor(max_workers=min(16, len(infos))) as pool:
+        observed = list(
+            pool.map(lambda i: frames_mod.observe(i.pid, py_spy, samples=exp.samples), infos)
+        )
+    for info, seen in zip(infos, observed, strict=True):
         report.processes.append(_process_entry(info, seen, exp))
         if info.pid in outside:
             report.processes[-1]["outside_tree"] = True
