@@ -118,7 +118,9 @@ def test_a_lease_link_the_neighbour_planted_is_refused_and_its_target_untouched(
     neighbour: pwd.struct_passwd, shared_base: Path
 ) -> None:
     """A state directory everyone may write (sticky, as /tmp): the neighbour plants
-    gpu.lease → a file of root's before servegate first runs."""
+    gpu.lease → a file of root's before servegate first runs. servegate refuses the
+    directory itself; in a directory only its users share, a link planted by one of them
+    is refused by name."""
     state = shared_base / "state"
     state.mkdir()
     state.chmod(0o1777)
@@ -126,10 +128,20 @@ def test_a_lease_link_the_neighbour_planted_is_refused_and_its_target_untouched(
     victim.write_text("root's own file\n")
     planted = as_user(neighbour, "ln", "-s", str(victim), str(state / "gpu.lease"))
     assert planted.returncode == 0, planted.stderr
-    run = subprocess.run(
-        [sys.executable, "-m", "servegate", "lease", "--timeout", "0", "--", "true"],
-        env=dict(os.environ, SERVEGATE_STATE_DIR=str(state)), capture_output=True, text=True,
-    )  # fmt: skip
+
+    def lease() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "servegate", "lease", "--timeout", "0", "--", "true"],
+            env=dict(os.environ, SERVEGATE_STATE_DIR=str(state)), capture_output=True,
+            text=True,
+        )  # fmt: skip
+
+    run = lease()
+    assert run.returncode == 6, run.stderr
+    assert "writable by every user" in run.stderr
+    assert "chmod o-w" in run.stderr
+    state.chmod(0o770)  # shared with a group only: the link the neighbour left is named
+    run = lease()
     assert run.returncode == 4, run.stderr
-    assert "symbolic link owned by uid " + str(neighbour.pw_uid) in run.stderr
+    assert f"symbolic link owned by uid {neighbour.pw_uid}" in run.stderr
     assert victim.read_text() == "root's own file\n"

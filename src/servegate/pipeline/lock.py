@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from servegate.errors import LockHeld
+from servegate.errors import LockHeld, PreflightFailed
 from servegate.pipeline.proc import pid_alive
 
 
@@ -47,6 +48,25 @@ def read_holder(path: Path) -> Holder | None:
 
 
 WaitCallback = Callable[[Holder | None, float], None]
+
+
+def _check_directory(directory: Path) -> None:
+    """Where a lock lives no one else may create names: a directory others may write (a
+    sticky one too: a neighbour plants ``gpu.lease`` → a file of ours before we first
+    run) or another user's is refused. A group may share it (a ``gpu`` group's lease)."""
+    info = os.stat(directory)
+    if info.st_mode & 0o002 or info.st_uid not in (0, os.getuid()):
+        raise PreflightFailed(
+            f"{directory} is writable by every user or belongs to another (owner uid "
+            f"{info.st_uid}, mode {oct(stat.S_IMODE(info.st_mode))}): anyone could plant "
+            "the lock file there",
+            hint=(
+                f"chown $(id -u) {directory} && chmod go-w {directory}"
+                if info.st_uid not in (0, os.getuid())
+                else f"chmod o-w {directory}"
+            )
+            + "; or use a directory of your own (host.root, host.state_dir for the lease)",
+        )
 
 
 def _owner(path: Path) -> str:
@@ -101,6 +121,7 @@ class HostLock:
 
     def __enter__(self) -> HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _check_directory(self.path.parent)
         try:  # never through a planted link: the lock is truncated and rewritten below
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:

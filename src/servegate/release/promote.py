@@ -97,6 +97,7 @@ def require_clean_after_build(release_dir: Path) -> None:
 
 def promote(ctx: Context, requested: str, allow_non_ff: bool = False) -> Outcome:
     start = time.monotonic()
+    bringup.check_host_root(ctx)  # before its lock file is made in it
     with HostLock(ctx.lock_path, f"release promote {requested}"):
         recover(ctx)
         return _promote(ctx, requested, allow_non_ff, start)

@@ -246,6 +246,7 @@ def check_restorable(ctx: Context, target: Entry) -> None:
 
 def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
     """``release rollback [--to SHA]``: make an earlier release live again, verified."""
+    bringup.check_host_root(ctx)  # before its lock file is made in it
     with HostLock(ctx.lock_path, f"release rollback {to or ''}".strip()):
         recovered = recover(ctx)
         current = ctx.state.current
