@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from servegate.errors import ServegateError
 from servegate.pipeline.stages import ConsoleReporter, QuietReporter, Reporter
@@ -54,15 +55,16 @@ class Output:
     def error(self, err: ServegateError) -> int:
         if self.json_mode:
             return self.emit(None, err.exit_code, err)
-        self.err.print(f"[red]{err.render()}[/]", markup=True, soft_wrap=True)
+        # the message is text, never markup: "[service]" must print, "[/" must not crash
+        self.err.print(Text(err.render(), style="red"), soft_wrap=True)
         return err.exit_code
 
     def table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
-        table = Table(title=title, title_justify="left")
+        table = Table(title=Text(title), title_justify="left")
         for col in columns:
-            table.add_column(col)
+            table.add_column(Text(col))
         for row in rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))
         self.console.print(table)
 
     def stages(self, title: str, stages: list[dict[str, Any]]) -> None:

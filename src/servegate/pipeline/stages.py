@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 from rich.status import Status as RichStatus
 
 
@@ -73,18 +74,19 @@ class ConsoleReporter:
     def stage_ended(self, result: StageResult) -> None:
         self._clear()
         mark = {"ok": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}[result.status]
-        detail = f"  [dim]{result.detail}[/]" if result.detail else ""
+        detail = f"  [dim]{escape(result.detail)}[/]" if result.detail else ""
         self.console.print(
-            f"{self.prefix}{mark} {result.name:<11} {result.seconds:7.2f}s{detail}", markup=True
+            f"{escape(self.prefix)}{mark} {escape(result.name):<11} {result.seconds:7.2f}s{detail}",
+            markup=True,
         )
 
     def progress(self, text: str) -> None:
         if self.console.is_terminal:
             if self._status is None:
-                self._status = self.console.status(text)
+                self._status = self.console.status(escape(text))
                 self._status.start()
             else:
-                self._status.update(text)
+                self._status.update(escape(text))
             return
         now = time.monotonic()
         if now - self._last_plain >= 10:

@@ -1,0 +1,52 @@
+"""Human-mode output is text, never markup: a "[section]" prints as written, and a
+message holding "[/" cannot crash the error handler."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from servegate.cli import main
+from servegate.errors import ConfigError
+from servegate.output import Output
+from servegate.pipeline.stages import ConsoleReporter, StageResult, Status
+
+
+def test_a_config_error_names_its_section(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "servegate.toml"
+    path.write_text('[stack]\nremote = "x"\n[host]\nroot = "/tmp/h"\n[service]\nprot = 8000\n')
+    code = main(["config", "check", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "[service]" in err
+    assert "did you mean 'port'" in err
+
+
+def test_an_error_with_closing_markup_prints_as_written(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = Output(json_mode=False, command="x")
+    code = out.error(ConfigError("bad value [/red] in [gate.rules]", hint="fix [/ it"))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "bad value [/red] in [gate.rules]" in err
+    assert "fix [/ it" in err
+
+
+def test_stage_details_and_tables_are_text() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, highlight=False)
+    ConsoleReporter(console).stage_ended(
+        StageResult("lint", Status.OK, 0.5, "rule [/x] in [service.params]")
+    )
+    out = Output(json_mode=False, command="x", console=console, err=console)
+    out.table("live [release]", ["pid", "command"], [["1", "python -m x [/bad] [a]"]])
+    text = buffer.getvalue()
+    assert "rule [/x] in [service.params]" in text
+    assert "live [release]" in text
+    assert "python -m x [/bad] [a]" in text
