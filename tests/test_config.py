@@ -61,7 +61,7 @@ def test_missing_key_names_key_and_section() -> None:
 
 
 def test_missing_section_is_named() -> None:
-    with pytest.raises(ConfigError, match=r"missing required a \[stack\] section"):
+    with pytest.raises(ConfigError, match=r"the required \[stack\] section is missing"):
         parse(MINIMAL.replace('[stack]\nremote = "/srv/stack.git"\n', ""))
 
 

@@ -484,9 +484,12 @@ def _build(
         if name in data:
             kwargs[name] = _convert(hints[name], data[name], f"{prefix}{name}", environ)
         elif fld.default is dataclasses.MISSING and fld.default_factory is dataclasses.MISSING:
-            place = f"section [{section}]" if section else f"a [{name}] section"
-            what = f"key {name!r} in {place}" if section else place
-            raise ConfigError(f"missing required {what}", hint="see docs/config.md")
+            what = (
+                f"missing required key {name!r} in section [{section}]"
+                if section
+                else f"the required [{name}] section is missing"
+            )
+            raise ConfigError(what, hint="see docs/config.md")
     return cls(**kwargs)
 
 
