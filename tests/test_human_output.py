@@ -50,3 +50,17 @@ def test_stage_details_and_tables_are_text() -> None:
     assert "rule [/x] in [service.params]" in text
     assert "live [release]" in text
     assert "python -m x [/bad] [a]" in text
+
+
+def test_a_failure_reported_as_a_result_still_carries_an_error_object(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    out = Output(json_mode=True, command="bench gate")
+    assert out.emit({"verdict": "FAIL", "rows": []}, 9) == 9
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["class"] == "GateFailed"
+    assert doc["error"]["message"] == "FAIL"
+    assert out.emit({"ok": True}, 0) == 0
+    assert "error" not in json.loads(capsys.readouterr().out)

@@ -49,6 +49,8 @@ class Output:
                     "message": str(error),
                     "hint": error.hint,
                 }
+            elif exit_code != 0:  # a failure always says what failed, never "error": null
+                doc["error"] = _error_of(exit_code, result)
             sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return exit_code
 
@@ -74,3 +76,23 @@ class Output:
 
     def line(self, text: str) -> None:
         self.console.print(text, markup=False, soft_wrap=True)
+
+
+def _error_of(exit_code: int, result: Any) -> dict[str, str]:
+    """The error object of a failure a command reported as a result (a gate FAIL, a lint
+    fail): the class documented for its exit code, the result's own reason."""
+    import servegate.errors as errors
+
+    classes = [
+        c
+        for c in vars(errors).values()
+        if isinstance(c, type) and issubclass(c, ServegateError) and c.exit_code == exit_code
+    ]
+    reason = ""
+    if isinstance(result, dict):
+        reason = str(result.get("reason") or result.get("why") or result.get("verdict") or "")
+    return {
+        "class": classes[0].__name__ if classes else "Failed",
+        "message": reason or f"exited {exit_code} (docs/exit-codes.md)",
+        "hint": "the result holds the evidence; docs/exit-codes.md says what the code means",
+    }

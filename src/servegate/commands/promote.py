@@ -43,7 +43,7 @@ def run(cfg: Config, out: Output, sha: str, allow_non_ff: bool) -> int:
             return out.emit({"stages": ctx.runner.as_list()}, err.exit_code, err)
         return out.error(err)
     if out.json_mode:
-        return out.emit(outcome.as_dict(), outcome.exit_code)
+        return out.emit(outcome.as_dict(), outcome.exit_code, outcome.error)
     show(out, outcome)
     if outcome.verdict == "failed":
         out.error(

@@ -47,6 +47,8 @@ class Outcome:
     stages: list[dict[str, Any]] = field(default_factory=list)
     rollback: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    #: why it was not released (the --json envelope's ``error``); None when released
+    error: ServegateError | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -327,7 +329,12 @@ def _roll_back(
         rollback=rollback,
         stages=record["stages"],
         seconds=time.monotonic() - start,
+        error=exc,
     )
     if not rollback["ok"]:
         outcome.exit_code = RollbackFailed.exit_code
+        outcome.error = RollbackFailed(
+            f"{reason}: {rollback.get('reason', '')}",
+            hint=f"see `release status`; logs are under {ctx.cfg.host_root}/logs",
+        )
     return outcome
