@@ -377,5 +377,18 @@ def test_a_failed_rollback_is_recorded_as_failed_never_as_rolled_back(
     state = HostState.load(host.cfg.host_root / "state.json")
     assert state.history[-1].verdict == "failed"
     assert "no verified release is serving" in state.history[-1].reason
-    assert release_main(["status", "--config", str(host.path)]) == 0
+    assert release_main(["status", "--config", str(host.path)]) == 10  # status is a check
     assert "NO VERIFIED RELEASE SERVING" in capsys.readouterr().out
+
+
+def test_status_is_a_check_that_fails_when_the_live_release_is_down(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    released(host, stack)
+    assert release_main(["status", "--config", str(host.path)]) == 0
+    host.context().manager.stop()
+    capsys.readouterr()
+    assert release_main(["status", "--config", str(host.path), "--json"]) == 7
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["class"] == "ServiceFailed"
+    assert "is not healthy" in error["message"]

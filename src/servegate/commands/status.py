@@ -7,6 +7,7 @@ from servegate.config import Config
 from servegate.engine import openai
 from servegate.engine.launch import engine_of
 from servegate.engine.managers import make_manager
+from servegate.errors import RollbackFailed, ServegateError, ServiceFailed
 from servegate.output import Output
 from servegate.release.record import unpushed
 from servegate.release.state import Entry, HostState
@@ -48,8 +49,10 @@ def run(cfg: Config, out: Output) -> int:
         "pending": state.pending,
         "unpushed": waiting,
     }
+    problem = _problem(state, healthy, why, svc.pid)
+    code = problem.exit_code if problem else 0
     if out.json_mode:
-        return out.emit(result)
+        return out.emit(result, code, problem)
     cur, prev = state.current, state.previous
     out.line(f"live release: {cur.sha if cur else '(none)'}  {cur.tag if cur else ''}")
     out.line(f"previous:     {prev.sha if prev else '(none)'}")
@@ -74,4 +77,27 @@ def run(cfg: Config, out: Output) -> int:
     last = state.history[-1] if state.history else None
     if last is not None and last.verdict == "rolled_back":
         out.line(f"last attempt: {last.sha[:12]} rolled back at {last.at}: {last.reason}")
-    return 0
+    return code
+
+
+def _problem(state: HostState, healthy: bool, why: str, pid: int | None) -> ServegateError | None:
+    """Status is a check too: it exits non-zero when the box is not serving what it says."""
+    last = state.history[-1] if state.history else None
+    if last is not None and last.verdict == "failed":
+        return RollbackFailed(
+            f"no verified release is serving: {last.sha[:12]} failed and its rollback too",
+            hint="`release recover` or `release rollback` puts a release back",
+        )
+    if state.pending:
+        return ServiceFailed(
+            f"a {state.pending.get('kind', 'promote')} of {str(state.pending.get('sha'))[:12]} "
+            "stopped after its switch",
+            hint="`release recover` undoes it (the next promote or rollback would too)",
+        )
+    if state.current is not None and not healthy:
+        return ServiceFailed(
+            f"the live release {state.current.sha[:12]} is not healthy (pid {pid}): {why}",
+            hint="see the service log under the host root's logs/; `release verify` proves "
+            "what runs",
+        )
+    return None
