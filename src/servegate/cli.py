@@ -170,7 +170,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"servegate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    rel = sub.add_parser("release", help="promote, rollback, status, history, verify")
+    rel = sub.add_parser("release", help="promote, rollback, status, history, verify, recover")
     rsub = rel.add_subparsers(dest="release_command", required=True, metavar="COMMAND")
     _release_commands(rsub)
     cfg = sub.add_parser("config", help="config file tools")
