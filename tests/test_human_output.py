@@ -64,3 +64,23 @@ def test_a_failure_reported_as_a_result_still_carries_an_error_object(
     assert doc["error"]["message"] == "FAIL"
     assert out.emit({"ok": True}, 0) == 0
     assert "error" not in json.loads(capsys.readouterr().out)
+
+
+def test_summary_of_a_foreign_or_partial_file_is_an_error_or_markdown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    assert main(["summary", str(listed)]) == 2
+    assert "not the output of `release promote --json` (list)" in capsys.readouterr().err
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"exit_code": 9, "result": {
+        "verdict": "rolled_back", "sha": "a" * 40, "stages": [{"name": "build"}, "junk"],
+        "record": {"gate": {"checks": [{"name": "bench", "verdict": "FAIL",
+                                        "evidence": {"rows": [{"ratio": "x"}]}}]}}}}))  # fmt: skip
+    assert main(["summary", str(partial)]) == 0
+    text = capsys.readouterr().out
+    assert "| build | ? | - |  |" in text
+    assert "### Bench gate: FAIL" in text

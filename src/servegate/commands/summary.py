@@ -20,16 +20,25 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _num(value: Any, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-" if value is None else str(value)
+    return f"{value:,.{digits}f}"
 
 
 def _iv(value: Any) -> str:
-    return f"[{value[0]:.3f}, {value[1]:.3f}]" if value else "-"
+    if isinstance(value, list | tuple) and len(value) == 2:
+        return f"[{_num(value[0], 3)}, {_num(value[1], 3)}]"
+    return "-"
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    """The entries of a list that are objects (a hand-edited file may hold anything)."""
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    result = doc.get("result") or {}
-    error = doc.get("error") or {}
+    result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
+    error = doc.get("error") if isinstance(doc.get("error"), dict) else {}
     verdict = str(result.get("verdict") or ("failed" if error else "unknown"))
     sha = str(result.get("sha", ""))
     lines = [
@@ -40,24 +49,34 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [f"Tagged `{result['tag']}`.", ""]
     if result.get("reason") or error:
         lines += [f"**Why:** {result.get('reason') or error.get('message', '')}", ""]
-    checks = (result.get("record") or {}).get("gate", {}).get("checks", [])
+    record = result.get("record") if isinstance(result.get("record"), dict) else {}
+    gate = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+    checks = _dicts(gate.get("checks"))
     if checks:
         lines += [
             "### Gate",
             "",
             *_table(
                 ["check", "verdict", "reason", "seconds"],
-                [[c["name"], c["verdict"], c["reason"], f"{c['seconds']:.2f}"] for c in checks],
+                [
+                    [
+                        str(c.get("name", "?")),
+                        str(c.get("verdict", "?")),
+                        str(c.get("reason", "")),
+                        _num(c.get("seconds"), 2),
+                    ]
+                    for c in checks
+                ],
             ),
             "",
         ]
     for check in checks:
-        ev = check.get("evidence") or {}
-        rows = ev.get("rows") or []
+        ev = check.get("evidence") if isinstance(check.get("evidence"), dict) else {}
+        rows = _dicts(ev.get("rows"))
         if check.get("name") != "bench" or not rows:
             continue
         lines += [
-            f"### Bench gate: {check['verdict']}",
+            f"### Bench gate: {check.get('verdict')}",
             "",
             f"Baseline: {ev.get('baseline')}; {ev.get('method', '')}.",
             "",
@@ -65,27 +84,36 @@ def markdown(doc: dict[str, Any]) -> str:
                 ["case", "metric", "baseline", "candidate", "ratio", "interval", "threshold",
                  "floor", "verdict"],
                 [
-                    [r["case"], r["metric"], _num(r["baseline_median"]),
-                     _num(r["candidate_median"]), _num(r["ratio"], 3),
-                     _iv(r["interval"]), _num(r["threshold"], 3),
-                     _num(r["floor"]), r["verdict"]]
+                    [str(r.get("case", "?")), str(r.get("metric", "?")),
+                     _num(r.get("baseline_median")), _num(r.get("candidate_median")),
+                     _num(r.get("ratio"), 3), _iv(r.get("interval")),
+                     _num(r.get("threshold"), 3), _num(r.get("floor")),
+                     str(r.get("verdict", "?"))]
                     for r in rows
                 ],
             ),
             "",
         ]  # fmt: skip
-    stages = result.get("stages") or []
+    stages = _dicts(result.get("stages"))
     if stages:
         lines += [
             "### Stages",
             "",
             *_table(
                 ["stage", "status", "seconds", "detail"],
-                [[s["name"], s["status"], f"{s['seconds']:.2f}", s["detail"]] for s in stages],
+                [
+                    [
+                        str(s.get("name", "?")),
+                        str(s.get("status", "?")),
+                        _num(s.get("seconds"), 2),
+                        str(s.get("detail", "")),
+                    ]
+                    for s in stages
+                ],
             ),
             "",
         ]
-    rollback = result.get("rollback") or {}
+    rollback = result.get("rollback") if isinstance(result.get("rollback"), dict) else {}
     if rollback:
         state = (
             "serving again, verified" if rollback.get("ok") else f"FAILED: {rollback.get('reason')}"
@@ -101,5 +129,11 @@ def run(out: Output, path: Path) -> int:
         raise ConfigError(
             f"cannot read {path}: {exc}", hint="pass the output of `release promote --json`"
         ) from None
+    if not isinstance(doc, dict) or not ({"result", "error"} & set(doc)):
+        shown = type(doc).__name__ if not isinstance(doc, dict) else "an object without result"
+        raise ConfigError(
+            f"{path} is not the output of `release promote --json` ({shown})",
+            hint="pass the file `release promote SHA --json > promote.json` wrote",
+        )
     out.line(markdown(doc))
     return 0
