@@ -31,14 +31,18 @@ def _iv(value: Any) -> str:
     return "-"
 
 
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _dicts(value: Any) -> list[dict[str, Any]]:
     """The entries of a list that are objects (a hand-edited file may hold anything)."""
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
-    error = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+    result = _obj(doc.get("result"))
+    error = _obj(doc.get("error"))
     verdict = str(result.get("verdict") or ("failed" if error else "unknown"))
     sha = str(result.get("sha", ""))
     lines = [
@@ -49,8 +53,8 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += [f"Tagged `{result['tag']}`.", ""]
     if result.get("reason") or error:
         lines += [f"**Why:** {result.get('reason') or error.get('message', '')}", ""]
-    record = result.get("record") if isinstance(result.get("record"), dict) else {}
-    gate = record.get("gate") if isinstance(record.get("gate"), dict) else {}
+    record = _obj(result.get("record"))
+    gate = _obj(record.get("gate"))
     checks = _dicts(gate.get("checks"))
     if checks:
         lines += [
@@ -71,7 +75,7 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
         ]
     for check in checks:
-        ev = check.get("evidence") if isinstance(check.get("evidence"), dict) else {}
+        ev = _obj(check.get("evidence"))
         rows = _dicts(ev.get("rows"))
         if check.get("name") != "bench" or not rows:
             continue
@@ -113,7 +117,7 @@ def markdown(doc: dict[str, Any]) -> str:
             ),
             "",
         ]
-    rollback = result.get("rollback") if isinstance(result.get("rollback"), dict) else {}
+    rollback = _obj(result.get("rollback"))
     if rollback:
         state = (
             "serving again, verified" if rollback.get("ok") else f"FAILED: {rollback.get('reason')}"
