@@ -88,6 +88,16 @@ def test_bad_result_files_say_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / "new.json").write_text('{"schema": 99, "kind": "servegate.bench"}')
     with pytest.raises(ResultFileError, match="schema 99"):
         results.load(tmp_path / "new.json")
+    (tmp_path / "fp.json").write_text(
+        '{"schema": 1, "kind": "servegate.bench", "fingerprint": "abc", "cases": []}'
+    )
+    with pytest.raises(ResultFileError, match="fingerprint is a str, not an object"):
+        results.load(tmp_path / "fp.json")
+    (tmp_path / "case.json").write_text(
+        '{"schema": 1, "kind": "servegate.bench", "cases": [{"groups": []}]}'
+    )
+    with pytest.raises(ResultFileError, match="wrong shape"):
+        results.load(tmp_path / "case.json")
 
 
 def test_fingerprints_must_match_unless_lenient() -> None:

@@ -160,6 +160,18 @@ def load(path: Path) -> Samples:
         ) from None
     if not isinstance(doc, dict):
         raise ResultFileError(f"result file {path} is not a JSON object")
+    try:
+        return _parse(path, doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field of a wrong shape
+        raise ResultFileError(
+            f"result file {path} has a field of the wrong shape ({type(exc).__name__}: {exc})",
+            hint="it was edited or written by another tool; re-run the bench for a fresh one",
+        ) from None
+
+
+def _parse(path: Path, doc: dict[str, Any]) -> Samples:
+    if not isinstance(doc.get("fingerprint", {}), dict):
+        raise TypeError(f"fingerprint is a {type(doc['fingerprint']).__name__}, not an object")
     if doc.get("kind") == "servegate.bench":
         if doc.get("schema") != SCHEMA:
             raise ResultFileError(
