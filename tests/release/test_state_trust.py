@@ -131,3 +131,14 @@ def test_a_host_root_others_can_write_is_refused(
     assert not (root / "releases").exists()  # nothing fetched, nothing deployed
     root.chmod(0o755)
     assert release_main(["promote", sha, "--config", str(host.path)]) == 0
+
+
+def test_read_only_commands_on_a_host_never_set_up_leave_it_bare(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = host.cfg.host_root
+    assert release_main(["verify", "--config", str(host.path)]) == 12
+    assert release_main(["rollback", "--config", str(host.path)]) == 12
+    assert release_main(["history", "--config", str(host.path)]) == 0
+    assert not (root / "repo.git").exists()
+    assert "no release is recorded" in capsys.readouterr().err

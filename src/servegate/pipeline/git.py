@@ -203,7 +203,19 @@ class HostRepo(StackRepo):
 
     def __init__(self, path: Path, remote_url: str, branch: str) -> None:
         super().__init__(path, remote_url, branch)
-        self.repo = self._open()
+        self._repo: git.Repo | None = None
+
+    @property
+    def repo(self) -> git.Repo:
+        """Opened — made, on a new host — when first used: a command that only reads
+        (verify, status, a rollback with nothing to go back to) leaves a bare host bare."""
+        if self._repo is None:
+            self._repo = self._open()
+        return self._repo
+
+    @repo.setter
+    def repo(self, value: git.Repo) -> None:
+        self._repo = value
 
     def _open(self) -> git.Repo:
         with _git_errors("init"):
