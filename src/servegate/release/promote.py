@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import shutil
 import time
@@ -21,6 +22,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.kernels.build import BuildResult, run_build
+from servegate.pipeline import redact
 from servegate.pipeline.git import dirty_files
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
@@ -279,6 +281,15 @@ def _record(
     return record
 
 
+def _scrubbed(exc: ServegateError, scrub: redact.Scrubber) -> ServegateError:
+    """The failure as --json shows it: its text may quote the service's log, so the
+    launch's secret values are replaced as in the record."""
+    shown = copy.copy(exc)
+    shown.args = (scrub.text(str(exc)),)
+    shown.hint = scrub.text(exc.hint)
+    return shown
+
+
 def _roll_back(
     ctx: Context,
     sha: str,
@@ -329,12 +340,12 @@ def _roll_back(
         rollback=rollback,
         stages=record["stages"],
         seconds=time.monotonic() - start,
-        error=exc,
+        error=_scrubbed(exc, scrub),
     )
     if not rollback["ok"]:
         outcome.exit_code = RollbackFailed.exit_code
         outcome.error = RollbackFailed(
-            f"{reason}: {rollback.get('reason', '')}",
+            scrub.text(f"{reason}: {rollback.get('reason', '')}"),
             hint=f"see `release status`; logs are under {ctx.cfg.host_root}/logs",
         )
     return outcome
