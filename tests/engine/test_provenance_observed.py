@@ -541,3 +541,36 @@ def test_a_python_c_launcher_that_execs_foreign_source(
     report = verify(s.pid, expect(release, extensions=(), modules=()))
     (rooted,) = [f for f in report.findings if f.check == "thread runs code with no file"]
     assert rooted.found.startswith("<module> in <string> (line 7)")  # the spin() call
+
+
+GENERATED = """
+import threading, time
+def run_generated(path):
+    source = "def wrapper():\\n    while True:\\n        time.sleep(0.01)\\n"
+    scope = {"time": time}
+    exec(compile(source, path + ":codegen(wrapper)", "exec"), scope)
+    (lambda: scope["wrapper"]())()
+"""
+
+
+@needs_py_spy
+def test_code_a_runtime_generator_names_after_its_file_and_a_qualified_lambda(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """What torch does under load: AOTAutograd's wrappers run under
+    "…/subclass_codegen.py:codegen(…)", and a lambda's frame is named "f.<lambda>".
+    Neither is a finding; the same suffix on a file outside the roots still is."""
+    import threading as threading_mod
+
+    helper = tmp_path / "gen.py"
+    helper.write_text(GENERATED)
+    runner = (f"import sys, threading; sys.path.insert(0, {str(tmp_path)!r}); import gen; "
+              f"threading.Thread(target=gen.run_generated, args=({threading_mod.__file__!r},),"
+              " daemon=True).start(); print('ready', flush=True); import time; time.sleep(60)")  # fmt: skip
+    s = Service([sys.executable, "-c", runner], release, dict(os.environ))
+    services.append(s)
+    exp = expect(release, extensions=(), modules=(), runtime_roots=(tmp_path,))
+    report = verify(s.pid, exp)
+    frame_checks = [f for f in report.findings if "frame" in f.check or "code" in f.check]
+    assert frame_checks == [], report.explain()
+    assert any(":codegen(wrapper)" in f for p in report.processes for f in p["frames"])

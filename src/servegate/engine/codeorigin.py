@@ -303,7 +303,8 @@ def check_frames(
 ) -> None:
     """The frames the process is running: each file classified like mapped code, each
     frame checked against its file, and every thread's own code must have a file."""
-    for file in seen.files:
+    for named in seen.files:
+        file = generated_by(named) or named
         kind, detail = where.classify(file)
         if kind == "release":
             top = detail.split(os.sep, 1)[0].removesuffix(".py")
@@ -338,18 +339,18 @@ def check_frames(
     for stack in seen.stacks:
         _check_thread_root(info, stack, report)
         for frame in stack:
+            name = frame.name.rsplit(".", 1)[-1]  # a qualified name: "Outer.<lambda>"
             if (
                 frame.pseudo
                 or frame.line <= 0
                 or not frame.file.endswith(".py")
-                or frame.name in ANONYMOUS_CODE
-                or frame.name.startswith(GENERATED_NAMES)
+                or name in ANONYMOUS_CODE
+                or name.startswith(GENERATED_NAMES)
             ):
                 continue
             spans = where.functions(frame.file)
             if spans is None:
                 continue
-            name = frame.name.rsplit(".", 1)[-1]
             if not any(a <= frame.line <= b for a, b in spans.get(name, [])):
                 mismatched.add((frame.file, name, frame.line))
     for file, name, line in sorted(mismatched):
@@ -386,6 +387,21 @@ def _check_thread_root(info: ProcInfo, stack: tuple[frames_mod.Frame, ...], repo
                 )
             )
         return
+
+
+#: names code generators give their code: torch's AOTAutograd compiles its wrappers as
+#: ``…/subclass_codegen.py:codegen(runtime_wrapper…)`` (only this shape: a generic
+#: ``file.py:anything`` would lend any file's trust to code compiled from elsewhere)
+GENERATED_FILE = re.compile(r"^(/.+?\.py):codegen\(")
+
+
+def generated_by(name: str) -> str | None:
+    """The real file a code generator named its code after: torch compiles wrappers as
+    ``…/subclass_codegen.py:codegen(runtime_wrapper…)``. None for an ordinary name."""
+    match = GENERATED_FILE.match(name)
+    if match is None or os.path.exists(name) or not os.path.isfile(match.group(1)):
+        return None
+    return match.group(1)
 
 
 def _on_disk(path: str) -> bool:
