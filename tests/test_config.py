@@ -92,3 +92,12 @@ def test_config_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "bnech" in capsys.readouterr().err
     assert main(["config", "check", "--config", str(tmp_path / "missing.toml")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_a_tier_that_does_not_exist_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"bench.tiers has '3k', which is no tier") as err:
+        parse(MINIMAL + '[bench]\ntiers = ["3k"]\n')
+    assert "tiers: 1k, 2k, 4k" in err.value.hint
+    with pytest.raises(ConfigError, match=r"probes.prefix_tier has '16K'") as err:
+        parse(MINIMAL + '[probes]\nprefix_tier = "16K"\n')
+    assert "did you mean '16k'" in err.value.hint

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from servegate.archs import check_arch_names
+from servegate.bench.tiers import TIERS
 from servegate.errors import ConfigError, did_you_mean
 
 Strategy = Literal["worktree", "in-place"]
@@ -547,6 +548,16 @@ def _validate_remote(cfg: Config) -> None:
 
 def _validate_bench(cfg: Config) -> None:
     b = cfg.bench
+    named = [("bench.tiers", t) for t in b.tiers] + [
+        ("probes.prefix_tier", cfg.probes.prefix_tier),
+        ("probes.vision_followup_tier", cfg.probes.vision_followup_tier),
+    ]
+    for key, tier in named:
+        if tier not in TIERS:
+            raise ConfigError(
+                f"{key} has {tier!r}, which is no tier",
+                hint=f"tiers: {', '.join(TIERS)}" + did_you_mean(tier, list(TIERS)),
+            )
     for c in b.concurrency:
         if not 1 <= c <= 64:
             raise ConfigError(f"bench.concurrency has {c}: give numbers 1..64")

@@ -12,23 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servegate.bench import fixtures, measure
+from servegate.bench.tiers import TIERS
 from servegate.engine.openai import Endpoint
 from servegate.errors import ConfigError
 
 SCHEMA = 1
 #: bumped whenever a definition, a validity rule or the prompt layout changes
 HARNESS = "servegate-bench/1"
-#: 8k-128k are the field's tiers; 1k-4k are for smoke-sized runs (demos, CI)
-TIERS = {
-    "1k": 1024,
-    "2k": 2048,
-    "4k": 4096,
-    "8k": 8192,
-    "16k": 16384,
-    "32k": 32768,
-    "64k": 65536,
-    "128k": 131072,
-}
 METRICS = (
     "prefill_tps",
     "generation_tps",

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 
 from servegate.bench import client, fixtures, image, prom, sizing
-from servegate.bench.cases import TIERS
 from servegate.bench.measure import cached_tokens
+from servegate.bench.tiers import TIERS
 from servegate.config import CorrectnessCase
 from servegate.engine import openai
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegate.bench.cases import METRICS, SCHEMA, TIERS
+from servegate.bench.cases import METRICS, SCHEMA
+from servegate.bench.tiers import TIERS
 from servegate.errors import ResultFileError
 
 LCB_SCHEMAS = (7, 8)
