@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from servegate.cli import release_main
+from servegate.engine.liveproc import descendants
+from servegate.pipeline.proc import pid_alive
 from tests.conftest import Host, Stack
 
 LEASE = [sys.executable, "-m", "servegate", "lease"]
@@ -101,10 +103,10 @@ def test_killing_the_lease_process_keeps_the_lease_while_its_command_runs(
     """``kill -9`` of ``servegate lease`` alone (not its command): the GPU job still runs,
     so the lease must stay held — by the job, which the waiter is told about."""
     with holder(tmp_path) as job:
-        (command,) = [p for p in proc_children(job.pid)]
+        (command,) = descendants(job.pid)[1:]
         os.kill(job.pid, signal.SIGKILL)
         job.wait()
-        assert pid_running(command)
+        assert pid_alive(command)
         late = subprocess.run(
             [*LEASE, "--timeout", "1", "--", "true"],
             env=env_for(tmp_path),
@@ -115,7 +117,7 @@ def test_killing_the_lease_process_keeps_the_lease_while_its_command_runs(
         assert f"held by pid {command}" in late.stderr
         assert "gpu job 17" in late.stderr
         os.kill(command, signal.SIGKILL)
-        while pid_running(command):
+        while pid_alive(command):
             time.sleep(0.05)
     after = subprocess.run(
         [*LEASE, "--timeout", "0", "--", "true"], env=env_for(tmp_path), capture_output=True,
@@ -130,27 +132,6 @@ def test_sigterm_to_the_lease_process_reaches_its_command(tmp_path: Path) -> Non
         assert (
             job.wait(timeout=30) == 128 + signal.SIGTERM
         )  # the command's death, as a shell says it
-
-
-def proc_children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def pid_running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def test_nested_lease_does_not_deadlock(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from servegate.engine.liveproc import (
     ProcInfo,
     Report,
     mapped_sha256,
+    pyvenv,
 )
 
 #: system library directories, and the engine runtimes' usual homes
@@ -47,18 +48,15 @@ def runtime_roots(exp: Expectation) -> list[Path]:
     ``lib64``, ``bin`` of its prefix — never the whole prefix: for /usr/bin/python that
     would be all of /usr), the system's library directories, and the configured roots
     (``provenance.runtime_roots``, the launch's compile caches)."""
-    env_root = Path(os.path.abspath(exp.interpreter)).parent.parent
     bases = [Path(os.path.realpath(exp.interpreter)).parent.parent]
     roots: list[Path] = []
-    cfg = env_root / "pyvenv.cfg"
-    if cfg.is_file():
-        roots.append(env_root)
-        for line in cfg.read_text(errors="replace").splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                bases.append(Path(value.strip()).parent)
+    venv = pyvenv(exp.interpreter)
+    if venv is not None:
+        roots.append(venv[0])
+        if venv[1].get("home"):
+            bases.append(Path(venv[1]["home"]).parent)
     else:
-        bases.append(env_root)
+        bases.append(Path(os.path.abspath(exp.interpreter)).parent.parent)
     for base in bases:
         roots += [base / "lib", base / "lib64", base / "bin"]
     roots += [Path(d) for d in SYSTEM_LIBS] + list(exp.runtime_roots)
@@ -121,9 +119,9 @@ class Where:
     tracked: set[str] | None
     #: top-level names of the checked modules: a copy of one outside the release is a finding
     packages: frozenset[str]
-    #: file names of the release's extensions: a copy mapped from elsewhere is reported by
-    #: the extension check, by name
-    extension_names: frozenset[str] = frozenset()
+    #: the release's extensions (paths relative to it, matched by provenance.extensions):
+    #: hashed by the extension check, and a copy mapped from elsewhere reported by name
+    extensions: frozenset[str] = frozenset()
     #: parsed sources of frame files: path → functions (name → [(first, last line)]), or
     #: None when unreadable
     _sources: dict[str, dict[str, list[tuple[int, int]]] | None] = field(default_factory=dict)
@@ -190,6 +188,7 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
     """Every mapped file: another release's is a finding; code (mapped executable) must
     be the release's tracked file or hashed artifact, or lie in an allowed runtime root."""
     summary = report.mapped_summary
+    ext_names = {Path(f).name for f in where.extensions}
     others = os.path.realpath(exp.releases_root) + os.sep if exp.releases_root else None
     mine = os.path.realpath(exp.release_dir)
     for m in info.mapped:
@@ -221,20 +220,26 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
             continue
         kind, detail = where.classify(m.path)
         summary[kind] = summary.get(kind, 0) + 1
-        if kind in ("foreign", "copy") and Path(m.path).name in where.extension_names:
+        if kind in ("foreign", "copy") and Path(m.path).name in ext_names:
             continue  # "extension … mapped from outside the release"
-        _judge_mapping(info, m, kind, detail, exp, report)
+        _judge_mapping(info, m, kind, detail, exp, where, report)
 
 
 def _judge_mapping(
-    info: ProcInfo, m: Mapped, kind: str, detail: str, exp: Expectation, report: Report
+    info: ProcInfo,
+    m: Mapped,
+    kind: str,
+    detail: str,
+    exp: Expectation,
+    where: Where,
+    report: Report,
 ) -> None:
     gone = " (deleted on disk: the process runs a file that is no longer there)"
     if kind == "release" and m.deleted:
         report.findings.append(
             Finding(f"mapped code {detail}", "the file on disk", m.path + gone, info.pid)
         )
-    elif kind == "release" and detail in exp.artifact_hashes and not _is_extension(detail, exp):
+    elif kind == "release" and detail in exp.artifact_hashes and detail not in where.extensions:
         want = exp.artifact_hashes[detail]
         got, method = mapped_sha256(info.pid, m)
         if got != want:
@@ -281,11 +286,6 @@ def _judge_mapping(
             f"pid {info.pid} maps {m.path}, replaced on disk since it was loaded: "
             "restart the service to run the file that is there now"
         )
-
-
-def _is_extension(rel: str, exp: Expectation) -> bool:
-    """Matched by a ``provenance.extensions`` glob (hashed by the extension check)."""
-    return any((exp.release_dir / rel) in exp.release_dir.glob(p) for p in exp.extensions)
 
 
 def _is_device(m: Mapped) -> bool:

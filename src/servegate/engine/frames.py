@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from servegate.pipeline.proc import pid_alive
+
 Status = Literal["observed", "not-permitted", "no-py-spy", "not-python", "gone", "failed"]
 
 #: what a status means, for the record and the output
@@ -157,17 +159,8 @@ def _error_text(stderr: str) -> str:
     return " ".join(ln.strip() for ln in text.splitlines() if ln.strip())[:400]
 
 
-def _alive(pid: int) -> bool:
-    """Still running: an ended process whose parent has not reaped it is a zombie (Z)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _status_of(pid: int, detail: str) -> Status:
-    if not _alive(pid):
+    if not pid_alive(pid):  # an ended, unreaped process is a zombie: gone too
         return "gone"
     low = detail.lower()
     if "permission denied" in low or "operation not permitted" in low:

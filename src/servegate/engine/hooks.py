@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from servegate.engine.liveproc import Expectation, Finding, ProcInfo, Report
+from servegate.engine.liveproc import Expectation, Finding, ProcInfo, Report, pyvenv
 from servegate.pipeline import proc
 
 #: the site directories of an interpreter started with -I -S (no site module ran, so a
@@ -36,16 +36,11 @@ print(json.dumps(out))
 
 def venv_of(interpreter: str) -> tuple[str, bool]:
     """(the venv root or "", whether it includes the base's site-packages)."""
-    root = Path(os.path.abspath(interpreter)).parent.parent
-    cfg = root / "pyvenv.cfg"
-    if not cfg.is_file():
+    venv = pyvenv(interpreter)
+    if venv is None:
         return "", False
-    system = False
-    for line in cfg.read_text(errors="replace").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "include-system-site-packages":
-            system = value.strip().lower() == "true"
-    return str(root), system
+    root, keys = venv
+    return str(root), keys.get("include-system-site-packages", "").lower() == "true"
 
 
 #: a hook that reads the command line behaves one way for servegate's resolver and

@@ -274,6 +274,18 @@ def mapped_sha256(pid: int, mapped: Mapped) -> tuple[str, str]:
         return sha256_file(mapped.path), "path"
 
 
+def pyvenv(interpreter: str) -> tuple[Path, dict[str, str]] | None:
+    """The venv an interpreter path lies in (``bin/..``) and its ``pyvenv.cfg`` keys, or
+    None when it is no venv's."""
+    root = Path(os.path.abspath(interpreter)).parent.parent
+    try:
+        text = (root / "pyvenv.cfg").read_text(errors="replace")
+    except OSError:
+        return None
+    pairs = (line.partition("=") for line in text.splitlines())
+    return root, {k.strip(): v.strip() for k, sep, v in pairs if sep}
+
+
 def inside(path: str, directory: Path) -> bool:
     real = os.path.realpath(path)
     base = os.path.realpath(directory)

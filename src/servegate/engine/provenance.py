@@ -356,7 +356,11 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
         runtime_roots(exp),
         tracked,
         frozenset(m.split(".")[0] for m in exp.modules),
-        frozenset(f.name for p in exp.extensions for f in exp.release_dir.glob(p)),
+        frozenset(
+            str(f.relative_to(exp.release_dir))
+            for p in exp.extensions
+            for f in exp.release_dir.glob(p)
+        ),
     )
     report.findings += codeorigin.writable_roots(exp)
     py_spy = frames_mod.find_py_spy(exp.py_spy)

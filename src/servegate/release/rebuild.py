@@ -12,7 +12,6 @@ rebuilt: the output says to check the service with ``release verify``.
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,8 @@ from servegate import hostpaths
 from servegate.config import Config
 from servegate.release import record as rec
 from servegate.release.deploy import InPlaceDeploy, WorktreeDeploy, make_deployer
-from servegate.release.state import Entry, HostState
+from servegate.release.state import SHA, Entry, HostState
 
-SHA = re.compile(r"^[0-9a-f]{40}$")
 VERIFIED = ("released", "rollback")
 
 
