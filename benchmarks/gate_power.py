@@ -8,9 +8,12 @@ promote runs it: 3 repetitions, one more per look while a row is open, up to the
 then the ``evidence`` policy) on synthetic log-normal samples. Each gate has 4 deciding
 rows (2 cases x prefill and decode), each row's noise is the within-run CV, and each
 side's service start adds a log offset drawn with SD ``offset`` (the restart-to-restart
-noise). Per cell: P(FAIL) of an unchanged release per check (all 4 rows together; the
-target is <= 5 %) and of a release that lost exactly the tolerance (5 %) on one row
-(target >= 99 %), and the mean repetitions a side that decided.
+noise). Per cell: P(back) — rolled back: FAIL, or still INCONCLUSIVE at the cap because
+the estimate is a loss beyond the tolerance — of an unchanged release per check (all 4
+rows together; the target is <= 5 %) and of a release that lost exactly the tolerance
+(5 %) on one row (target >= 99 %), and the mean repetitions a side that decided. Where
+the box cannot resolve the tolerance (no plan) the gate says so before measuring, and
+errs towards rolling back.
 
 Real mode: three vLLM-CPU servers of the demo's tiny model, up at once — A (the live
 release), A' (an identical release), B (the same with a slower launch setting) — and
@@ -94,8 +97,8 @@ def simulate(gates: int) -> int:
         "+1 a look while a row is open, up to the cap; the box's noise known to the gate"
     )
     header = (
-        f"{'CV':>5} {'offset':>6} {'cap':>9} | {'P(FAIL) unchanged':>17} "
-        f"{'P(FAIL) 5% loss':>15} | {'n unchanged':>11} {'n loss':>6} | resolves at cap"
+        f"{'CV':>5} {'offset':>6} {'cap':>9} | {'P(back) unchanged':>17} "
+        f"{'P(back) 5% loss':>15} | {'n unchanged':>11} {'n loss':>6} | resolves at cap"
     )
     print(header)
     print("-" * len(header))
@@ -107,8 +110,10 @@ def simulate(gates: int) -> int:
             for cap, label in caps:
                 same = [simulate_gate(rng, cv, offset, {}, 3, cap) for _ in range(gates)]
                 lost = [simulate_gate(rng, cv, offset, loss, 3, cap) for _ in range(gates)]
-                fa = sum(v == verdict.FAIL for v, _ in same) / gates
-                power = sum(v == verdict.FAIL for v, _ in lost) / gates
+                # rolled back: FAIL, or INCONCLUSIVE at the cap (an estimate beyond the
+                # tolerance that the samples could not decide)
+                fa = sum(v != verdict.PASS for v, _ in same) / gates
+                power = sum(v != verdict.PASS for v, _ in lost) / gates
                 n_same = sum(n for _, n in same) / gates
                 n_lost = sum(n for _, n in lost) / gates
                 res = stats.resolvable(

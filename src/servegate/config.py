@@ -285,7 +285,8 @@ class Gate:
     #: the candidate is a change of the machine: INCONCLUSIVE, never a verdict
     drift: float = 0.10
     #: decides rows still INCONCLUSIVE at bench.max_repetitions: evidence (no evidence of
-    #: a loss: PASS, saying which loss the samples resolved), fail or pass
+    #: a loss: PASS, saying which loss the samples resolved; an estimate beyond the
+    #: tolerance stays INCONCLUSIVE), fail or pass
     inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
     #: rows without a baseline: ``fail``, or ``first-release``: pass (floors and validity
     #: decide) only while the host has no released record of the stack at all

@@ -77,6 +77,20 @@ def test_open_rows_are_inconclusive_until_the_cap_then_policy_decides() -> None:
     assert "policy 'fail' decides" in fail["rows"][0]["why"]
 
 
+def test_scattered_samples_of_a_large_loss_are_no_pass_at_the_cap() -> None:
+    """A release five times slower whose samples scatter (a starved trial) is not
+    significant at 3 + 3 — and "evidence" must not PASS it: the estimate is a loss far
+    beyond the tolerance, so the row stays INCONCLUSIVE and the release rolls back."""
+    base = samples({"engine_prefill_tps": [9000.0, 8000.0, 8500.0]})
+    cand = samples({"engine_prefill_tps": [1500.0, 9000.0, 400.0]})
+    rules = [verdict.Rule("engine_prefill_tps", "higher", 0.5)]
+    d = verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="evidence"))
+    assert d["verdict"] == "INCONCLUSIVE", d["rows"]
+    assert d["rows"][0]["ratio"] < 0.5
+    assert "beyond the tolerance, and the box could not decide it" in d["rows"][0]["why"]
+    assert "not a pass" in d["why"]
+
+
 def test_lower_is_better_metrics_turn_the_ratio() -> None:
     base = samples({"ttft_s": [8.5, 8.6, 8.4]})
     slower = samples({"ttft_s": [9.9, 10.0, 10.1]})

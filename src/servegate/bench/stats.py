@@ -16,8 +16,11 @@ and the midpoint ``M = T / 2``:
 - **PASS** when ``d >= M`` *and* the lower bound of ``d`` at level ``beta`` is at or above
   ``T`` (a loss of the tolerance is excluded);
 - otherwise **INCONCLUSIVE**: the gate measures again, up to its cap. A row still open
-  at the cap had no evidence of a loss: policy ``evidence`` PASSes it and says which
-  loss these samples could have resolved; ``fail`` and ``pass`` decide flatly.
+  at the cap had no significant loss: policy ``evidence`` PASSes it and says which
+  loss these samples could have resolved — unless the estimate itself is a loss beyond
+  the tolerance (``d < T``): then it stays INCONCLUSIVE and the release is rolled back
+  (scattered samples are no evidence that a large loss is absent); ``fail`` and
+  ``pass`` decide flatly.
 
 ``alpha`` (false alarms, default 5 % per check) is split over the check's deciding rows
 and over the looks a sequential gate takes; ``beta`` (misses, default 1 %) over the looks

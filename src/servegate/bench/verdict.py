@@ -58,7 +58,8 @@ class Settings:
     #: how many times the gate looks at the samples (repetitions .. max_repetitions)
     looks: int = 1
     #: what decides a row still INCONCLUSIVE at the cap: evidence (no evidence of a loss:
-    #: PASS, with the loss the samples could resolve), fail or pass
+    #: PASS, with the loss the samples could resolve; an estimate beyond the tolerance
+    #: stays INCONCLUSIVE), fail or pass
     inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
     #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
     #: host has no released record; floors and validity decide), or "fail"
@@ -298,15 +299,25 @@ def _judge_drifted(
 def _policy(
     c: stats.Comparison, rule: Rule, levels: stats.Levels, st: Settings, why: str
 ) -> tuple[str, str]:
-    """The ``inconclusive`` policy on a row still open at the cap (no decisive loss)."""
+    """The ``inconclusive`` policy on a row still open at the cap (no decisive loss).
+
+    ``evidence`` PASSes a row whose estimate is within the tolerance: no significant loss
+    was found. A row whose estimate is itself a loss beyond the tolerance stays
+    INCONCLUSIVE, which rolls the release back: samples too scattered to prove a loss
+    of 80 % are no evidence that there is none (fail closed)."""
+    res = stats.resolution(c, levels)
+    resolves = (
+        f"; these samples resolve a loss of {res:.0%}, not {rule.tolerance:.0%}"
+        if res > rule.tolerance
+        else ""
+    )
     if st.inconclusive == "evidence":
-        res = stats.resolution(c, levels)
-        note = (
-            f"; these samples resolve a loss of {res:.0%}, not {rule.tolerance:.0%}"
-            if res > rule.tolerance
-            else ""
-        )
-        return PASS, f"{why}: no evidence of a loss at the cap{note}"
+        if c.d < math.log(1 - rule.tolerance):
+            return INCONCLUSIVE, (
+                f"{why}: at the cap the estimate is a loss of {1 - c.ratio:.0%}, beyond the "
+                f"tolerance, and the box could not decide it{resolves}: not a pass"
+            )
+        return PASS, f"{why}: no evidence of a loss at the cap{resolves}"
     verdict = PASS if st.inconclusive == "pass" else FAIL
     return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
 

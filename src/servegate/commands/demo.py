@@ -66,6 +66,7 @@ def run(out: Output, workdir: Path, keep_running: bool) -> int:
     rows: list[list[str]] = []
     results: list[dict[str, Any]] = []
     exit_code = 0
+    failure = ""
     start = time.monotonic()
     try:
         for step, make_commit, expected in STEPS:
@@ -77,19 +78,30 @@ def run(out: Output, workdir: Path, keep_running: bool) -> int:
             results.append({"step": step, "expected": expected, **outcome.as_dict()})
             if outcome.verdict != expected:
                 exit_code = outcome.exit_code or 1
+                failure = (
+                    f"step {step!r} ({sha[:12]}) ended {outcome.verdict}, "
+                    f"expected {expected}: {outcome.reason or _bench_summary(outcome)}"
+                )
                 break
     finally:
         if not keep_running:
             Supervisor(cfg).shutdown_daemon()
     if out.json_mode:
-        return out.emit(
-            {"sandbox": str(sb.root), "config": str(sb.config), "steps": results}, exit_code
-        )
+        document: dict[str, Any] = {
+            "sandbox": str(sb.root),
+            "config": str(sb.config),
+            "steps": results,
+        }
+        if failure:
+            document["reason"] = failure
+        return out.emit(document, exit_code)
     out.table(
         f"servegate demo — {time.monotonic() - start:.0f}s",
         ["step", "sha", "commit", "verdict", "total", "start-up", "bench gate", "tag / reason"],
         rows,
     )
+    if failure:
+        out.line(f"the demo did not go as expected: {failure}")
     out.line(f"sandbox: {sb.root}   config: {sb.config}")
     if keep_running:
         out.line(

@@ -102,8 +102,8 @@ smoke_max_tokens = 16
 [bench]
 profiles = ["regular"]
 tiers = ["2k"]
-repetitions = 3
-max_repetitions = 4
+repetitions = 4
+max_repetitions = 6
 max_tokens = 512
 seed = -1  # vLLM's CPU backend crashes on per-request seeds with chunked prefill
 # the demo model has random weights: its text is noise in which one token (often a

@@ -21,11 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: a name that looks secret: its value never leaves the process, allowlisted or not
+#: a name that looks secret: its value never leaves the process, allowlisted or not. The
+#: word must end a part of the name (``HF_TOKEN``, ``OPENAI_API_KEY``, ``APIKEY``,
+#: ``--api-key``), so ``TOKENIZERS_PARALLELISM`` or ``--tokenizer`` are not secrets.
 SECRET_NAME = re.compile(
-    r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE)",
+    r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE)"
+    r"S?(?=$|[_.-])",
     re.IGNORECASE,
 )
+#: values too plain to be anybody's secret: never scrubbed out of free text
+PLAIN_VALUE = re.compile(r"^(true|false|yes|no|on|off|none|null|[0-9.]+)$", re.IGNORECASE)
 #: command-line options whose value is a secret
 SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--password", "--secret")
 #: names whose values are engine tuning or paths, recorded as they are
@@ -195,7 +200,9 @@ def secrets_of(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
             found |= _json_secrets(
                 arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
             )
-    return {v for v in found if len(v) >= 4}  # "1", "on": too short to be a secret
+    # "1", "on", "false": too short or too plain to be a secret, and replacing every
+    # "false" in a record would garble it
+    return {v for v in found if len(v) >= 4 and not PLAIN_VALUE.match(v)}
 
 
 def _json_secrets(arg: str) -> set[str]:
