@@ -58,7 +58,9 @@ def _why(run: subprocess.CompletedProcess[str]) -> str:
     for step in result.get("steps", []):
         lines.append(f"{step['step']}: {step['verdict']} exit {step['exit_code']} {step['reason']}")
         for check in (step.get("record") or {}).get("gate", {}).get("checks", []):
-            lines.append(f"  {check['name']} {check['verdict']} {check.get('evidence', '')!s:.1500}")
+            lines.append(
+                f"  {check['name']} {check['verdict']} {check.get('evidence', '')!s:.1500}"
+            )
     return "\n".join(lines) + f"\nstderr: {run.stderr[-2000:]}"
 
 
@@ -116,7 +118,8 @@ def _check_demo(
     if prefill["verdict"] == "FAIL":
         assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
     else:
-        assert prefill["verdict"] == "INCONCLUSIVE" and "not a pass" in prefill["why"], prefill
+        assert prefill["verdict"] == "INCONCLUSIVE", prefill
+        assert "not a pass" in prefill["why"], prefill
         assert b4["verdict"] == "INCONCLUSIVE", b4["evidence"]["rows"]
     assert slow["exit_code"] == 9
     assert slow["rollback"]["ok"] is True

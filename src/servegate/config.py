@@ -218,6 +218,10 @@ class Bench:
     repetitions: int = 3
     #: the gate measures more (up to this many) while a required row is INCONCLUSIVE
     max_repetitions: int = 5
+    #: when the box's measured restart offset (``servegate bench noise``) needs it, the
+    #: gate spreads the candidate's repetitions over up to this many service starts (the
+    #: service is restarted, re-proven and warmed up in between); 1: never restart
+    max_starts: int = 3
     max_tokens: int = 1024
     #: allowed drift of the prompt from the tier, in percent
     tolerance_pct: float = 2.0
@@ -564,6 +568,11 @@ def _validate_bench(cfg: Config) -> None:
             raise ConfigError(f"bench.concurrency has {c}: give numbers 1..64")
     if b.repetitions < 1 or b.max_repetitions < b.repetitions:
         raise ConfigError("bench.repetitions must be >= 1 and <= bench.max_repetitions")
+    if not 1 <= b.max_starts <= b.max_repetitions:
+        raise ConfigError(
+            f"bench.max_starts = {b.max_starts}: it must be >= 1 (1: the gate never restarts "
+            f"the service) and <= bench.max_repetitions ({b.max_repetitions})"
+        )
     if b.chat_template_kwargs:
         try:
             kwargs = json.loads(b.chat_template_kwargs)

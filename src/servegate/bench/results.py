@@ -33,6 +33,8 @@ class CaseSamples:
     reasons: dict[str, int] = field(default_factory=dict)
     #: the box's speed beside each group (the reference workload's rate); empty: not measured
     reference: list[float] = field(default_factory=list)
+    #: how many service starts the samples come from (the gate may spread them)
+    starts: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -42,6 +44,7 @@ class CaseSamples:
             "metrics": self.metrics,
             "reasons": self.reasons,
             "reference": self.reference,
+            "starts": self.starts,
         }
 
 
@@ -74,6 +77,7 @@ def from_record(doc: Mapping[str, Any], source: str) -> Samples:
             {k: [float(v) for v in vs] for k, vs in (c.get("metrics") or {}).items()},
             dict(c.get("reasons") or {}),
             [float(v) for v in c.get("reference") or []],
+            max(1, int(c.get("starts") or 1)),
         )
         for cid, c in (doc.get("cases") or {}).items()
     }
@@ -92,6 +96,7 @@ def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:
             for g in case.get("groups") or []
             if isinstance(g.get("reference"), dict) and g["reference"].get("rate")
         ]
+        cs.starts = max(1, len({g.get("start", 0) for g in case.get("groups") or []}))
         cases[cs.id] = cs
     fp = dict(doc.get("fingerprint") or {})
     return Samples(source, str(doc.get("harness", {}).get("name")), fp, cases,

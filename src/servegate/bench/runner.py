@@ -81,6 +81,17 @@ class Bench:
         self.window_check: Callable[[str], list[str]] | None = None
         self._http: contextlib.ExitStack | None = None
         self._client: httpx.Client | None = None
+        #: which service start the next groups measure (0: the first; see :meth:`restarted`)
+        self.start = 0
+
+    def restarted(self) -> None:
+        """The service was restarted: new groups belong to the next start, and the pooled
+        connections to the old process are dropped."""
+        self.close()
+        self.start += 1
+        self.result.setdefault("starts", []).append(
+            {"start": self.start, "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        )
 
     @property
     def http(self) -> httpx.Client:
@@ -340,6 +351,7 @@ class Bench:
         totals = measure.group(trials, min(st.started for st in done), done)
         return {
             "group": n,
+            "start": self.start,
             "trials": trials,
             "totals": totals,
             "server_metrics": self._metric_deltas(before, after),

@@ -6,7 +6,8 @@ rates (a rate's noise is multiplicative) the estimate is the difference of the m
 that ``d > 0`` is better. Its standard error is Welch's (unequal variances), plus the
 box's restart-to-restart offset when one was measured (``servegate bench noise``): the
 baseline and the candidate always run in different service starts, and no number of
-trials inside one start averages that offset away.
+trials inside one start averages that offset away; spreading a side's repetitions over
+``k`` starts divides its share of the offset's variance by ``k`` (:func:`plan_starts`).
 
 ``tolerance`` is the smallest loss the gate must catch. With ``T = log(1 - tolerance)``
 and the midpoint ``M = T / 2``:
@@ -87,12 +88,18 @@ def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def compare(
-    base: Sequence[float], cand: Sequence[float], lower_is_better: bool = False, offset: float = 0.0
+    base: Sequence[float],
+    cand: Sequence[float],
+    lower_is_better: bool = False,
+    offset: float = 0.0,
+    starts: tuple[int, int] = (1, 1),
 ) -> Comparison | None:
     """Welch on log rates; None when either side has fewer than two positive samples.
 
     ``offset``: the SD of a service start's log offset (the box's restart-to-restart
-    noise); it adds ``2 * offset**2`` to the variance of ``d``."""
+    noise); a side measured over ``k`` service starts (``starts``: baseline, candidate)
+    carries ``offset**2 / k`` of it, so it adds ``offset**2 * (1/kb + 1/kc)`` to the
+    variance of ``d``."""
     lb, lc = _logs(base), _logs(cand)
     if len(lb) < 2 or len(lc) < 2:
         return None
@@ -104,7 +111,8 @@ def compare(
         df = within**2 / (vb**2 / (len(lb) - 1) + vc**2 / (len(lc) - 1))
     else:
         df = math.inf  # identical samples: only the offset (if any) is uncertain
-    se = math.sqrt(within + 2 * offset**2)
+    kb, kc = (max(k, 1) for k in starts)
+    se = math.sqrt(within + offset**2 * (1 / kb + 1 / kc))
     if se == 0:
         se = 1e-12  # two exactly repeated sample sets: any loss at all is decisive
     return Comparison(d, se, df, len(lb), len(lc))
@@ -141,8 +149,8 @@ def _z(levels: Levels, df: float = math.inf) -> float:
     return max(t_quantile(1 - levels.alpha, df), t_quantile(1 - levels.beta, df))
 
 
-def _se(cv: float, offset: float, n: int) -> float:
-    return math.sqrt(2 * cv**2 / max(n, 1) + 2 * offset**2)
+def _se(cv: float, offset: float, n: int, starts: int = 1) -> float:
+    return math.sqrt(2 * cv**2 / max(n, 1) + 2 * offset**2 / max(starts, 1))
 
 
 def plan(
@@ -154,20 +162,45 @@ def plan(
     rows: int,
     reps: int,
     cap: int,
+    starts: int = 1,
 ) -> int | None:
     """Repetitions a side (from ``reps``, one more a look) at which a sequential gate on a
-    box with within-run ``cv`` and restart ``offset`` (both as log SDs) resolves
-    ``tolerance`` at the given error rates; None: not within ``cap``."""
-    for n in range(max(2, reps), cap + 1):
+    box with within-run ``cv`` and restart ``offset`` (both as log SDs), each side spread
+    over ``starts`` service starts, resolves ``tolerance`` at the given error rates; None:
+    not within ``cap``."""
+    for n in range(max(2, reps, starts), cap + 1):
         levels = Levels.split(false_alarm, miss, rows, n - reps + 1)
-        if _se(cv, offset, n) * _z(levels, 2 * n - 2) <= abs(midpoint(tolerance)):
+        if _se(cv, offset, n, starts) * _z(levels, 2 * n - 2) <= abs(midpoint(tolerance)):
             return n
     return None
 
 
-def resolvable(cv: float, offset: float, levels: Levels, n: int) -> float:
-    """The smallest tolerance a gate resolves with ``n`` repetitions a side."""
-    return 1 - math.exp(-2 * _z(levels, 2 * n - 2) * _se(cv, offset, n))
+def plan_starts(
+    cv: float,
+    offset: float,
+    tolerance: float,
+    false_alarm: float,
+    miss: float,
+    rows: int,
+    reps: int,
+    cap: int,
+    max_starts: int,
+) -> tuple[int, int] | None:
+    """(repetitions, service starts) a side that resolve ``tolerance``: the fewest starts
+    first (a restart costs a model load; a repetition, one request), then the fewest
+    repetitions; None when no split within ``cap`` and ``max_starts`` resolves it. The
+    restart offset is what only more starts average away."""
+    for k in range(1, max(1, max_starts) + 1):
+        n = plan(cv, offset, tolerance, false_alarm, miss, rows, reps, cap, k)
+        if n is not None:
+            return n, k
+    return None
+
+
+def resolvable(cv: float, offset: float, levels: Levels, n: int, starts: int = 1) -> float:
+    """The smallest tolerance a gate resolves with ``n`` repetitions a side over
+    ``starts`` service starts."""
+    return 1 - math.exp(-2 * _z(levels, 2 * n - 2) * _se(cv, offset, n, starts))
 
 
 def resolution(c: Comparison, levels: Levels) -> float:

@@ -185,7 +185,7 @@ def _decide(
     row["n_baseline"] = len(base)
     row["baseline_median"] = round(_median(base), 4)
     offset = st.offsets.get(f"{cid}:{rule.metric}", 0.0)
-    c = stats.compare(base, cand, rule.direction == "lower", offset)
+    c = stats.compare(base, cand, rule.direction == "lower", offset, (bcs.starts, cs.starts))
     if c is None:
         row.update(verdict=undecided or INCONCLUSIVE,
                    why="fewer than two samples on a side: nothing to compare yet")  # fmt: skip

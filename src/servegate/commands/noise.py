@@ -72,7 +72,7 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
     path = noise.save(cfg.host_root, found, fingerprint.fingerprint, live.sha,
                       socket.gethostname(), files)  # fmt: skip
     planned = bench_gate.plan(cfg, found)
-    unresolved = bench_gate.unresolved(planned, cfg.bench.max_repetitions)
+    unresolved = bench_gate.unresolved(planned, cfg.bench.max_repetitions, cfg.bench.max_starts)
     doc = {
         "file": str(path),
         "rows": {k: v.as_dict() for k, v in found.items()},
@@ -89,9 +89,10 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
     )  # fmt: skip
     out.table(
         "gate plan",
-        ["case", "metric", "tolerance", "repetitions", "resolves at the cap"],
+        ["case", "metric", "tolerance", "repetitions", "service starts", "resolves at the cap"],
         [[r["case"], r["metric"], f"{r['tolerance']:.0%}",
           str(r["repetitions"]) if r["repetitions"] else "not within the cap",
+          str(r["starts"]) if r["starts"] else "-",
           f"{r['resolves']:.1%}"] for r in planned],
     )  # fmt: skip
     for line in unresolved:

@@ -22,7 +22,7 @@ from servegate.bench.document import fingerprint
 from servegate.bench.runner import Bench, LogWindow
 from servegate.config import Config
 from servegate.engine.openai import Endpoint
-from servegate.errors import BenchFailed, ResultFileError
+from servegate.errors import BenchFailed, ResultFileError, ServegateError
 from servegate.pipeline.stages import Reporter
 from servegate.release.record import host_id
 
@@ -53,8 +53,9 @@ def settings(cfg: Config, first_release: bool = False, looks: int = 1) -> verdic
 
 
 def plan(cfg: Config, found: Mapping[str, noise.Noise]) -> list[dict[str, Any]]:
-    """Per deciding row with a noise estimate: the repetitions that resolve its tolerance
-    (None: not within bench.max_repetitions) and the loss the box resolves at the cap."""
+    """Per deciding row with a noise estimate: the repetitions and service starts that
+    resolve its tolerance (None: not within bench.max_repetitions and bench.max_starts)
+    and the loss the box resolves at the cap."""
     b, g = cfg.bench, cfg.gate
     cases = [
         c for c in parse_cases(b.profiles, b.tiers, b.concurrency, b.report_only) if c.required
@@ -68,23 +69,28 @@ def plan(cfg: Config, found: Mapping[str, noise.Noise]) -> list[dict[str, Any]]:
             est = found.get(f"{case.id}:{rule.metric}")
             if est is None or not verdict.covers(rule, case.id):
                 continue
-            n = stats.plan(est.cv, est.offset, rule.tolerance, g.false_alarm, g.miss, deciding,
-                           b.repetitions, b.max_repetitions)  # fmt: skip
+            split = stats.plan_starts(est.cv, est.offset, rule.tolerance, g.false_alarm,
+                                      g.miss, deciding, b.repetitions, b.max_repetitions,
+                                      b.max_starts)  # fmt: skip
             levels = stats.Levels.split(g.false_alarm, g.miss, deciding, looks)
             rows.append({
                 "case": case.id, "metric": rule.metric, "tolerance": rule.tolerance,
-                "cv": est.cv, "offset": est.offset, "repetitions": n,
-                "resolves": stats.resolvable(est.cv, est.offset, levels, b.max_repetitions),
+                "cv": est.cv, "offset": est.offset,
+                "repetitions": split[0] if split else None,
+                "starts": split[1] if split else None,
+                "resolves": stats.resolvable(est.cv, est.offset, levels, b.max_repetitions,
+                                             b.max_starts),
             })  # fmt: skip
     return rows
 
 
-def unresolved(rows: list[dict[str, Any]], cap: int) -> list[str]:
+def unresolved(rows: list[dict[str, Any]], cap: int, max_starts: int = 1) -> list[str]:
     """ "this box resolves 12 %, not 5 %" for each row the box cannot resolve at the cap."""
+    starts = f" over {max_starts} service starts" if max_starts > 1 else ""
     return [
         f"{r['case']} {r['metric']}: this box resolves {r['resolves']:.0%}, not "
-        f"{r['tolerance']:.0%} within bench.max_repetitions = {cap} (CV {r['cv']:.1%}, "
-        f"restart offset {r['offset']:.1%})"
+        f"{r['tolerance']:.0%} within bench.max_repetitions = {cap}{starts} (CV "
+        f"{r['cv']:.1%}, restart offset {r['offset']:.1%})"
         for r in rows
         if r["repetitions"] is None
     ]
@@ -97,7 +103,7 @@ def noise_warnings(cfg: Config) -> list[str]:
     found, about = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
     if not found:
         return [f"the gate cannot plan its repetitions: {about}"]
-    return unresolved(plan(cfg, found), cfg.bench.max_repetitions)
+    return unresolved(plan(cfg, found), cfg.bench.max_repetitions, cfg.bench.max_starts)
 
 
 def results_dir(cfg: Config) -> Path:
@@ -168,8 +174,13 @@ def run(
     command: str = "",
     window_check: Callable[[str], list[str]] | None = None,
     first_release: bool = False,
+    restart: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Measure, decide, and return the evidence (``verdict`` is PASS, FAIL or INCONCLUSIVE)."""
+    """Measure, decide, and return the evidence (``verdict`` is PASS, FAIL or INCONCLUSIVE).
+
+    ``restart``: restarts the candidate service and proves it again (healthy, provenance);
+    called between service starts when the box's restart offset needs the repetitions
+    spread (:func:`plan`). Without it every repetition runs in one start."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     output = results_dir(cfg) / f"{stamp}-{sha[:12]}.json"
     spec = spec_from_config(cfg.bench, endpoint, model, command, socket.gethostname())
@@ -200,17 +211,41 @@ def run(
     found, noise_about = noise.load(cfg.host_root, str(bench.result["fingerprint"]["digest"]))
     planned = plan(cfg, found)
     evidence["noise"] = {"about": noise_about, "plan": planned}
-    for line in unresolved(planned, cfg.bench.max_repetitions):
+    for line in unresolved(planned, cfg.bench.max_repetitions, cfg.bench.max_starts):
         reporter.note(f"bench gate: {line}")
     first = max(
         [spec.repetitions] + [r["repetitions"] or cfg.bench.max_repetitions for r in planned]
     )
     first = min(first, cfg.bench.max_repetitions)
+    starts = max([1] + [r["starts"] or cfg.bench.max_starts for r in planned])
+    starts = min(starts, cfg.bench.max_starts, first)
+    if starts > 1 and restart is None:
+        evidence["weaker_evidence"].append(
+            f"the box's restart offset needs the repetitions spread over {starts} service "
+            "starts, and this run cannot restart the service: one start measured"
+        )
+        starts = 1
+    evidence["starts"] = starts
     try:
         bench.prepare()
         bench.warm_up()
-        for case in spec.cases:
-            bench.measure(case, first)
+        for chunk, count in enumerate(spread(first, starts)):
+            if chunk:
+                assert restart is not None
+                reporter.note(
+                    f"bench gate: restarting the service ({chunk + 1} of {starts} starts: "
+                    "the box's restart offset needs the repetitions spread)"
+                )
+                try:
+                    seen = restart()
+                except ServegateError as exc:  # the restarted candidate is not proven
+                    bench.fail("failed", f"the restart between service starts failed: {exc}")
+                    raise
+                evidence.setdefault("restarts", []).append(seen)
+                bench.restarted()
+                bench.warm_up()
+            for case in spec.cases:
+                bench.measure(case, count)
         looks = max(1, cfg.bench.max_repetitions - spec.repetitions + 1)
         st = replace(settings(cfg, first_release, looks),
                      offsets={k: v.offset for k, v in found.items()})  # fmt: skip
@@ -253,6 +288,12 @@ def run(
         "table": bench.result["performance_table"],
         "samples": candidate.as_dict(),
     }
+
+
+def spread(total: int, starts: int) -> list[int]:
+    """``total`` repetitions over ``starts`` service starts, as even as they go."""
+    starts = max(1, min(starts, total))
+    return [total // starts + (1 if i < total % starts else 0) for i in range(starts)]
 
 
 def _reps(bench: Bench, case_id: str) -> int:

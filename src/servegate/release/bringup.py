@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,10 +189,41 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     return released[-1] if released else None
 
 
+def restarter(
+    ctx: Context, sha: str, release_dir: Path, artifacts: Mapping[str, str]
+) -> Callable[[], dict[str, Any]]:
+    """Restart the candidate in place and prove it again — healthy, a clean start-up log,
+    provenance — for a gate that spreads its repetitions over service starts. A restart
+    that fails any of these raises, and the promote rolls back."""
+
+    def restart() -> dict[str, Any]:
+        again = Evidence()
+        ctx.manager.stop()
+        again.log_mark = ctx.manager.log_mark()
+        ctx.manager.start()
+        healthy(ctx, sha, release_dir, again)
+        report = prove(ctx, sha, release_dir, artifacts, again)
+        return {
+            "service_pid": again.service_pid,
+            "startup_seconds": round(again.startup_seconds, 3),
+            "provenance": "ok" if report.ok else "mismatch",
+            "evidence": report.as_dict().get("evidence"),
+        }
+
+    return restart
+
+
 def gate(
-    ctx: Context, sha: str, release_dir: Path, evidence: Evidence, smoke_only: bool = False
+    ctx: Context,
+    sha: str,
+    release_dir: Path,
+    evidence: Evidence,
+    smoke_only: bool = False,
+    artifacts: Mapping[str, str] | None = None,
 ) -> Decision:
-    """The configured gate checks; after a rollback only the smoke probe."""
+    """The configured gate checks; after a rollback only the smoke probe. ``artifacts``:
+    the release's hashed build output, which lets the bench restart and re-prove the
+    service when the box's restart offset needs its repetitions spread."""
     model = ctx.cfg.service.model or openai.first_model(ctx.endpoint)
     gctx = GateContext(
         cfg=ctx.cfg,
@@ -208,6 +239,7 @@ def gate(
         command=" ".join(ctx.spec(release_dir, sha).redacted(ctx.salt)["argv"]),
         window_check=logscan.window_check(ctx.rules, lint_mod.facts(ctx.spec(release_dir, sha))),
         first_release=ctx.state.current is None and ctx.state.release_count() == 0,
+        restart=None if artifacts is None else restarter(ctx, sha, release_dir, artifacts),
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)

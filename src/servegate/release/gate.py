@@ -50,6 +50,9 @@ class GateContext:
     window_check: Callable[[str], list[str]] | None = None
     #: the host has no released record of the stack at all (gate.no_baseline)
     first_release: bool = False
+    #: restarts the candidate service and proves it again (healthy, log rules,
+    #: provenance), returning what it saw; None where the check may not restart it
+    restart: Callable[[], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,7 @@ class BenchCheck:
         evidence = bench_gate.run(
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
             ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
-            first_release=ctx.first_release,
+            first_release=ctx.first_release, restart=ctx.restart,
         )  # fmt: skip
         return CheckResult(
             self.name,

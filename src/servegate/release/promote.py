@@ -180,7 +180,7 @@ def _switch_and_prove(
             for line in report.weaker:
                 ctx.reporter.note(f"provenance, weaker evidence: {line}")
         with runner.stage("gate") as st:
-            decision = bringup.gate(ctx, sha, release_dir, evidence)
+            decision = bringup.gate(ctx, sha, release_dir, evidence, artifacts=built.artifacts)
             st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
     except ServegateError as exc:
         return _roll_back(ctx, sha, release_dir, built, evidence, exc, start)
