@@ -151,6 +151,8 @@ def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path:
     assert "vllm:prefix_cache_hits" in t["reason_details"]["prompt_cache_hit"]
     assert t["cached_tokens"] == {}  # usage said nothing
     hits = again.result["cases"][0]["groups"][0]["server_metrics"]["prefix_cache_hits"]
+    assert hits is not None
+    assert t["prompt_tokens"] is not None
     assert hits >= 0.9 * t["prompt_tokens"]  # the whole prompt came from the cache
 
 

@@ -16,10 +16,11 @@ from typing import Any
 from servegate import __version__
 from servegate.bench import fixtures, reference
 from servegate.bench.cases import HARNESS, METRICS, SCHEMA, Spec
+from servegate.bench.schema import Case, GroupReference, Result, metric_of
 from servegate.pipeline.atomic import write_text
 
 
-def new_result(s: Spec, scope: str, server_log: str | None) -> dict[str, Any]:
+def new_result(s: Spec, scope: str, server_log: str | None) -> Result:
     """A new result document (schema :data:`SCHEMA`), status ``running``."""
     return {
         "schema": SCHEMA,
@@ -87,14 +88,14 @@ def _median(values: Sequence[float]) -> float | None:
     return round(statistics.median(values), 6) if values else None
 
 
-def summarize(case: dict[str, Any]) -> None:
+def summarize(case: Case) -> None:
     """Medians over the valid trials, validity, reason totals (in place)."""
     trials = [t for g in case["groups"] for t in g["trials"]]
     valid = [t for t in trials if t["performance_valid"]]
     summary: dict[str, Any] = {
-        m: _median([t[m] for t in valid if t.get(m) is not None]) for m in METRICS
+        m: _median([v for t in valid if (v := metric_of(t, m)) is not None]) for m in METRICS
     }
-    summary["prompt_tokens"] = _median([t["prompt_tokens"] for t in valid if t["prompt_tokens"]])
+    summary["prompt_tokens"] = _median([p for t in valid if (p := t["prompt_tokens"])])
     summary["trials"] = len(trials)
     summary["valid_trials"] = len(valid)
     totals: dict[str, int] = {}
@@ -104,12 +105,19 @@ def summarize(case: dict[str, Any]) -> None:
     summary["invalid_reason_totals"] = dict(sorted(totals.items()))
     summary["performance_valid"] = bool(trials) and len(valid) == len(trials)
     groups = [g["totals"] for g in case["groups"] if g["totals"]["group_valid"]]
-    for key in ("prefill_tps_total", "token_generation_tps_total", "requests_per_minute"):
-        summary[key] = _median([g[key] for g in groups if g[key] is not None])
+    summary["prefill_tps_total"] = _median(
+        [v for g in groups if (v := g["prefill_tps_total"]) is not None]
+    )
+    summary["token_generation_tps_total"] = _median(
+        [v for g in groups if (v := g["token_generation_tps_total"]) is not None]
+    )
+    summary["requests_per_minute"] = _median(
+        [v for g in groups if (v := g["requests_per_minute"]) is not None]
+    )
     case["summary"] = summary
 
 
-def table(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+def table(result: Result) -> list[dict[str, Any]]:
     """The flat per-case table (``performance_table``)."""
     rows = []
     for case in result["cases"]:
@@ -133,7 +141,7 @@ def table(result: Mapping[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def group_reference(before: float | None, after: float | None) -> dict[str, Any] | None:
+def group_reference(before: float | None, after: float | None) -> GroupReference | None:
     """The box's speed beside a group: the geometric mean of before and after."""
     if before is None or after is None:
         return None

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from servegate.bench.schema import GroupTotals, Trial
 from servegate.bench.sse import Stream
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
@@ -91,13 +92,13 @@ def _r(value: float | None, places: int = 6) -> float | None:
     return None if value is None else round(value, places)
 
 
-def trial(stream: Stream, rules: Rules) -> dict[str, Any]:
+def trial(stream: Stream, rules: Rules) -> Trial:
     """One streamed request → its measurements, validity and reasons."""
     usage = stream.usage
     prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
     done = stream.done_at or stream.last_text_at
     wall = (done - stream.started) if done else None
-    out: dict[str, Any] = {
+    out: Trial = {
         "ok": not stream.error,
         "error": stream.error,
         "http_status": stream.http_status,
@@ -121,6 +122,10 @@ def trial(stream: Stream, rules: Rules) -> dict[str, Any]:
         "cached_tokens": cached_tokens(stream),
         "content": content_stats(stream.content),
         "output_excerpt": stream.content[:160],
+        "client_timing": "",
+        "invalid_reasons": [],
+        "reason_details": {},
+        "performance_valid": False,
     }
     completion = out["completion_tokens"] if isinstance(out["completion_tokens"], int) else None
     first, last = stream.first_text_at, stream.last_text_at
@@ -142,9 +147,10 @@ def trial(stream: Stream, rules: Rules) -> dict[str, Any]:
     if completion and stream.text_chunks:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
     out["client_timing"] = _burst(out, rules)
-    if out["client_timing"]:
-        for key in CLIENT_TIMINGS:
-            out[key] = None
+    if out["client_timing"]:  # what the client's clock measured is dropped
+        out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = None
+        out["generation_tps"] = out["mean_inter_token_latency_ms"] = None
+        out["output_tps_whole_request"] = None
     reasons = _reasons(out, rules)
     out["invalid_reasons"] = sorted(reasons)
     out["reason_details"] = reasons
@@ -213,16 +219,14 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
     return r
 
 
-def invalidate(t: dict[str, Any], code: str, detail: str) -> None:
+def invalidate(t: Trial, code: str, detail: str) -> None:
     """Mark a trial invalid for a reason found outside its own stream."""
     t["reason_details"][code] = detail
     t["invalid_reasons"] = sorted(t["reason_details"])
     t["performance_valid"] = False
 
 
-def group(
-    trials: Sequence[dict[str, Any]], started: float, stamps: Sequence[Stream]
-) -> dict[str, Any]:
+def group(trials: Sequence[Trial], started: float, stamps: Sequence[Stream]) -> GroupTotals:
     """Whole-load totals of streams started together."""
     firsts = [s.first_text_at for s in stamps if s.first_text_at is not None]
     lasts = [s.last_text_at for s in stamps if s.last_text_at is not None]
@@ -232,7 +236,7 @@ def group(
     complete = all(isinstance(p, int) for p in prompts) and all(
         isinstance(c, int) for c in completions
     )
-    out: dict[str, Any] = {
+    out: GroupTotals = {
         "requests": len(trials),
         "valid_requests": sum(1 for t in trials if t["performance_valid"]),
         "wall_s": None,
@@ -243,6 +247,8 @@ def group(
         "token_generation_tps_total": None,
         "requests_per_minute": None,
         "ttft_max_s": None,
+        "invalid_reason_totals": {},
+        "group_valid": False,
     }
     if all(d is not None for d in dones) and dones:
         wall = max(d for d in dones if d is not None) - started

@@ -27,6 +27,8 @@ import httpx
 
 from servegate.bench import client, document, fixtures, measure, prom, reference, sizing
 from servegate.bench.cases import Case, Spec
+from servegate.bench.schema import Case as CaseDoc
+from servegate.bench.schema import Group, Result, ServerMetrics, Trial
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.errors import BenchFailed
@@ -73,9 +75,7 @@ class Bench:
         self.environ = environ if environ is not None else {}
         self.scope = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
         self.prompts: dict[str, str] = {}
-        self.result: dict[str, Any] = document.new_result(
-            spec, self.scope, str(log.path) if log else None
-        )
+        self.result: Result = document.new_result(spec, self.scope, str(log.path) if log else None)
         self._patterns = [re.compile(p) for p in spec.window_log_patterns]
         #: more checks of a measured window's log: the text → reasons the trials are invalid
         self.window_check: Callable[[str], list[str]] | None = None
@@ -123,7 +123,7 @@ class Bench:
         self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.save()
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> Result:
         self.close()
         self.result["status"] = "complete"
         self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -254,11 +254,10 @@ class Bench:
                 hint="check that the server answers a small chat completion",
             )
 
-    def case_doc(self, case: Case) -> dict[str, Any]:
+    def case_doc(self, case: Case) -> CaseDoc:
         for doc in self.result["cases"]:
             if doc["id"] == case.id:
-                found: dict[str, Any] = doc
-                return found
+                return doc
         doc = {
             "id": case.id,
             "profile": case.profile,
@@ -272,7 +271,7 @@ class Bench:
         self.result["cases"].append(doc)
         return doc
 
-    def measure(self, case: Case, repetitions: int) -> dict[str, Any]:
+    def measure(self, case: Case, repetitions: int) -> CaseDoc:
         """Run ``repetitions`` more groups of ``case``; returns its case document."""
         doc = self.case_doc(case)
         for _ in range(repetitions):
@@ -284,7 +283,7 @@ class Bench:
             self._progress(case, n, group)
         return doc
 
-    def _progress(self, case: Case, n: int, group: dict[str, Any]) -> None:
+    def _progress(self, case: Case, n: int, group: Group) -> None:
         for t in group["trials"]:
             if not t["performance_valid"]:
                 why = "; ".join(f"{k}: {v}" for k, v in t["reason_details"].items())
@@ -305,7 +304,7 @@ class Bench:
                 )
             self.reporter.note(f"{case.id} #{n}: {'; '.join(parts)} — valid")
 
-    def _group(self, case: Case, n: int) -> dict[str, Any]:
+    def _group(self, case: Case, n: int) -> Group:
         s = self.spec
         text = self.prompts[f"{case.profile}-{case.tier}"]
         tags = [f"{self.scope}-{case.id}-{n:03d}-{i}" for i in range(case.concurrency)]
@@ -360,7 +359,7 @@ class Bench:
 
     def _cross_checks(
         self,
-        trials: list[dict[str, Any]],
+        trials: list[Trial],
         before: dict[str, float],
         after: dict[str, float],
         mark: int,
@@ -405,7 +404,7 @@ class Bench:
             time.sleep(0.05)
 
     def _engine_clock(
-        self, trials: list[dict[str, Any]], before: dict[str, float], after: dict[str, float]
+        self, trials: list[Trial], before: dict[str, float], after: dict[str, float]
     ) -> None:
         """Prefill and decode rates by the engine's own clock (vLLM's request prefill and
         decode time histograms), for every request the engine observed in the group:
@@ -422,19 +421,18 @@ class Bench:
             if decode and decode[1] == len(trials) and decode[0] > 0 and t["completion_tokens"] > 1:
                 t["engine_generation_tps"] = round((t["completion_tokens"] - 1) / decode[0], 4)
 
-    def _metric_deltas(self, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    def _metric_deltas(self, before: dict[str, float], after: dict[str, float]) -> ServerMetrics:
         names = self.spec.endpoint.adapter.metrics
-        out: dict[str, Any] = {
+        ttft = prom.histogram_mean_delta(before, after, names.ttft)
+        itl = prom.histogram_mean_delta(before, after, names.itl)
+        return {
             "prefix_cache_hits": prom.delta(before, after, names.prefix_hits),
             "prefix_cache_queries": prom.delta(before, after, names.prefix_queries),
             "spec_accepted": prom.delta(before, after, names.spec_accepted),
             "spec_draft": prom.delta(before, after, names.spec_draft),
+            "ttft_mean_s": round(ttft[0], 6) if ttft else None,
+            "itl_mean_s": round(itl[0], 6) if itl else None,
         }
-        ttft = prom.histogram_mean_delta(before, after, names.ttft)
-        itl = prom.histogram_mean_delta(before, after, names.itl)
-        out["ttft_mean_s"] = round(ttft[0], 6) if ttft else None
-        out["itl_mean_s"] = round(itl[0], 6) if itl else None
-        return out
 
 
 def run(
@@ -444,7 +442,7 @@ def run(
     log: LogWindow | None = None,
     environ: Mapping[str, str] | None = None,
     on_bench: Callable[[Bench], None] | None = None,
-) -> dict[str, Any]:
+) -> Result:
     """A whole run; the result file keeps what finished whatever happens."""
     bench = Bench(spec, output, reporter, log, environ)
     if on_bench:
