@@ -6,11 +6,16 @@ Starts the real vLLM CPU server with the demo's tiny model, runs ``servegate ben
 (one stream per group, so each group's ``/metrics`` delta holds exactly one request),
 and compares every trial's ``ttft_s`` and ``mean_inter_token_latency_ms`` with the mean
 of ``vllm:time_to_first_token_seconds`` and ``vllm:inter_token_latency_seconds``
-observed across that request. Target: within 2 % at the field's tiers (8k and up).
+observed across that request. Target: within 2 % at every tier.
 
-Smaller tiers are shown too: there the client's TTFT is longer than vLLM's by a
-constant ~0.1 s — the frontend's chat templating and tokenization, which happen before
-vLLM stamps the request's arrival and which a user does wait for.
+The two TTFTs start at different moments: vLLM stamps a request's arrival *after* its
+frontend has parsed the request, applied the chat template and tokenized the prompt;
+the client's clock starts when it sends the request, because a user waits for that work
+too. So the client's TTFT is compared twice: as it is (``raw``), and less the frontend's
+pre-arrival work, measured for the very same messages by timing vLLM's ``/tokenize``
+round trip (HTTP + chat template + tokenizer; best of 3) right after the group
+(``client``). ``client`` is the measurement's own error: what servegate's clock adds or
+loses; the target applies to it. ``raw`` shows what the frontend costs a user.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import httpx
 
 from servegate.bench import cases, runner
 from servegate.demo.local_server import vllm_server
@@ -39,10 +47,25 @@ def main() -> int:
             repetitions=args.repetitions, max_tokens=args.max_tokens,
             sampling=cases.Sampling(seed=-1),
         )  # fmt: skip
-        result = runner.run(spec, Path(tmp) / "fidelity.json")
-    ttft_dev, itl_dev = [], []
-    field_ttft: list[float] = []
-    print(f"{'case':<14}{'TTFT s':>9}{'vLLM':>9}{'dev %':>8}{'ITL ms':>9}{'vLLM':>9}{'dev %':>8}")
+        bench = runner.Bench(spec, Path(tmp) / "fidelity.json")
+        bench.prepare()
+        bench.warm_up()
+        frontend: dict[str, float] = {}
+        for planned in spec.cases:
+            for _ in range(spec.repetitions):
+                doc = bench.measure(planned, 1)
+                trial = doc["groups"][-1]["trials"][0]
+                messages = bench.messages(
+                    planned.profile, bench.prompts[f"{planned.profile}-{planned.tier}"],
+                    trial.get("request_tag", ""),
+                )  # fmt: skip
+                frontend[trial.get("request_tag", "")] = _frontend(server.url, messages)
+        result = bench.finish()
+    ttft_dev, itl_dev, raw_dev = [], [], []
+    print(
+        f"{'case':<14}{'TTFT s':>8}{'front':>7}{'vLLM':>8}{'raw %':>7}{'client %':>9}"
+        f"{'ITL ms':>8}{'vLLM':>8}{'dev %':>7}"
+    )
     for case in result["cases"]:
         for group in case["groups"]:
             t, sm = group["trials"][0], group["server_metrics"]
@@ -54,30 +77,43 @@ def main() -> int:
                 # held back between engine and client: not comparable
                 print(f"{case['id']:<14} skipped: {t['client_timing'] or 'no client timing'}")
                 continue
-            d1 = (ttft / sm["ttft_mean_s"] - 1) * 100
+            front = frontend.get(t.get("request_tag", ""), 0.0)
+            raw = (ttft / sm["ttft_mean_s"] - 1) * 100
+            d1 = ((ttft - front) / sm["ttft_mean_s"] - 1) * 100
             itl_server = sm["itl_mean_s"] * 1000
             d2 = (itl_client / itl_server - 1) * 100
+            raw_dev.append(abs(raw))
             ttft_dev.append(abs(d1))
-            if case["nominal_tokens"] >= 8192:
-                field_ttft.append(abs(d1))
             itl_dev.append(abs(d2))
-            itl = t["mean_inter_token_latency_ms"]
             print(
-                f"{case['id']:<14}{t['ttft_s']:>9.3f}{sm['ttft_mean_s']:>9.3f}{d1:>+8.2f}"
-                f"{itl:>9.3f}{itl_server:>9.3f}{d2:>+8.2f}"
+                f"{case['id']:<14}{ttft:>8.3f}{front:>7.3f}{sm['ttft_mean_s']:>8.3f}{raw:>+7.2f}"
+                f"{d1:>+9.2f}{itl_client:>8.3f}{itl_server:>8.3f}{d2:>+7.2f}"
             )
     if not ttft_dev:
         print("no valid trial")
         return 1
-    ok = bool(field_ttft) and max(field_ttft) <= 2 and max(itl_dev) <= 2
-    field = max(field_ttft, default=float("nan"))
+    ok = max(ttft_dev) <= 2 and max(itl_dev) <= 2
     print(
-        f"TTFT |dev| median {statistics.median(ttft_dev):.2f} %, max {max(ttft_dev):.2f} % "
-        f"(all tiers); max {field:.2f} % at 8k and up; ITL |dev| median "
+        f"TTFT |dev| of the client's clock median {statistics.median(ttft_dev):.2f} %, max "
+        f"{max(ttft_dev):.2f} % (raw, with the frontend's pre-arrival work: median "
+        f"{statistics.median(raw_dev):.2f} %, max {max(raw_dev):.2f} %); ITL |dev| median "
         f"{statistics.median(itl_dev):.2f} %, max {max(itl_dev):.2f} % (n={len(ttft_dev)}; "
-        f"target <= 2 % at the field's tiers): {'OK' if ok else 'OUTSIDE'}"
+        f"target <= 2 %): {'OK' if ok else 'OUTSIDE'}"
     )
     return 0 if ok else 1
+
+
+def _frontend(url: str, messages: list[dict[str, object]]) -> float:
+    """vLLM's work before it stamps a request's arrival, for these messages: the best of
+    three ``/tokenize`` round trips (HTTP, chat template, tokenizer)."""
+    body = {"model": "demo", "messages": messages, "add_generation_prompt": True}
+    best = float("inf")
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for _ in range(3):
+            start = time.perf_counter()
+            http.post("/tokenize", json=body).raise_for_status()
+            best = min(best, time.perf_counter() - start)
+    return best
 
 
 if __name__ == "__main__":
