@@ -148,6 +148,45 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
     _common(p)
 
 
+def _init_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ini = sub.add_parser(
+        "init", help="write servegate.toml (and a launch profile) for this stack checkout"
+    )
+    ini.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
+    ini.add_argument(
+        "--from-command",
+        type=Path,
+        metavar="SCRIPT",
+        help="your shell launch script: its exports and arguments become launch.toml",
+    )
+    ini.add_argument("--model", default="", help="without a script: the model vLLM serves")
+    ini.add_argument(
+        "--python", default="python3", help="without a script: the Python that has vLLM"
+    )
+    ini.add_argument("--port", type=int, help="the service port (default: the script's, or 8000)")
+    ini.add_argument(
+        "--host-root",
+        type=Path,
+        help="where releases and records live (default: ~/.local/share/servegate/NAME)",
+    )
+    ini.add_argument("--unit", default="", help="the service's name (default: the checkout's)")
+    ini.add_argument("--build", default="", help='the build command, e.g. "bash build.sh"')
+    ini.add_argument(
+        "--artifacts",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="what the build makes (repeatable; default with --build: build/*.so)",
+    )
+    ini.add_argument(
+        "--gate", default="smoke,bench", help="gate checks, comma-separated (default smoke,bench)"
+    )
+    ini.add_argument("--tiers", default="16k", help="bench tiers, comma-separated (default 16k)")
+    ini.add_argument("--force", action="store_true", help="replace files init would write")
+    ini.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    ini.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+
+
 def _profile_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ren = sub.add_parser("render", help="the exact command, environment and unit of a launch")
     ren.add_argument("--format", choices=("all", "shell", "env", "unit", "json"), default="all")
@@ -251,6 +290,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     )
     ins.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     ins.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+    _init_command(sub)
     _bench_commands(sub)
     _profile_commands(sub)
     demo = sub.add_parser("demo", help="promote, promote, fail and roll back on a local sandbox")
@@ -269,6 +309,15 @@ def servegate_parser() -> argparse.ArgumentParser:
 
 
 def _dispatch(args: argparse.Namespace, out: Output) -> int:
+    if args.command == "init":
+        from servegate.commands import init
+
+        return init.run(
+            out, args.dir, args.from_command, args.model, args.python, args.port,
+            args.host_root, args.unit, args.build, args.artifacts,
+            [c for c in args.gate.split(",") if c], [t for t in args.tiers.split(",") if t],
+            args.force,
+        )  # fmt: skip
     if args.command == "demo":
         from servegate.commands import demo
 

@@ -1,0 +1,146 @@
+"""``servegate init``: from a stack checkout and its shell launch script to a config that
+``config check`` passes and a first ``release promote`` that releases."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servegate import config as config_mod
+from servegate.cli import main, release_main
+from servegate.demo.sandbox import free_port
+from servegate.engine import profiles, shellimport
+from servegate.engine.managers.supervisor import Supervisor
+from servegate.pipeline.git import commit_all, push_branch
+from tests.conftest import DEV, Stack
+from tests.engine.test_profiles import BUILTINS, REPO, SEED_BLOCK, seed_command
+
+
+def test_the_seeds_launch_script_converts_to_the_same_command_as_bash_runs(
+    tmp_path: Path,
+) -> None:
+    """Every argument and every exported variable, against what bash itself execs."""
+    conv = shellimport.convert(SEED_BLOCK.read_text(), Path(REPO))
+    assert conv.unresolved == []
+    assert conv.port == 8080
+    assert set(conv.params) == {"runtime", "model"}  # the checkout is {release}
+    path = tmp_path / "launch.toml"
+    path.write_text(shellimport.profile_toml(conv, "seed.sh"))
+    resolved = profiles.resolve(profiles.load(str(path)), {}, BUILTINS)
+    argv, env = seed_command()
+    assert list(resolved.argv) == argv
+    assert dict(resolved.env) == env
+    assert list(resolved.env) == re.findall(r"^export (\w+)=", SEED_BLOCK.read_text(), re.M)
+    assert resolved.env["V620_PORT"] == "8080"  # {port}: the config's port decides
+    # the pre-flight commands are listed, not dropped silently
+    assert any("git fetch" in s and "SHA itself" in s for s in conv.skipped)
+    assert any("check_v620_tuning.py" in s and "before the server" in s for s in conv.skipped)
+
+
+LAUNCH = """#!/usr/bin/env bash
+# how we start the tiny server by hand
+set -euo pipefail
+repo={work}
+py={python}
+cd "$repo"
+bash build.sh
+export PYTHONPATH="$repo"
+export TINY_PORT={port}
+args=(
+  -m tinystack.server
+  --port {port}   # the one port
+)
+exec "$py" "${{args[@]}}"
+"""
+
+
+def _launch_script(stack: Stack, port: int) -> Path:
+    script = stack.work / "launch.sh"
+    script.write_text(LAUNCH.format(work=stack.work, python=sys.executable, port=port))
+    commit_all(stack.work, "our launch script", DEV)
+    push_branch(stack.work, "main")
+    return script
+
+
+def test_init_then_config_check_then_a_first_promote_releases(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    script = _launch_script(stack, port)
+    host_root = tmp_path / "host"
+    code = main(["init", "--dir", str(stack.work), "--from-command", str(script),
+                 "--host-root", str(host_root), "--gate", "smoke", "--build", "bash build.sh",
+                 "--json"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    written = {Path(p).name for p in doc["result"]["written"]}
+    assert written == {"servegate.toml", "launch.toml", ".gitignore", "noxfile.py"}
+    assert any("bash build.sh" in n and "build" in n for n in doc["result"]["notes"])
+    profile = (stack.work / "launch.toml").read_text()
+    assert 'interpreter = "{py}"' in profile
+    assert 'TINY_PORT = "{port}"' in profile
+    assert 'PYTHONPATH = "{release}"' in profile
+    cfg_path = stack.work / "servegate.toml"
+    cfg = config_mod.load(cfg_path, {})
+    assert cfg.service.port == port
+    assert cfg.provenance.modules == ("tinystack",)
+    assert "/build/" in (stack.work / ".gitignore").read_text()
+    assert main(["config", "check", "--config", str(cfg_path)]) == 0
+    capsys.readouterr()
+
+    # the next commands as printed: commit what init wrote, push, promote
+    sha = commit_all(stack.work, "servegate config", DEV)
+    push_branch(stack.work, "main")
+    try:
+        code = release_main(["promote", sha, "--config", str(cfg_path), "--json"])
+        result = json.loads(capsys.readouterr().out)["result"]
+        assert code == 0, result.get("reason")
+        assert result["verdict"] == "released"
+        live = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+        assert live["data"][0]["root"] == str(host_root / "releases" / sha)
+        assert result["record"]["provenance"]["ok"] is True
+    finally:
+        Supervisor(cfg).shutdown_daemon()
+
+
+def test_init_writes_over_nothing_and_says_what_is_missing(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _launch_script(stack, free_port())
+    args = ["init", "--dir", str(stack.work), "--host-root", str(tmp_path / "h")]
+    assert main(args) == 2  # neither a script nor a model
+    assert "--from-command SCRIPT" in capsys.readouterr().err
+    assert main([*args, "--from-command", str(script)]) == 0
+    capsys.readouterr()
+    before = (stack.work / "servegate.toml").read_text()
+    assert main([*args, "--from-command", str(script)]) == 2
+    assert "does not write over it" in capsys.readouterr().err
+    assert (stack.work / "servegate.toml").read_text() == before
+
+    sloppy = tmp_path / "sloppy.sh"
+    sloppy.write_text('export HF_HOME="$SCRATCH/hf"\nexec python -m x --model "$MODEL"\n')
+    assert main([*args, "--force", "--from-command", str(sloppy)]) == 2
+    err = capsys.readouterr().err
+    assert "never sets: SCRATCH, MODEL" in err
+    shim = tmp_path / "python3"  # what pyenv puts first on PATH
+    shim.write_text('#!/usr/bin/env bash\nexec "$(pyenv which python3)" "$@"\n')
+    shimmed = tmp_path / "shimmed.sh"
+    shimmed.write_text(f"exec {shim} -m tinystack.server --port 8000\n")
+    assert main([*args, "--force", "--from-command", str(shimmed)]) == 2
+    assert "not an interpreter" in capsys.readouterr().err
+    nothing = tmp_path / "nothing.sh"
+    nothing.write_text("set -e\ncd /srv\ngit pull --ff-only\n")
+    assert main([*args, "--force", "--from-command", str(nothing)]) == 2
+    assert "starts no server" in capsys.readouterr().err
+
+
+def test_init_outside_a_clone_with_an_origin_says_how(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["init", "--dir", str(tmp_path), "--model", "/m"]) == 6
+    assert "not a Git checkout" in capsys.readouterr().err
