@@ -84,8 +84,18 @@ def _bench_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lease", action="store_true", help="do not take the host's GPU lease")
     p.add_argument(
         "--engine",
-        choices=("vllm", "openai"),
+        choices=("vllm", "transformers", "openai"),
         help="the server's engine (default: the config's; with --url: from /v1/models)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the model's tokenizer files, to size prompts for a server without /tokenize",
+    )
+    p.add_argument(
+        "--tokenizer-python",
+        metavar="PATH",
+        help="a Python with transformers that reads --tokenizer (default: this one)",
     )
 
 
@@ -457,6 +467,8 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
         lease=not args.no_lease,
         seed=args.seed,
         engine=args.engine,
+        tokenizer=args.tokenizer or "",
+        tokenizer_python=args.tokenizer_python or "",
     )
     if sub == "compare":
         if args.a_url and args.b_url:

@@ -114,7 +114,7 @@ class Service:
     #: the profile's parameters (``[service.params]``)
     params: Mapping[str, str] = field(default_factory=dict)
     #: ``vllm`` or ``openai`` (any other OpenAI-compatible server); a profile says its own
-    engine: Literal["vllm", "openai"] = "vllm"
+    engine: Literal["vllm", "transformers", "openai"] = "vllm"
     #: point the Inductor/Triton/vLLM compile caches at a directory keyed by the
     #: compilation config and the release (a rollback reuses its warm cache)
     compile_cache: bool = True
@@ -218,6 +218,11 @@ class Bench:
     repetitions: int = 3
     #: the gate measures more (up to this many) while a required row is INCONCLUSIVE
     max_repetitions: int = 5
+    #: the model's tokenizer files (a model directory), to size prompts exactly for a
+    #: server without /tokenize (transformers serve); "": /tokenize, else an estimate
+    tokenizer: str = ""
+    #: the Python (with transformers) that reads ``tokenizer`` ("": servegate's own)
+    tokenizer_python: str = ""
     #: when the box's measured restart offset (``servegate bench noise``) needs it, the
     #: gate spreads the candidate's repetitions over up to this many service starts (the
     #: service is restarted, re-proven and warmed up in between); 1: never restart

@@ -85,6 +85,10 @@ class Spec:
     window_log_patterns: tuple[str, ...] = WINDOW_LOG_PATTERNS
     #: measure the reference workload beside every group (the gate's drift check)
     reference: bool = True
+    #: the model's tokenizer files, for a server without /tokenize ("": none)
+    tokenizer: str = ""
+    #: the Python (with transformers) that reads them ("": this one)
+    tokenizer_python: str = ""
 
 
 def parse_cases(
@@ -145,4 +149,6 @@ def spec_from_config(
         ),
         window_log_patterns=tuple(b.window_log_patterns) or WINDOW_LOG_PATTERNS,
         reference=b.reference,
+        tokenizer=b.tokenizer,
+        tokenizer_python=b.tokenizer_python,
     )

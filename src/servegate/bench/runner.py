@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import json
 import re
+import sys
 import threading
 import time
 import uuid
@@ -151,12 +152,27 @@ class Bench:
         engine = s.endpoint.engine or adapters.detect(served)
         self.spec = s = replace(s, endpoint=replace(s.endpoint, engine=engine))
         self.close()  # the pool speaks to the identified engine from here on
-        has_metrics = bool(prom.parse(client.metrics_text(s.endpoint, http=self.http)))
-        tok = sizing.probe(s.endpoint, s.model)
+        self.result["engine"]["metrics"] = bool(
+            prom.parse(client.metrics_text(s.endpoint, http=self.http))
+        )
+        local = (
+            sizing.LocalTokenizer(Path(s.tokenizer), s.tokenizer_python or sys.executable)
+            if s.tokenizer
+            else None
+        )
+        try:
+            self._size(s, sizing.probe(s.endpoint, s.model, local))
+        finally:
+            if local is not None:
+                local.close()
+        self.save()
+
+    def _size(self, s: Spec, tok: sizing.Tokenizer) -> None:
         self.result["engine"] = {
-            "resolved": engine.name,
-            "metrics": has_metrics,
+            "resolved": s.endpoint.adapter.name,
+            "metrics": self.result["engine"].get("metrics", False),
             "tokenize": tok.available,
+            "tokenizer_source": tok.source,
             "tokenizer_fingerprint": tok.fingerprint,
             "max_model_len": tok.max_model_len,
         }
@@ -194,7 +210,6 @@ class Bench:
                 "tokens": sized.tokens,
                 "method": sized.method,
             }
-        self.save()
 
     def _sizing_messages(self, profile: str, text: str) -> list[dict[str, Any]]:
         """A tag of the measured tags' shape, fixed so the sizing cache can hit."""

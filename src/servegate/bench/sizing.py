@@ -2,8 +2,12 @@
 
 Each prompt is sized against the server's ``/tokenize`` (the chat template included);
 the answer is cached per model, tokenizer fingerprint, fixture and tier. A server
-without ``/tokenize`` gets an estimate, and the trial's own ``usage.prompt_tokens`` is
-then checked against the tier's tolerance.
+without ``/tokenize`` (``transformers serve``, most OpenAI-compatible servers) is sized
+with the model's own tokenizer files instead, when the bench is given them
+(``--tokenizer DIR``): :class:`LocalTokenizer` applies the model's chat template and
+counts, in a helper process of the Python that has ``transformers`` (the serving
+environment's, ``--tokenizer-python``). Without either, an estimate; the trial's own
+``usage.prompt_tokens`` is checked against the tier's tolerance in every case.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,7 @@ import httpx
 from servegate.bench import client
 from servegate.bench.fixtures import Fixture
 from servegate.engine.openai import Endpoint
+from servegate.errors import BenchFailed
 from servegate.pipeline.atomic import write_text
 
 #: characters per token used when the server cannot tokenize (conservative)
@@ -30,19 +36,99 @@ _PROBE = "servegate tokenizer fingerprint: The quick brown fox 0123456789 {}[]()
 Messages = Callable[[str], list[dict[str, Any]]]
 
 
+#: the helper that counts with the model's tokenizer files: one JSON request a line
+_LOCAL = r"""
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    ids = tok.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    print(json.dumps({"count": len(ids), "tokens": list(ids)}), flush=True)
+"""
+
+
+class LocalTokenizer:
+    """The model's own tokenizer files, counted by ``python`` (which has transformers) in
+    a helper process: a chat prompt as the server's template renders it, like /tokenize."""
+
+    def __init__(self, path: Path, python: str) -> None:
+        self.path = path
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-c", _LOCAL, str(path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        except OSError as exc:
+            raise BenchFailed(
+                f"cannot start {python} to read the tokenizer: {exc}",
+                hint="--tokenizer-python: a Python that has transformers (the serving venv's)",
+            ) from None
+        self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read()[-600:] if self.proc.stderr else ""
+            self.close()
+            raise BenchFailed(
+                f"the model's tokenizer in {self.path} could not be read: {err.strip()}",
+                hint="--tokenizer: the model directory (tokenizer files and chat template); "
+                "--tokenizer-python: a Python that has transformers",
+            )
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def tokenize(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"messages": messages}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
 @dataclass(frozen=True)
 class Tokenizer:
-    """What the server said about its tokenizer; ``fingerprint`` is empty without /tokenize."""
+    """What counts the server's prompts: its /tokenize, or the model's own tokenizer files
+    (``local``); ``fingerprint`` is empty when neither is there."""
 
     fingerprint: str
     max_model_len: int | None
+    local: LocalTokenizer | None = None
 
     @property
     def available(self) -> bool:
         return bool(self.fingerprint)
 
+    @property
+    def source(self) -> str:
+        if not self.available:
+            return "estimate"
+        return f"tokenizer files {self.local.path}" if self.local else "server /tokenize"
 
-def probe(endpoint: Endpoint, model: str) -> Tokenizer:
+    def tokenize(
+        self, endpoint: Endpoint, model: str, messages: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        if self.local is not None:
+            return self.local.tokenize(messages)
+        return client.tokenize(endpoint, model, messages)
+
+
+def probe(endpoint: Endpoint, model: str, local: LocalTokenizer | None = None) -> Tokenizer:
     max_len: int | None = None
     try:
         for m in client.models(endpoint):
@@ -50,6 +136,10 @@ def probe(endpoint: Endpoint, model: str) -> Tokenizer:
                 max_len = m["max_model_len"]
     except (httpx.HTTPError, ValueError):
         pass
+    if local is not None:
+        tokens = local.tokenize([{"role": "user", "content": _PROBE}])["tokens"]
+        digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+        return Tokenizer(digest, max_len, local)
     try:
         answer = client.tokenize(endpoint, model, [{"role": "user", "content": _PROBE}])
     except (httpx.HTTPError, ValueError):
@@ -72,7 +162,7 @@ def cache_path(environ: Mapping[str, str]) -> Path:
 class Sized:
     chars: int
     tokens: int | None
-    method: str  # "tokenize", "cache", "estimate"
+    method: str  # "tokenize", "tokenizer files", "cache", "estimate"
 
 
 def size(
@@ -99,11 +189,12 @@ def size(
         return Sized(int(hit["chars"]), int(hit["tokens"]), "cache")
 
     def count(chars: int) -> int:
-        answer = client.tokenize(endpoint, model, messages(fixture.head(chars)))
+        answer = tok.tokenize(endpoint, model, messages(fixture.head(chars)))
         return int(answer["count"])
 
     chars = int(nominal * 3.5)
     tokens = count(chars)
+    seen = {chars: tokens}
     slack = max(4, nominal // 500)
     for _ in range(12):
         if abs(tokens - nominal) <= slack or (tokens < nominal and chars >= len(fixture.text)):
@@ -111,11 +202,24 @@ def size(
         chars = min(len(fixture.text), max(1, int(chars * nominal / tokens)))
         if abs(tokens - nominal) < nominal // 50:  # close: step by the line, not by ratio
             chars += int((nominal - tokens) * chars / max(tokens, 1) * 0.9)
-        tokens = count(chars)
+        tokens = seen[chars] = count(chars)
+    chars, tokens = min(seen.items(), key=lambda ct: abs(ct[1] - nominal))
+    # a prompt is cut at a line's end: where a long line kept the ratio steps from getting
+    # closer, walk line by line from the closest cut below
+    below = [ct for ct in seen.items() if ct[1] < nominal - slack]
+    if abs(tokens - nominal) > slack and below:
+        chars, tokens = max(below, key=lambda ct: ct[1])
+        for _ in range(64):
+            nxt = fixture.text.find("\n", len(fixture.head(chars)) + 1)
+            if nxt < 0 or tokens >= nominal - slack:
+                break
+            chars = nxt + 1
+            tokens = seen[chars] = count(chars)
+        chars, tokens = min(seen.items(), key=lambda ct: abs(ct[1] - nominal))
     cache[key] = {"chars": chars, "tokens": tokens}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(cache, indent=1, sort_keys=True) + "\n")
-    return Sized(chars, tokens, "tokenize")
+    return Sized(chars, tokens, "tokenizer files" if tok.local else "tokenize")
 
 
 def _read(path: Path) -> dict[str, Any]:

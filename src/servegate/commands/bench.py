@@ -49,8 +49,12 @@ class Options:
     lenient: bool = False
     lease: bool = True
     seed: int | None = None
-    #: vllm, openai, or None: the config's engine (with --url: detected from /v1/models)
+    #: vllm, transformers, openai, or None: the config's engine (with --url: detected from
+    #: /v1/models)
     engine: str | None = None
+    #: the model's tokenizer files, for a server without /tokenize
+    tokenizer: str = ""
+    tokenizer_python: str = ""
 
 
 def load_config(path: Path, environ: Mapping[str, str], need: bool) -> Config | None:
@@ -95,6 +99,10 @@ def bench_settings(cfg: Config | None, o: Options) -> config_mod.Bench:
         changes["warmup"] = False
     if o.ignore_eos:
         changes["ignore_eos"] = True
+    if o.tokenizer:
+        changes["tokenizer"] = o.tokenizer
+    if o.tokenizer_python:
+        changes["tokenizer_python"] = o.tokenizer_python
     return replace(b, **changes)
 
 

@@ -1,14 +1,16 @@
 """Make a tiny Llama-architecture model on disk: random weights, a byte-level BPE
 tokenizer trained here on local text, and a chat template. Nothing is downloaded.
 
-Run with the serving environment's interpreter: ``python make_model.py OUT_DIR``.
+Run with the serving environment's interpreter: ``python make_model.py OUT_DIR``;
+``--hidden 512 --layers 8 --max-positions 140000 --no-eos`` makes the GPU bench's model
+(long enough for the 128k tier; without an end-of-sequence token it always writes the
+requested number of tokens, so every trial's output length is exact).
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import sys
 import sysconfig
 
 CHAT_TEMPLATE = (
@@ -27,7 +29,9 @@ def corpus() -> list[str]:
     return texts
 
 
-def main(out: str) -> None:
+def main(
+    out: str, hidden: int = 256, layers: int = 4, max_positions: int = 32768, eos: bool = True
+) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -51,20 +55,31 @@ def main(out: str) -> None:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=4,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=max(4, hidden // 64),
         num_key_value_heads=2,
-        max_position_embeddings=32768,
+        max_position_embeddings=max_positions,
         bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
+        eos_token_id=fast.eos_token_id if eos else None,
         torch_dtype="float32",
     )
     model = LlamaForCausalLM(config)
+    if not eos:
+        model.generation_config.eos_token_id = None
     model.save_pretrained(out, safe_serialization=True)
     print(f"tiny model written to {out}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--max-positions", type=int, default=32768)
+    parser.add_argument("--no-eos", action="store_true")
+    a = parser.parse_args()
+    main(a.out, a.hidden, a.layers, a.max_positions, not a.no_eos)

@@ -67,6 +67,18 @@ VLLM = Engine(
     owned_by="vllm",
 )
 
+#: ``transformers serve`` (Hugging Face): /health and the model list, no /tokenize (the
+#: bench sizes prompts with the model's tokenizer files: ``bench.tokenizer``), no metrics
+TRANSFORMERS = Engine(
+    name="transformers",
+    health_path="/health",
+    models_path="/v1/models",
+    tokenize_path="",
+    metrics_path="",
+    metrics=MetricNames(),
+    extended_sampling=False,
+)
+
 OPENAI = Engine(
     name="openai",
     health_path="",
@@ -77,7 +89,7 @@ OPENAI = Engine(
     extended_sampling=False,
 )
 
-ENGINES = {e.name: e for e in (VLLM, OPENAI)}
+ENGINES = {e.name: e for e in (VLLM, TRANSFORMERS, OPENAI)}
 
 
 def by_name(name: str) -> Engine:

@@ -30,7 +30,7 @@ from typing import Any, Literal, TypeVar
 from servegate.errors import ConfigError, did_you_mean
 from servegate.pipeline import redact
 
-Engine = Literal["vllm", "openai"]
+Engine = Literal["vllm", "transformers", "openai"]
 SECTIONS = ("profile", "params", "launch", "env", "args", "unit", "expect")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 BUILTIN_PLACES = ("release", "port", "sha", "short", "host_root")

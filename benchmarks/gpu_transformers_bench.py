@@ -1,0 +1,188 @@
+"""The mission's long tiers on a real GPU server: ``servegate bench`` against
+``transformers serve`` on one GPU.
+
+    python3 benchmarks/gpu_transformers_bench.py --out DIR [--tiers 16k,128k]
+        [--profiles regular,coding] [--repetitions 2] [--max-tokens 256]
+
+Run on a machine with a CUDA GPU and a Python that has torch, transformers and the
+``transformers serve`` extras (fastapi, uvicorn, openai); servegate on ``PYTHONPATH``.
+It makes a random-weight Llama here (vocab 4096, hidden 512, 8 layers, 140,000
+positions, a BPE tokenizer trained on local text, no end-of-sequence token so every
+answer is exactly ``--max-tokens`` long), serves it in bfloat16 with ``transformers
+serve``, and measures it with ``servegate bench --engine transformers``: prompts sized
+with the model's own tokenizer files (the server has no ``/tokenize``), every trial
+checked for validity. Writes ``result.json`` (the bench's result file), ``bench.json``
+(its ``--json`` answer), ``server.log`` and ``nvidia-smi.txt`` into ``--out`` and prints
+the per-case table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_command(model: Path, port: int) -> list[str]:
+    exe = shutil.which("transformers")
+    head = [exe] if exe else [sys.executable, "-m", "transformers.cli.transformers"]
+    return [
+        *head,
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--device",
+        "cuda:0",
+    ]
+
+
+def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The served model's id, once /health and /v1/models answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"transformers serve exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
+                if models:
+                    return str(models[0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(2)
+    raise SystemExit(f"transformers serve was not up within {timeout:.0f} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tiers", default="16k,128k")
+    parser.add_argument("--profiles", default="regular,coding")
+    parser.add_argument("--repetitions", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="sg-gpu-"))
+    model = work / "model"
+    maker = resources.files("servegate.demo") / "make_model.py"
+    start = time.monotonic()
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            maker.read_text(),
+            str(model),
+            "--hidden",
+            "512",
+            "--layers",
+            "8",
+            "--max-positions",
+            "140000",
+            "--no-eos",
+        ],
+        check=True,
+    )
+    print(f"model made in {time.monotonic() - start:.0f} s", flush=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "HF_HUB_CACHE": str(work / "hub"), "HF_HUB_OFFLINE": "1"}
+    (work / "hub").mkdir()
+    log = (args.out / "server.log").open("wb")
+    server = subprocess.Popen(
+        serve_command(model, port), stdout=log, stderr=subprocess.STDOUT, env=env
+    )
+    try:
+        served = wait_up(url, server, 300)
+        print(f"transformers serve up in {time.monotonic() - start:.0f} s: {served}", flush=True)
+        cfg = work / "bench.toml"
+        cfg.write_text(
+            "[bench]\n"
+            f'tokenizer = "{model}"\n'
+            f'tokenizer_python = "{sys.executable}"\n'
+            "# random weights: noise text, where one token can pass the field's 20 %\n"
+            "max_dominant_ratio = 0.35\n"
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "servegate",
+            "bench",
+            "--config",
+            str(cfg),
+            "--url",
+            url,
+            "--engine",
+            "transformers",
+            "--model",
+            served,
+            "--tiers",
+            args.tiers,
+            "--profiles",
+            args.profiles,
+            "--repetitions",
+            str(args.repetitions),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--seed",
+            "-1",
+            "--no-lease",
+            "--output",
+            str(args.out / "result.json"),
+            "--server-command",
+            " ".join(serve_command(model, port)),
+            "--system",
+            "1x NVIDIA H200, transformers serve, bfloat16",
+            "--json",
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        (args.out / "bench.json").write_text(done.stdout)
+        (args.out / "bench.stderr").write_text(done.stderr)
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, check=False)
+        (args.out / "nvidia-smi.txt").write_text(smi.stdout)
+        result = json.loads((args.out / "result.json").read_text())
+        print(
+            f"servegate bench exited {done.returncode}; sizing: {json.dumps(result.get('sizing'))}"
+        )
+        head = f"{'case':<14}{'valid':>7}{'prompt':>8}{'TTFT s':>9}{'prefill tok/s':>15}"
+        print(head + f"{'decode tok/s':>14}")
+        for row in result["performance_table"]:
+            print(
+                f"{row['case']:<14}{row['valid_trials']:>3}/{row['trials']:<3}"
+                f"{row['prompt_tokens'] or 0:>8.0f}{row['ttft_s'] or 0:>9.3f}"
+                f"{row['prefill_tps'] or 0:>15,.0f}{row['generation_tps'] or 0:>14,.1f}"
+            )
+        if done.returncode:
+            print(done.stderr[-3000:])
+        return done.returncode
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
