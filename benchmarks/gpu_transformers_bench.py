@@ -57,18 +57,17 @@ def serve_command(model: Path, port: int) -> list[str]:
     ]
 
 
-def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float) -> str:
-    """The served model's id, once /health and /v1/models answer."""
+def wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until /health answers 200 (pinned to a local path, the model is that path: its
+    /v1/models lists only the download cache)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"transformers serve exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                models = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-                if models:
-                    return str(models[0]["id"])
-        except (httpx.HTTPError, ValueError, KeyError):
+                return
+        except httpx.HTTPError:
             pass
         time.sleep(2)
     raise SystemExit(f"transformers serve was not up within {timeout:.0f} s")
@@ -113,7 +112,8 @@ def main() -> int:
         serve_command(model, port), stdout=log, stderr=subprocess.STDOUT, env=env
     )
     try:
-        served = wait_up(url, server, 300)
+        wait_up(url, server, 300)
+        served = str(model)
         print(f"transformers serve up in {time.monotonic() - start:.0f} s: {served}", flush=True)
         cfg = work / "bench.toml"
         cfg.write_text(
@@ -172,6 +172,11 @@ def main() -> int:
                 f"{row['prompt_tokens'] or 0:>8.0f}{row['ttft_s'] or 0:>9.3f}"
                 f"{row['prefill_tps'] or 0:>15,.0f}{row['generation_tps'] or 0:>14,.1f}"
             )
+        for case in result["cases"]:
+            for group in case["groups"]:
+                for t in group["trials"]:
+                    if not t["performance_valid"]:
+                        print(f"{case['id']}: invalid — {t['reason_details']}"[:300])
         if done.returncode:
             print(done.stderr[-3000:])
         return done.returncode

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from servegate.bench import cases, client, runner
+from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 
 WORDS = [
@@ -62,9 +63,12 @@ class Engine(BaseHTTPRequestHandler):
                 return
             if self.mode == "cut" and i == 10:
                 return  # connection closes: no usage, no [DONE]
+        last = {"choices": [{"delta": {}, "finish_reason": "length"}]}
+        self.wfile.write(b"data: " + json.dumps(last).encode() + b"\n\n")
         usage = {"prompt_tokens": 1024, "completion_tokens": 40}
         self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-        self.wfile.write(b"data: [DONE]\n\n")
+        if self.mode != "no-done":  # transformers serve ends a stream without [DONE]
+            self.wfile.write(b"data: [DONE]\n\n")
 
     def _json(self, code: int, body: object) -> None:
         data = json.dumps(body).encode()
@@ -87,6 +91,22 @@ def engine() -> Iterator[tuple[str, type[Engine]]]:
 
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
+
+
+def test_a_stream_without_done_is_whole_only_where_the_engine_never_sends_it(
+    engine: tuple[str, type[Engine]],
+) -> None:
+    url, handler = engine
+    handler.mode = "no-done"
+    st = client.stream_chat(Endpoint(url, engine=adapters.TRANSFORMERS), BODY, 10)
+    assert st.error == ""
+    assert st.usage["completion_tokens"] == 40
+    assert client.stream_chat(Endpoint(url, engine=adapters.VLLM), BODY, 10).error == (
+        "the stream was cut off before [DONE]"
+    )
+    handler.mode = "cut"  # no finish reason, no usage: cut off, whatever the engine
+    st = client.stream_chat(Endpoint(url, engine=adapters.TRANSFORMERS), BODY, 10)
+    assert st.error == "the stream was cut off before its finish reason and usage"
 
 
 def test_a_whole_stream_is_measured(engine: tuple[str, type[Engine]]) -> None:

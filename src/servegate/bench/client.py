@@ -56,8 +56,15 @@ def _stream(http: httpx.Client, endpoint: Endpoint, body: dict[str, Any], timeou
         stream.error = f"cannot connect to {endpoint.shown_url}: {exc}"
     except httpx.HTTPError as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
-    if not stream.error and not stream.saw_done:
-        stream.error = "the stream was cut off before [DONE]"
+    ended = stream.saw_done or (
+        not endpoint.adapter.sends_done and bool(stream.finish_reason) and bool(stream.usage)
+    )
+    if not stream.error and not ended:
+        stream.error = (
+            "the stream was cut off before [DONE]"
+            if endpoint.adapter.sends_done
+            else "the stream was cut off before its finish reason and usage"
+        )
     return stream
 
 

@@ -45,6 +45,12 @@ class Engine:
     extended_sampling: bool
     #: ``owned_by`` in /v1/models that identifies the engine
     owned_by: str = ""
+    #: /v1/models names the model it serves (``transformers serve`` pinned to a local
+    #: model lists only its download cache: the model is the path it was started with)
+    lists_served_model: bool = True
+    #: a stream ends with ``data: [DONE]``; without it (``transformers serve``) a stream is
+    #: whole when it carried a finish reason and the usage chunk
+    sends_done: bool = True
 
 
 VLLM = Engine(
@@ -67,8 +73,10 @@ VLLM = Engine(
     owned_by="vllm",
 )
 
-#: ``transformers serve`` (Hugging Face): /health and the model list, no /tokenize (the
-#: bench sizes prompts with the model's tokenizer files: ``bench.tokenizer``), no metrics
+#: ``transformers serve`` (Hugging Face): /health, no /tokenize (the bench sizes prompts
+#: with the model's tokenizer files: ``bench.tokenizer``), no metrics; pinned to a local
+#: model (``transformers serve /path``) it answers only for that path, which its model
+#: list does not name
 TRANSFORMERS = Engine(
     name="transformers",
     health_path="/health",
@@ -77,6 +85,8 @@ TRANSFORMERS = Engine(
     metrics_path="",
     metrics=MetricNames(),
     extended_sampling=False,
+    lists_served_model=False,
+    sends_done=False,
 )
 
 OPENAI = Engine(

@@ -47,7 +47,7 @@ def health(endpoint: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:
             models = client.get(engine.models_path)
             if models.status_code != 200:
                 return False, f"{engine.models_path} answered {models.status_code}"
-            if not model_ids(models.json()):
+            if not model_ids(models.json()) and engine.lists_served_model:
                 return False, "/v1/models lists no model"
     except (httpx.HTTPError, ValueError) as exc:
         return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
