@@ -121,6 +121,10 @@ def test_init_writes_over_nothing_and_says_what_is_missing(
     assert main([*args, "--from-command", str(script)]) == 2
     assert "does not write over it" in capsys.readouterr().err
     assert (stack.work / "servegate.toml").read_text() == before
+    (stack.work / "launch.toml").unlink()  # a config of their own, no profile: untouched
+    assert main([*args, "--from-command", str(script)]) == 2
+    assert "servegate.toml exists" in capsys.readouterr().err
+    assert not (stack.work / "launch.toml").exists()  # nothing written: all or nothing
 
     sloppy = tmp_path / "sloppy.sh"
     sloppy.write_text('export HF_HOME="$SCRATCH/hf"\nexec python -m x --model "$MODEL"\n')

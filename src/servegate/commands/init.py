@@ -166,12 +166,14 @@ def _config_text(
     return "\n".join(lines)
 
 
-def _write(path: Path, text: str, force: bool, written: list[str]) -> None:
+def _write(path: Path, text: str, force: bool, written: list[str], dry: bool = False) -> None:
     if path.exists() and not force:
         raise ConfigError(
             f"{path} exists: servegate init does not write over it",
             hint="move it away, or pass --force to replace it",
         )
+    if dry:
+        return
     path.write_text(text)
     written.append(str(path))
 
@@ -252,6 +254,9 @@ def run(
     host_root = (host_root or Path.home() / ".local" / "share" / "servegate" / name).expanduser()
     written: list[str] = []
     notes: list[str] = []
+    targets = [checkout / "servegate.toml"] + ([checkout / "launch.toml"] if from_command else [])
+    for path in targets:  # before anything is written: all or nothing
+        _write(path, "", force, [], dry=True)
     launch: dict[str, Any]
     if from_command is not None:
         script = from_command if from_command.is_absolute() else Path.cwd() / from_command
@@ -287,13 +292,7 @@ def run(
     text = _config_text(checkout, remote, branch, host_root, unit, port or 8000, launch,
                         _packages(checkout), build_argv, artifacts, checks, tiers)  # fmt: skip
     cfg_path = checkout / "servegate.toml"
-    if cfg_path.exists() and not force:
-        raise ConfigError(
-            f"{cfg_path} exists: servegate init does not write over it",
-            hint="move it away, or pass --force to replace it",
-        )
-    cfg_path.write_text(text)
-    written.append(str(cfg_path))
+    _write(cfg_path, text, force, written)
     # what config check checks: the file, the launch it resolves, the rules, the gate
     cfg = config_mod.load(cfg_path, {})
     launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
@@ -315,8 +314,8 @@ def run(
            "config": str(cfg_path)}  # fmt: skip
     if out.json_mode:
         return out.emit(doc)
-    for path in written:
-        out.line(f"wrote {path}")
+    for name in written:
+        out.line(f"wrote {name}")
     for note in notes:
         out.line(f"  {note}")
     out.line("next:")
