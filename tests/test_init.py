@@ -130,7 +130,7 @@ def test_init_writes_over_nothing_and_says_what_is_missing(
     sloppy.write_text('export HF_HOME="$SCRATCH/hf"\nexec python -m x --model "$MODEL"\n')
     assert main([*args, "--force", "--from-command", str(sloppy)]) == 2
     err = capsys.readouterr().err
-    assert "never sets: SCRATCH, MODEL" in err
+    assert "line 1: $SCRATCH is never set in the script" in err
     shim = tmp_path / "python3"  # what pyenv puts first on PATH
     shim.write_text('#!/usr/bin/env bash\nexec "$(pyenv which python3)" "$@"\n')
     shimmed = tmp_path / "shimmed.sh"

@@ -1,23 +1,28 @@
 """A launch profile from a team's shell launch script (``servegate init --from-command``).
 
-The script is read, never run. What it converts is the shape the field's launch
-scripts have (``../shared/seeds``): shell variables, ``export NAME=VALUE`` lines, an
-``args=( … )`` array and a final ``exec INTERPRETER "${args[@]}"`` (or any last command).
+The script is read, never run. It converts the straight-line shape the field's launch
+scripts have (``../shared/seeds``): variables, ``export``, an ``args=( … )`` array and
+one ``exec`` of the server, read top to bottom as bash would (a variable is expanded
+with the value it has *at that line*; quoting, escapes and ``#`` comments as bash reads
+them). Then:
 
 - every exported variable becomes the profile's ``[env]``, in the script's order;
-- the interpreter and ``-m MODULE`` (or an executable and its positional arguments)
-  become ``[launch]``, every ``--option`` an entry of ``[args]``;
-- a shell variable the command or the environment uses becomes a parameter
-  (``{runtime}``, ``{model}``) whose default is the script's value — except the
-  checkout itself, which becomes ``{release}``, and ``--port``, which becomes
-  ``{port}`` (the config's ``service.port``);
-- every line it does not convert (``git``, ``test``, a pre-flight command) is listed
-  with the reason, so nothing disappears silently.
+- the interpreter and ``-m MODULE`` (or an executable) become ``[launch]``; the options
+  become ``[args]`` when that renders the very same words, else ``positional`` verbatim;
+- a variable holding an absolute path becomes a parameter (``{runtime}``, ``{model}``)
+  whose default is the script's value — except the checkout itself (``{release}``) —
+  and ``--port N`` becomes ``{port}`` (the config's ``service.port``);
+- lines that change nothing the server gets (``cd``, ``git``, ``test``, a pre-flight
+  check) are listed with the reason.
 
-Hand-written: a full bash parser (``bashlex``) would still leave every expansion and
-every decision above to this module, and the subset is small. Known limits, said in the
-result: command substitution ``$(…)`` is not evaluated, and ``$`` inside single quotes is
-treated like ``$`` outside them.
+It fails closed: anything it does not model — a conditional, a function, ``source``,
+``$(…)``, ``${VAR:-x}``, ``$1``, ``~``, a redirection, a pipe, ``;`` or ``&&``, word
+splitting of an unquoted variable, ``args+=``, ``unset`` — is refused with its line
+number, and the profile is rendered and compared word by word with the script's own
+command and environment before it is written: a difference is refused too.
+
+Hand-written: a bash parser (``bashlex``) would still leave every expansion and every
+decision above to this module; the subset is small and its edges are refused.
 """
 
 from __future__ import annotations
@@ -25,35 +30,53 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servegate.errors import ConfigError
 
-ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-ARRAY_START = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=\((.*)$", re.S)
-SPLICE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\[[@*]\]\}$")
-REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-#: names a profile fills itself: a script variable of that name is not a parameter
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: names a profile fills itself: a script parameter of that name is renamed
 BUILTIN = {"release", "port", "sha", "short", "host_root"}
-#: commands servegate does itself, before the service starts
+#: commands that change nothing the server is started with: listed, not converted
 HANDLED = {
     "cd": "servegate starts the service in the release checkout ([launch] cwd)",
     "git": "servegate fetches and checks out the exact SHA itself",
     "test": "servegate checks the checkout (clean, at the SHA) itself",
+    "[": "servegate checks the checkout (clean, at the SHA) itself",
     "set": "shell options",
     "echo": "output only",
     "printf": "output only",
-    "source": "not followed: put what it sets into the script or the profile",
-    ".": "not followed: put what it sets into the script or the profile",
+    "mkdir": "a directory servegate does not need",
+    ":": "does nothing",
+    "true": "does nothing",
 }
+#: commands whose effect on the environment or the command line is not modelled
+REFUSED = {
+    "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
+    "esac", "function", "source", ".", "unset", "local", "readonly", "declare",
+    "typeset", "eval", "shift", "read", "trap", "alias", "return", "exit", "wait",
+    "{", "}", "(", ")",
+}  # fmt: skip
+
+
+class Unsupported(ConfigError):
+    pass
+
+
+@dataclass(frozen=True)
+class Word:
+    """A shell word: what bash makes of it (``literal``) and the profile's form of it."""
+
+    literal: str
+    template: str
 
 
 @dataclass
 class Converted:
-    """The script as a profile's parts, templated."""
+    """The script as a profile's parts, checked against the script's own words."""
 
     env: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
@@ -65,207 +88,433 @@ class Converted:
     port: int | None = None
     #: "line N: text — why" for each line not converted
     skipped: list[str] = field(default_factory=list)
-    #: variables the command or environment uses that the script never sets
+    #: what bash would exec, and with which exported variables (literal values)
+    argv: list[str] = field(default_factory=list)
+    environ: dict[str, str] = field(default_factory=dict)
+    #: the checkout (what ``{release}`` stands for in the check)
+    release: str = ""
+    #: always empty: a name the script never sets is refused
     unresolved: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Shell:
     checkout: str
-    values: dict[str, str] = field(default_factory=dict)  # literal values
-    templates: dict[str, str] = field(default_factory=dict)  # exported: templated values
-    arrays: dict[str, list[str]] = field(default_factory=dict)  # templated elements
-    used: dict[str, str] = field(default_factory=dict)  # parameter → default
-    unresolved: list[str] = field(default_factory=list)
+    n: int = 0
+    vars: dict[str, Word] = field(default_factory=dict)
+    arrays: dict[str, list[Word]] = field(default_factory=dict)
+    exported: dict[str, Word] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
 
-    def literal(self, text: str) -> str:
-        """``text`` with every variable replaced by its literal value."""
-        return REF.sub(lambda m: self.values.get(m.group(1) or m.group(2), m.group(0)), text)
+    def refuse(self, what: str, hint: str = "") -> Unsupported:
+        return Unsupported(
+            f"line {self.n}: {what}",
+            hint=hint
+            or "servegate init converts straight-line launch scripts (variables, "
+            "export, an args=( … ) array, one exec); write that line out plainly, or write "
+            "the launch profile by hand (docs/profiles.md)",
+        )
 
-    def template(self, text: str) -> str:
-        """``text`` with variables as placeholders: ``{param}``, ``{release}``, or an
-        exported variable's own template; braces of the text itself are kept (JSON)."""
+    def assign(self, name: str, value: Word) -> None:
+        if value.literal.startswith("/") and value.template == value.literal:
+            if _same_dir(value.literal, self.checkout):
+                slash = "/" if value.literal.endswith("/") and value.literal != "/" else ""
+                value = Word(value.literal, "{release}" + slash)
+            else:  # a path of this box: a parameter, the script's value its default
+                param = base = f"{name}_path" if name in BUILTIN else name
+                k = 1
+                while self.params.get(param, value.literal) != value.literal:
+                    k += 1  # set again to another path: the earlier uses keep theirs
+                    param = f"{base}_{k}"
+                self.params[param] = value.literal
+                value = Word(value.literal, "{" + param + "}")
+        self.vars[name] = value
+        self.arrays.pop(name, None)
+        if name in self.exported:
+            self.exported[name] = value
 
-        def one(m: re.Match[str]) -> str:
-            name = m.group(1) or m.group(2)
-            if name in self.templates:
-                return self.templates[name]
-            if name not in self.values:
-                if name not in self.unresolved:
-                    self.unresolved.append(name)
-                return m.group(0)
-            if _same_dir(self.values[name], self.checkout):
-                return "{release}"
-            if name in BUILTIN:
-                return "{" + name + "}"
-            self.used.setdefault(name, self.values[name])
-            return "{" + name + "}"
-
-        return REF.sub(one, text)
+    def ref(self, name: str, quoted: bool) -> Word:
+        if name not in self.vars:
+            if name in self.arrays:
+                raise self.refuse(f'${name} of an array: use "${{{name}[@]}}"')
+            raise self.refuse(
+                f"${name} is never set in the script",
+                hint="set it in the script (name=value or export NAME=value): the box's "
+                "service does not have your shell's environment",
+            )
+        word = self.vars[name]
+        if not quoted and re.search(r"\s", word.literal):
+            raise self.refuse(f"unquoted ${name} holds spaces (bash would split it)")
+        return word
 
 
 def _same_dir(value: str, checkout: str) -> bool:
-    if not value.startswith("/"):
-        return False
     return os.path.realpath(value) == os.path.realpath(checkout)
 
 
+class _Lexer:
+    """Words of one logical line, expanded as bash would (the modelled subset)."""
+
+    def __init__(self, sh: _Shell, text: str) -> None:
+        self.sh, self.text, self.i = sh, text, 0
+
+    def words(self, stop_at_paren: bool = False) -> list[Word | tuple[str, str]]:
+        """Words; a whole-word ``"${a[@]}"`` is ``("splice", name)``."""
+        out: list[Word | tuple[str, str]] = []
+        t = self.text
+        while self.i < len(t):
+            c = t[self.i]
+            if c in " \t\n":
+                self.i += 1
+                continue
+            if c == "#":
+                nl = t.find("\n", self.i)
+                self.i = len(t) if nl < 0 else nl
+                continue
+            if c == ")" and stop_at_paren:
+                self.i += 1
+                return out
+            splice = re.match(r'"?\$\{(' + NAME.pattern + r')\[@\]\}"?(?=[\s)]|$)', t[self.i :])
+            if splice:
+                self.i += splice.end()
+                out.append(("splice", splice.group(1)))
+                continue
+            out.append(self.word(stop_at_paren))
+        if stop_at_paren:
+            raise self.sh.refuse("an array without its closing parenthesis")
+        return out
+
+    def word(self, stop_at_paren: bool) -> Word:
+        t, lit, tpl = self.text, [], []
+        start = self.i
+        while self.i < len(t):
+            c = t[self.i]
+            if c in " \t\n" or (c == ")" and stop_at_paren):
+                break
+            if c in ";&|<>()`":
+                raise self.sh.refuse(
+                    f"{c!r} (a command list, redirection, pipe, subshell or command substitution)",
+                    hint="the service manager keeps the server's output and runs one command: "
+                    "drop redirections and pipes, put exec before the server's command",
+                )
+            if c == "~" and self.i == start:
+                raise self.sh.refuse("~ (write the path out: the service's HOME may differ)")
+            if c == "\\":
+                lit.append(t[self.i + 1 : self.i + 2])
+                tpl.append(t[self.i + 1 : self.i + 2])
+                self.i += 2
+            elif c == "'":
+                end = t.find("'", self.i + 1)
+                if end < 0:
+                    raise self.sh.refuse("an unterminated ' quote")
+                lit.append(t[self.i + 1 : end])
+                tpl.append(t[self.i + 1 : end])
+                self.i = end + 1
+            elif c == '"':
+                self.i += 1
+                while self.i < len(t) and t[self.i] != '"':
+                    d = t[self.i]
+                    if d == "\\" and t[self.i + 1 : self.i + 2] in ('"', "\\", "$", "`"):
+                        lit.append(t[self.i + 1])
+                        tpl.append(t[self.i + 1])
+                        self.i += 2
+                    elif d == "$":
+                        w = self.dollar(quoted=True)
+                        lit.append(w.literal)
+                        tpl.append(w.template)
+                    elif d == "`":
+                        raise self.sh.refuse("` (command substitution)")
+                    else:
+                        lit.append(d)
+                        tpl.append(d)
+                        self.i += 1
+                if self.i >= len(t):
+                    raise self.sh.refuse('an unterminated " quote')
+                self.i += 1
+            elif c == "$":
+                w = self.dollar(quoted=False)
+                lit.append(w.literal)
+                tpl.append(w.template)
+            else:
+                lit.append(c)
+                tpl.append(c)
+                self.i += 1
+        return Word("".join(lit), "".join(tpl))
+
+    def dollar(self, quoted: bool) -> Word:
+        t = self.text
+        m = re.match(r"\$\{(" + NAME.pattern + r")\}|\$(" + NAME.pattern + ")", t[self.i :])
+        if not m:
+            what = t[self.i : self.i + 6]
+            raise self.sh.refuse(
+                f"{what!r}… (only $NAME and ${{NAME}} are converted: no defaults, "
+                "positional parameters, arithmetic or command substitution)"
+            )
+        self.i += m.end()
+        return self.sh.ref(m.group(1) or m.group(2), quoted)
+
+
 def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text) with backslash continuations joined and an array's
-    ``( … )`` kept together."""
+    """(first line number, text): continuations joined, an array's ``( … )`` together."""
     out: list[tuple[int, str]] = []
-    buf, start, in_array = "", 0, False
+    buf, start = "", 0
     for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
         if not buf:
             start = n
-        if line.endswith("\\"):
-            buf += line[:-1] + " "
+        if raw.endswith("\\") and not raw.endswith("\\\\"):
+            buf += raw[:-1]
             continue
-        buf += line
-        stripped = buf.strip()
-        if ARRAY_START.match(stripped) and not _closes(stripped):
-            in_array = True
-        if in_array:
-            if _closes(stripped):
-                in_array = False
-            else:
-                buf += "\n"
-                continue
-        out.append((start, buf.strip()))
+        buf += raw
+        opening = re.match(r"\s*" + NAME.pattern + r"\+?=\(", buf)
+        if opening and not _closed(buf[opening.end() :]):
+            buf += "\n"
+            continue
+        out.append((start, buf))
         buf = ""
     if buf.strip():
-        out.append((start, buf.strip()))
+        out.append((start, buf))
     return out
 
 
-def _closes(text: str) -> bool:
-    """Whether an array assignment's text holds its closing parenthesis (its last word
-    outside quotes ends with one)."""
-    try:
-        tokens = shlex.split(text.split("=", 1)[1][1:], comments=True)
-    except ValueError:  # a quote still open: not closed yet
-        return False
-    return bool(tokens) and tokens[-1].endswith(")")
+def _closed(body: str) -> bool:
+    """Whether an array's body holds its closing parenthesis outside quotes/comments."""
+    i, quote = 0, ""
+    while i < len(body):
+        c = body[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == "\\":
+            i += 1
+        elif c == "#" and (i == 0 or body[i - 1] in " \t\n"):
+            nl = body.find("\n", i)
+            i = len(body) if nl < 0 else nl
+            continue
+        elif c == ")":
+            return True
+        i += 1
+    return False
+
+
+def _operator(line: str) -> bool:
+    """Whether ``line`` has ``; & | < >`` outside quotes (before a comment)."""
+    i, quote = 0, ""
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == "\\":
+            i += 1
+        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
+            return False
+        elif c in ";&|<>":
+            return True
+        i += 1
+    return False
+
+
+def _head(line: str) -> str:
+    return line.strip().split(None, 1)[0] if line.strip() else ""
 
 
 def convert(text: str, checkout: Path) -> Converted:
     """The launch of ``text`` (a shell script) as a profile's parts."""
     sh = _Shell(str(checkout))
-    command: tuple[int, list[str]] | None = None
-    others: list[tuple[int, str, list[str]]] = []
+    result = Converted(release=str(checkout))
+    command: list[Word | tuple[str, str]] | None = None
+    prefix_env: dict[str, Word] = {}
+    candidates: list[tuple[int, str, list[Word | tuple[str, str]], dict[str, Word]]] = []
     for n, line in _logical_lines(text):
-        if not line or line.startswith("#"):
+        sh.n = n
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
             continue
-        try:
-            tokens = shlex.split(line, comments=True)
-        except ValueError as exc:
-            raise ConfigError(f"line {n}: cannot be read as shell ({exc}): {line[:80]}") from None
-        if not tokens:
+        if command is not None:
+            result.skipped.append(f"line {n}: {stripped[:100]} — after exec: never runs")
             continue
-        array = ARRAY_START.match(line)
+        array = re.match(r"\s*(" + NAME.pattern + r")(\+?)=\(", line)
         if array:
-            body = shlex.split(line.split("=", 1)[1].strip()[1:], comments=True)
-            if body and body[-1] == ")":
-                body = body[:-1]
-            elif body and body[-1].endswith(")"):
-                body[-1] = body[-1][:-1]
-            sh.arrays[array.group(1)] = body
+            if array.group(2):
+                raise sh.refuse(f"{array.group(1)}+=( … ) (write the whole array once)")
+            lexer = _Lexer(sh, line[array.end() :])
+            items = lexer.words(stop_at_paren=True)
+            if lexer.text[lexer.i :].strip():
+                raise sh.refuse("words after an array's closing parenthesis")
+            sh.arrays[array.group(1)] = _splice(sh, items)
+            sh.vars.pop(array.group(1), None)
             continue
-        if tokens[0] == "export":
-            for tok in tokens[1:]:
-                m = ASSIGN.match(tok)
-                if m:
-                    sh.values[m.group(1)] = sh.literal(m.group(2))
-                    sh.templates[m.group(1)] = m.group(2)  # templated once all is known
+        head = _head(line)
+        if head in REFUSED or re.match(NAME.pattern + r"\s*\(\)", stripped):
+            raise sh.refuse(f"`{head}`: not a straight-line statement")
+        if head in HANDLED:  # read, never expanded: it changes nothing the server gets
+            if _operator(line):
+                raise sh.refuse(
+                    f"`{head}` chained with another command (;, &&, ||, |, &, a redirection)",
+                    hint="one command a line: put the server's command on its own exec line",
+                )
+            result.skipped.append(f"line {n}: {stripped[:100]} — {HANDLED[head]}")
             continue
-        if len(tokens) == 1 and ASSIGN.match(tokens[0]):
-            m = ASSIGN.match(tokens[0])
-            assert m is not None
-            sh.values[m.group(1)] = sh.literal(m.group(2))
+        words = _Lexer(sh, line).words()
+        assigns: dict[str, Word] = {}
+        while words and isinstance(words[0], Word) and _assignment(words[0]):
+            name, value = _assignment(words[0]) or ("", Word("", ""))
+            assigns[name] = value
+            words = words[1:]
+        if not words:  # NAME=value …: plain assignments
+            for name, value in assigns.items():
+                sh.assign(name, value)
             continue
-        if tokens[0] == "exec":
-            command = (n, tokens[1:])
+        first = words[0]
+        cmd = first.literal if isinstance(first, Word) else ""
+        if cmd == "export":
+            _export(sh, words[1:])
             continue
-        others.append((n, line, tokens))
+        if cmd == "exec":
+            command, prefix_env = words[1:], assigns
+            if command and isinstance(command[0], Word) and command[0].literal.startswith("-"):
+                raise sh.refuse(f"exec {command[0].literal} (exec's own options)")
+            continue
+        if cmd in HANDLED:
+            result.skipped.append(f"line {n}: {stripped[:100]} — {HANDLED[cmd]}")
+            continue
+        candidates.append((n, stripped, words, assigns))
     if command is None:
-        launchers = [o for o in others if o[2][0] not in HANDLED]
-        if not launchers:
+        if len(candidates) != 1:
             raise ConfigError(
-                "the script starts no server: no `exec` line and no command to run",
-                hint="the launch script must end with the command that starts the server "
+                "the script starts no server: no `exec` line"
+                + (f" and {len(candidates)} commands could be it" if candidates else ""),
+                hint="end the script with `exec` and the command that starts the server "
                 "(e.g. exec python -m vllm.entrypoints.openai.api_server …)",
             )
-        n, _, tokens = launchers[-1]
-        command = (n, tokens)
-        others.remove(launchers[-1])
-    result = Converted()
-    for n, line, tokens in others:
-        why = HANDLED.get(tokens[0], "a command before the server starts: run it in the build")
-        result.skipped.append(f"line {n}: {line[:100]} — {why}")
-    # exports are templated in order: a later one may use an earlier one
-    exported = dict(sh.templates)
-    sh.templates = {}
-    for name, raw in exported.items():
-        sh.templates[name] = sh.template(raw)
-    result.env = dict(sh.templates)
-    argv: list[str] = []
-    for tok in command[1]:
-        splice = SPLICE.match(tok)
-        if splice and splice.group(1) in sh.arrays:
-            argv += [sh.template(t) for t in sh.arrays[splice.group(1)]]
-        else:
-            argv.append(sh.template(tok))
+        n, _, command, prefix_env = candidates.pop()
+        result.skipped.append(f"line {n}: no exec: taken as the server's command")
+    for n, stripped, _, _ in candidates:
+        result.skipped.append(
+            f"line {n}: {stripped[:100]} — a command before the server starts: run it in the build"
+        )
+    argv = _splice(sh, command)
     if not argv:
-        raise ConfigError(f"line {command[0]}: `exec` without a command")
-    _launch(result, argv)
+        raise ConfigError("`exec` without a command")
+    env = dict(sh.exported)
+    env.update(prefix_env)
+    if argv[0].literal == "env":  # exec env A=1 B=2 python …
+        argv = argv[1:]
+        while argv and _assignment(argv[0]):
+            name, value = _assignment(argv[0]) or ("", Word("", ""))
+            env[name] = value
+            argv = argv[1:]
+        if not argv or argv[0].literal.startswith("-"):
+            raise ConfigError("`exec env` with options or without a command is not converted")
+    argv = _port(result, argv)
     if result.port is not None:
-        for name, value in result.env.items():
-            if "PORT" in name and value == str(result.port):
-                result.env[name] = "{port}"
-    result.params = dict(sh.used)
-    result.unresolved = list(sh.unresolved)
+        env = {
+            k: Word(v.literal, "{port}") if "PORT" in k and v.literal == str(result.port) else v
+            for k, v in env.items()
+        }
+    result.argv = [w.literal for w in argv]
+    result.environ = {k: v.literal for k, v in env.items()}
+    result.env = {k: v.template for k, v in env.items()}
+    used = " ".join([w.template for w in argv] + list(result.env.values()))
+    result.params = {k: v for k, v in sh.params.items() if "{" + k + "}" in used}
+    _launch(result, [w.template for w in argv])
     return result
 
 
+def _assignment(word: Word) -> tuple[str, Word] | None:
+    m = re.match(r"(" + NAME.pattern + r")=", word.literal)
+    t = re.match(r"(" + NAME.pattern + r")=", word.template)
+    if not m or not t or m.group(1) != t.group(1):
+        return None
+    return m.group(1), Word(word.literal[m.end() :], word.template[t.end() :])
+
+
+def _splice(sh: _Shell, items: list[Word | tuple[str, str]]) -> list[Word]:
+    out: list[Word] = []
+    for item in items:
+        if isinstance(item, Word):
+            out.append(item)
+        elif item[1] in sh.arrays:
+            out += sh.arrays[item[1]]
+        else:
+            raise sh.refuse(f"${{{item[1]}[@]}}: no array {item[1]} is set before this line")
+    return out
+
+
+def _export(sh: _Shell, words: list[Word | tuple[str, str]]) -> None:
+    for w in words:
+        if not isinstance(w, Word) or w.literal.startswith("-"):
+            raise sh.refuse("export with options (export -n, -f) is not converted")
+        pair = _assignment(w)
+        if pair:
+            sh.assign(*pair)
+            sh.exported[pair[0]] = sh.vars[pair[0]]
+        elif NAME.fullmatch(w.literal):
+            if w.literal not in sh.vars:
+                raise sh.refuse(f"export {w.literal}: it is never set in the script")
+            sh.exported[w.literal] = sh.vars[w.literal]
+        else:
+            raise sh.refuse(f"export {w.literal!r}: not NAME or NAME=value")
+
+
+def _port(result: Converted, argv: list[Word]) -> list[Word]:
+    out = list(argv)
+    for i, w in enumerate(out):
+        if w.literal == "--port" and i + 1 < len(out) and out[i + 1].literal.isdigit():
+            result.port = int(out[i + 1].literal)
+            out[i + 1] = Word(out[i + 1].literal, "{port}")
+        elif w.literal.startswith("--port=") and w.literal[7:].isdigit():
+            result.port = int(w.literal[7:])
+            out[i] = Word(w.literal, "--port={port}")
+    return out
+
+
 def _launch(result: Converted, argv: list[str]) -> None:
-    rest = argv[1:]
-    if len(rest) >= 2 and rest[0] == "-m":
-        result.interpreter, result.module = argv[0], rest[1]
-        rest = rest[2:]
+    if len(argv) >= 3 and argv[1] == "-m":
+        result.interpreter, result.module, rest = argv[0], argv[2], argv[3:]
     else:
-        result.executable = argv[0]
-        while rest and not rest[0].startswith("-"):
-            result.positional.append(rest.pop(0))
-    i = 0
+        result.executable, rest = argv[0], argv[1:]
+    result.positional, result.args = _structured(rest) or (rest, {})
+
+
+def _structured(rest: list[str]) -> tuple[list[str], dict[str, Any]] | None:
+    """``[args]`` for a plain ``--key value…`` tail (positional words first); None when the
+    tail has anything ``[args]`` would not render back word for word."""
+    i, head = 0, []
+    while i < len(rest) and not rest[i].startswith("-"):
+        head.append(rest[i])
+        i += 1
+    args: dict[str, Any] = {}
     while i < len(rest):
         tok = rest[i]
-        if not tok.startswith("-"):
-            result.positional.append(tok)
-            i += 1
-            continue
-        key, eq, inline = tok.lstrip("-").partition("=")
-        values = [inline] if eq else []
+        if not tok.startswith("--") or "=" in tok or len(tok) < 3 or tok[2:] in args:
+            return None
+        values = []
         i += 1
-        while not eq and i < len(rest) and not rest[i].startswith("--"):
+        while i < len(rest) and not rest[i].startswith("-"):
             values.append(rest[i])
             i += 1
-        if key == "port" and len(values) == 1 and values[0].isdigit():
-            result.port = int(values[0])
-            result.args[key] = "{port}"
-        elif not values:
-            result.args[key] = True
+        if not values:
+            args[tok[2:]] = True
         elif len(values) == 1:
-            v = values[0]
-            result.args[key] = int(v) if re.fullmatch(r"-?[0-9]+", v) else v
+            args[tok[2:]] = values[0]
         else:
-            result.args[key] = values
+            args[tok[2:]] = values
+    return head, args
 
 
 def _toml_str(value: str) -> str:
     if '"' in value and "'" not in value and "\n" not in value:
         return f"'{value}'"
-    return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _toml_key(key: str) -> str:
@@ -275,15 +524,34 @@ def _toml_key(key: str) -> str:
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return _toml_str(str(value))
 
 
 def profile_toml(c: Converted, source: str, engine: str = "vllm") -> str:
-    """The profile file's text."""
+    """The profile file's text, checked: rendered with the script's own values it gives the
+    script's command and environment word for word (else :class:`ConfigError`)."""
+    text = _render(c, source, engine)
+    if not _same(c, text):
+        flat = Converted(**{**c.__dict__, "positional": _tail(c), "args": {}})
+        text = _render(flat, source, engine)
+        diff = _same(c, text, explain=True)
+        if diff is not True:
+            raise ConfigError(
+                f"the converted profile would not run what the script runs: {diff}",
+                hint="write the launch profile by hand (docs/profiles.md)",
+            )
+    return text
+
+
+def _tail(c: Converted) -> list[str]:
+    from servegate.engine.profiles import args_to_argv
+
+    return [*c.positional, *args_to_argv(c.args)]
+
+
+def _render(c: Converted, source: str, engine: str) -> str:
     lines = [
         f"# Converted by `servegate init` from {source}: every exported variable and every",
         "# argument of its command, with its paths as parameters. `servegate render` shows",
@@ -314,3 +582,36 @@ def profile_toml(c: Converted, source: str, engine: str = "vllm") -> str:
         lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in c.args.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def _same(c: Converted, text: str, explain: bool = False) -> bool | str:
+    """Whether the profile ``text``, rendered with the script's values, gives its words."""
+    from servegate.engine import profiles
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "launch.toml"
+        path.write_text(text)
+        try:
+            resolved = profiles.resolve(
+                profiles.load(str(path)),
+                {},
+                {
+                    "release": c.release or "/",
+                    "port": str(c.port or 8000),
+                    "sha": "0" * 40,
+                    "short": "0" * 12,
+                    "host_root": "/",
+                },
+            )
+        except ConfigError as exc:
+            return f"it does not load: {exc}" if explain else False
+    argv, env = list(resolved.argv), dict(resolved.env)
+    if argv != c.argv:
+        first = next((i for i, (a, b) in enumerate(zip(argv, c.argv, strict=False)) if a != b),
+                     min(len(argv), len(c.argv)))  # fmt: skip
+        return (f"word {first}: {argv[first:first + 1]} instead of {c.argv[first:first + 1]}"
+                if explain else False)  # fmt: skip
+    if env != c.environ or list(env) != list(c.environ):
+        bad = sorted(k for k in set(env) | set(c.environ) if env.get(k) != c.environ.get(k))
+        return f"environment {', '.join(bad) or '(order)'} differs" if explain else False
+    return True

@@ -1,0 +1,127 @@
+"""Launch scripts a team might write, attacked: ``servegate init`` either converts one
+into a profile that renders exactly what bash execs (argv and exported environment,
+word for word), or refuses it with the line — never a silent difference."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servegate.engine import profiles, shellimport
+from servegate.errors import ConfigError
+
+CHECKOUT = "/srv/stack"
+HEAD = f"repo={CHECKOUT}\nPY=/opt/venv/bin/python\n"
+
+
+def bash_exec(script: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """What bash itself would exec: ``exec`` and ``cd`` replaced, nothing else run."""
+    wrapper = (
+        'exec() { printf \'%s\\0\' "$@" > "$ARGV_OUT"; env -0 > "$ENV_OUT"; builtin exit 0; }\n'
+        "cd() { :; }\n" + script
+    )
+    subprocess.run(
+        ["env", "-i", f"ARGV_OUT={tmp}/argv", f"ENV_OUT={tmp}/env", "bash", "-c", wrapper],
+        check=True,
+    )
+    argv = (tmp / "argv").read_bytes().decode().split("\0")[:-1]
+    env = dict(p.split("=", 1) for p in (tmp / "env").read_bytes().decode().split("\0")[:-1])
+    for noise in ("PWD", "SHLVL", "_", "ARGV_OUT", "ENV_OUT", "OLDPWD"):
+        env.pop(noise, None)
+    if argv and argv[0] == "env":  # `exec env A=1 cmd`: env(1) execs cmd with A=1
+        argv = argv[1:]
+        while argv and "=" in argv[0] and not argv[0].startswith("-"):
+            name, value = argv.pop(0).split("=", 1)
+            env[name] = value
+    return argv, env
+
+
+def rendered(conv: shellimport.Converted, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    path = tmp / "launch.toml"
+    path.write_text(shellimport.profile_toml(conv, "launch.sh"))
+    builtins = {"release": CHECKOUT, "port": str(conv.port or 8000), "sha": "0" * 40,
+                "short": "0" * 12, "host_root": "/h"}  # fmt: skip
+    r = profiles.resolve(profiles.load(str(path)), {}, builtins)
+    return list(r.argv), dict(r.env)
+
+
+CONVERTED = {
+    "single-dash options": 'exec "$PY" -u -X dev -m vllm --port 8080 -tp 4',
+    "exec env": 'exec env FOO=1 BAR="a b" "$PY" -m vllm --port 8080',
+    "assignment before exec": 'FOO=1 exec "$PY" -m vllm --port 8080',
+    "hash inside a word": 'exec "$PY" -m vllm --api-key abc#123 --tp 2  # a comment',
+    "repeated options": 'exec "$PY" -m vllm --x a --y b --x c --port 8080',
+    "key=value": 'exec "$PY" -m vllm --model=/m --port=8080',
+    "single quotes keep $": "X=5\nexport LIT='$X $X'\nexec \"$PY\" -m vllm --t '$X'",
+    "escaped dollar": 'X=5\nexec "$PY" -m vllm --a \\$X --b "\\$X"',
+    "value at the time of use": (
+        'M=/a\nexport X=$M\nargs=(--model "$M")\nM=/b\nexport Y=$M\nexec "$PY" -m vllm "${args[@]}"'
+    ),
+    "self-appending variables": (
+        'export NCCL_FLAGS=a\nexport NCCL_FLAGS="$NCCL_FLAGS,b"\n'
+        "export LD_LIBRARY_PATH=/opt/cuda/lib\n"
+        'export LD_LIBRARY_PATH=/opt/x:$LD_LIBRARY_PATH\nexec "$PY" -m vllm'
+    ),
+    "export of set names": 'A=1\nB=2\nexport A B\nHF_HOME=/data/hf\nexport HF_HOME\nexec "$PY" -m v',
+    "a variable named port": 'port=9000\nexec "$PY" -m vllm --port "$port"',
+    "the first exec wins": 'exec "$PY" -m vllm --tp 1\nexec "$PY" -m vllm --tp 2\nexport LATE=1',
+    "json and numbers as written": (
+        'exec "$PY" -m vllm --cc \'{"level": 3, "x": 1e3}\' --gpu 007 --x -0 --n é'
+    ),
+    "a paren inside a quoted array word": (
+        'args=(\n  --chat-template "tmpl(x)"  # (a comment)\n  --tp 2\n)\nexec "$PY" -m v "${args[@]}"'
+    ),
+    "checkout with a slash": 'exec "$PY" -m vllm --download-dir "$repo/" --root "$repo"',
+    "wrappers": 'exec numactl --cpunodebind=0 --membind=0 "$PY" -m vllm --port 8080',
+}
+
+
+@pytest.mark.parametrize("body", CONVERTED.values(), ids=list(CONVERTED))
+def test_what_is_converted_renders_what_bash_execs(body: str, tmp_path: Path) -> None:
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    script = HEAD + body + "\n"
+    conv = shellimport.convert(script, Path(CHECKOUT))
+    argv, env = bash_exec(script, tmp_path)
+    assert (conv.argv, conv.environ) == (argv, env)
+    assert rendered(conv, tmp_path) == (argv, env)
+
+
+REFUSED = {
+    "redirection": ('exec "$PY" -m vllm --port 8080 >> /var/log/v.log 2>&1', "redirection"),
+    "pipe": ('"$PY" -m vllm 2>&1 | tee /tmp/log', "pipe"),
+    "background": ('"$PY" -m vllm &\nwait', "pipe"),
+    "a chain": ('cd "$repo" && exec "$PY" -m vllm', "chained"),
+    "default expansion": ('exec "$PY" -m vllm --tp "${TP:-4}"', "only $NAME"),
+    "command substitution": ('N=$(nproc)\nexec "$PY" -m vllm', "only $NAME"),
+    "backticks": ('N=`nproc`\nexec "$PY" -m vllm', "command substitution"),
+    "positional parameter": ('exec "$PY" -m vllm "$1"', "only $NAME"),
+    "tilde": ('exec "$PY" -m vllm --model ~/models/m', "~"),
+    "unset variable": ('exec "$PY" -m vllm --model "$HOME/m"', "$HOME is never set"),
+    "word splitting": ('OPTS="--tp 4"\nexec "$PY" -m vllm $OPTS', "holds spaces"),
+    "array append": ('args=(--tp 1)\nargs+=(--eager)\nexec "$PY" -m v "${args[@]}"', "+="),
+    "conditional": ('if [ -d / ]; then export A=1; fi\nexec "$PY" -m v', "`if`"),
+    "declare": ('declare -x FOO=bar\nexec "$PY" -m v', "`declare`"),
+    "unset": ('export FOO=1\nunset FOO\nexec "$PY" -m v', "`unset`"),
+    "source": ('source ./env.sh\nexec "$PY" -m v', "`source`"),
+    "heredoc": ('cat > /tmp/x <<EOF\nexport FOO=1\nEOF\nexec "$PY" -m v', "redirection"),
+    "function": ('start() {\n  exec "$PY" -m v\n}\nstart', "straight-line"),
+    "exec options": ('exec -a vllm "$PY" -m v', "exec's own options"),
+    "a literal placeholder": ("exec \"$PY\" -m vllm --name '{port}' --port 8080", "would not run"),
+    "literal braces": ("export FMT='${X}'\nexec \"$PY\" -m vllm", "unknown placeholder"),
+    "two launch candidates": ('"$PY" check.py\n"$PY" -m vllm', "could be it"),
+}
+
+
+def _convert_and_write(script: str) -> str:
+    return shellimport.profile_toml(shellimport.convert(script, Path(CHECKOUT)), "launch.sh")
+
+
+@pytest.mark.parametrize(("body", "why"), REFUSED.values(), ids=list(REFUSED))
+def test_what_is_not_modelled_is_refused_with_its_line(body: str, why: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _convert_and_write(HEAD + body + "\n")
+    assert why in str(caught.value) + str(caught.value.hint or "")
