@@ -48,7 +48,7 @@ set -euo pipefail
 repo={work}
 py={python}
 cd "$repo"
-bash build.sh
+./build.sh
 export PYTHONPATH="$repo"
 export TINY_PORT={port}
 args=(
@@ -80,7 +80,7 @@ def test_init_then_config_check_then_a_first_promote_releases(
     assert code == 0, doc
     written = {Path(p).name for p in doc["result"]["written"]}
     assert written == {"servegate.toml", "launch.toml", ".gitignore", "noxfile.py"}
-    assert any("bash build.sh" in n and "build" in n for n in doc["result"]["notes"])
+    assert any("./build.sh" in n and "run it in the build" in n for n in doc["result"]["notes"])
     profile = (stack.work / "launch.toml").read_text()
     assert 'interpreter = "{py}"' in profile
     assert 'TINY_PORT = "{port}"' in profile

@@ -76,6 +76,13 @@ CONVERTED = {
     ),
     "checkout with a slash": 'exec "$PY" -m vllm --download-dir "$repo/" --root "$repo"',
     "wrappers": 'exec numactl --cpunodebind=0 --membind=0 "$PY" -m vllm --port 8080',
+    # from a second attack: comments never continue, quoted globs stay words
+    "a comment ending in a backslash": (
+        '# note \\\nexport A=1  # more \\\nexport B=2\nexec "$PY" -m vllm'
+    ),
+    "a quoted glob": 'G=\'*.py\'\nexec "$PY" -m vllm --x "$G" --y \'a{b,c}\' --z "~/m"',
+    "an odd port": 'exec "$PY" -m vllm --port ²',
+    "continuations between words": 'exec "$PY" -m vllm \\\n  --tp 2 \\\n  --pp 1',
 }
 
 
@@ -97,13 +104,16 @@ REFUSED = {
     "a chain": ('cd "$repo" && exec "$PY" -m vllm', "chained"),
     "default expansion": ('exec "$PY" -m vllm --tp "${TP:-4}"', "only $NAME"),
     "command substitution": ('N=$(nproc)\nexec "$PY" -m vllm', "only $NAME"),
-    "backticks": ('N=`nproc`\nexec "$PY" -m vllm', "command substitution"),
+    "backticks": ('N=`nproc`\nexec "$PY" -m vllm', "unquoted '`'"),
     "positional parameter": ('exec "$PY" -m vllm "$1"', "only $NAME"),
     "tilde": ('exec "$PY" -m vllm --model ~/models/m', "~"),
     "unset variable": ('exec "$PY" -m vllm --model "$HOME/m"', "$HOME is never set"),
     "word splitting": ('OPTS="--tp 4"\nexec "$PY" -m vllm $OPTS', "holds spaces"),
-    "array append": ('args=(--tp 1)\nargs+=(--eager)\nexec "$PY" -m v "${args[@]}"', "+="),
-    "conditional": ('if [ -d / ]; then export A=1; fi\nexec "$PY" -m v', "`if`"),
+    "array append": (
+        'args=(--tp 1)\nargs+=(--eager)\nexec "$PY" -m v "${args[@]}"',
+        "unquoted '('",
+    ),
+    "conditional": ('if [ -d / ]; then export A=1; fi\nexec "$PY" -m v', "unquoted '['"),
     "declare": ('declare -x FOO=bar\nexec "$PY" -m v', "`declare`"),
     "unset": ('export FOO=1\nunset FOO\nexec "$PY" -m v', "`unset`"),
     "source": ('source ./env.sh\nexec "$PY" -m v', "`source`"),
@@ -112,6 +122,30 @@ REFUSED = {
     "exec options": ('exec -a vllm "$PY" -m v', "exec's own options"),
     "a literal placeholder": ("exec \"$PY\" -m vllm --name '{port}' --port 8080", "would not run"),
     "literal braces": ("export FMT='${X}'\nexec \"$PY\" -m vllm", "unknown placeholder"),
+    # from a second attack: what bash reads differently from plain text
+    "CR line endings": ('exec "$PY" -m vllm --port 8080\r', "CR line ending"),
+    "a control character": ('exec "$PY" -m vllm --x a\x1cb', "control character"),
+    "a newline in single quotes": ("export A='x\\\ny'\nexec \"$PY\" -m v", "inside quotes"),
+    "a glob": ('exec "$PY" -m vllm --x *.py', "unquoted '*'"),
+    "a glob in a variable": ("G='*.py'\nexec \"$PY\" -m vllm --x $G", "glob characters"),
+    "brace expansion": ('exec "$PY" -m vllm --x a{b,c}', "unquoted '{'"),
+    "tilde after =": ('export P=/a:~/x\nexec "$PY" -m v', "unquoted '~'"),
+    "an empty unquoted variable": ('E=""\nexec "$PY" -m vllm $E --x', "is empty"),
+    "an unquoted splice": ('args=("a b")\nexec "$PY" -m v ${args[@]}', "only $NAME"),
+    "IFS": ('IFS=,\nexec "$PY" -m v', "IFS= changes"),
+    "set -a": ('set -a\nA=1\nexec "$PY" -m v', "`set`"),
+    "printf -v": ('export A=1\nprintf -v A %s x\nexec "$PY" -m v', "`printf`"),
+    "assigning default": ('export A=""\n: ${A:=5}\nexec "$PY" -m v', "can change a variable"),
+    "arithmetic": ('export A=1\ntest $((A=5))\nexec "$PY" -m v', "can change a variable"),
+    "let": ('export A=1\nlet A=5\nexec "$PY" -m v', "`let`"),
+    "append assignment": ('export A=a\nA+=b\nexec "$PY" -m v', "`A+=b`"),
+    "builtin": ('builtin export A=1\nexec "$PY" -m v', "`builtin`"),
+    "time": ('time exec "$PY" -m v', "`time`"),
+    "an array on an exported name": ('export A=1\nA=(x y)\nexec "$PY" -m v', "exported"),
+    "a quoted assignment": ('A"=1"\nexport A\nexec "$PY" -m v', "`A=1`"),
+    "a quoted prefix": ('"A"=1 exec "$PY" -m v', "`A=1`"),
+    "env with an odd name": ('exec env 1A=x "$PY" -m v', "not NAME=value"),
+    "an unterminated splice": ('args=(a)\nexec "$PY" -m v "${args[@]}', "only $NAME"),
     "two launch candidates": ('"$PY" check.py\n"$PY" -m vllm', "could be it"),
 }
 

@@ -15,10 +15,16 @@ them). Then:
 - lines that change nothing the server gets (``cd``, ``git``, ``test``, a pre-flight
   check) are listed with the reason.
 
-It fails closed: anything it does not model — a conditional, a function, ``source``,
-``$(…)``, ``${VAR:-x}``, ``$1``, ``~``, a redirection, a pipe, ``;`` or ``&&``, word
-splitting of an unquoted variable, ``args+=``, ``unset`` — is refused with its line
-number, and the profile is rendered and compared word by word with the script's own
+It fails closed, by allowlist: a word may hold letters, digits and ``_-./:=,+@%^#``
+unquoted, quotes, escapes and ``$NAME``/``${NAME}`` (an unquoted one only when its value
+is one plain word); a statement may be an assignment, ``export``, an array, ``set`` with
+harmless flags, ``exec``, a command by its path (a pre-flight program: listed), or a
+command that changes nothing (``cd``, ``git``, ``test``, ``echo``, ``mkdir``, ``:``),
+read but never expanded, refused where it could change a variable (``$((…))``,
+``${A:=…}``). Everything else — globs, braces, ``~``, ``$(…)``, ``${VAR:-x}``, ``$1``,
+redirections, pipes, lists, conditionals, functions, builtins (``source``, ``let``,
+``printf -v``, ``declare``…), ``IFS``, CR line ends, control characters — is refused with
+its line. Then the profile is rendered and compared word by word with the script's own
 command and environment before it is written: a difference is refused too.
 
 Hand-written: a bash parser (``bashlex``) would still leave every expansion and every
@@ -31,6 +37,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,20 +53,11 @@ HANDLED = {
     "git": "servegate fetches and checks out the exact SHA itself",
     "test": "servegate checks the checkout (clean, at the SHA) itself",
     "[": "servegate checks the checkout (clean, at the SHA) itself",
-    "set": "shell options",
     "echo": "output only",
-    "printf": "output only",
     "mkdir": "a directory servegate does not need",
     ":": "does nothing",
     "true": "does nothing",
 }
-#: commands whose effect on the environment or the command line is not modelled
-REFUSED = {
-    "if", "then", "else", "elif", "fi", "for", "while", "until", "do", "done", "case",
-    "esac", "function", "source", ".", "unset", "local", "readonly", "declare",
-    "typeset", "eval", "shift", "read", "trap", "alias", "return", "exit", "wait",
-    "{", "}", "(", ")",
-}  # fmt: skip
 
 
 class Unsupported(ConfigError):
@@ -68,10 +66,15 @@ class Unsupported(ConfigError):
 
 @dataclass(frozen=True)
 class Word:
-    """A shell word: what bash makes of it (``literal``) and the profile's form of it."""
+    """A shell word: what bash makes of it (``literal``) and the profile's form of it.
+    ``assign``: the name of an unquoted ``NAME=`` prefix (an assignment word);
+    ``splice``: a whole-word ``"${NAME[@]}"``; ``items``: an array's words."""
 
     literal: str
     template: str
+    assign: str = ""
+    splice: str = ""
+    items: tuple[Word, ...] | None = None
 
 
 @dataclass
@@ -97,6 +100,14 @@ class Converted:
     unresolved: list[str] = field(default_factory=list)
 
 
+#: shell variables whose assignment changes how bash reads the rest: refused
+SPECIAL = {"IFS", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "POSIXLY_CORRECT", "BASH_ENV", "ENV"}
+#: characters a word may hold unquoted: no globs, braces, tildes, operators
+PLAIN = re.compile(r"[A-Za-z0-9_\-./:=,+@%^#\x80-\U0010ffff]")
+#: `set` flags that change nothing the server gets
+SET_FLAGS = re.compile(r"^[-+][euxvo]+$|^[-+]o$|^(pipefail|errexit|nounset|xtrace|verbose)$")
+
+
 @dataclass
 class _Shell:
     checkout: str
@@ -116,6 +127,8 @@ class _Shell:
         )
 
     def assign(self, name: str, value: Word) -> None:
+        if name in SPECIAL:
+            raise self.refuse(f"{name}= changes how bash reads the script")
         if value.literal.startswith("/") and value.template == value.literal:
             if _same_dir(value.literal, self.checkout):
                 slash = "/" if value.literal.endswith("/") and value.literal != "/" else ""
@@ -128,10 +141,10 @@ class _Shell:
                     param = f"{base}_{k}"
                 self.params[param] = value.literal
                 value = Word(value.literal, "{" + param + "}")
-        self.vars[name] = value
+        self.vars[name] = Word(value.literal, value.template)
         self.arrays.pop(name, None)
         if name in self.exported:
-            self.exported[name] = value
+            self.exported[name] = self.vars[name]
 
     def ref(self, name: str, quoted: bool) -> Word:
         if name not in self.vars:
@@ -143,8 +156,11 @@ class _Shell:
                 "service does not have your shell's environment",
             )
         word = self.vars[name]
-        if not quoted and re.search(r"\s", word.literal):
-            raise self.refuse(f"unquoted ${name} holds spaces (bash would split it)")
+        if not quoted and (not word.literal or re.search(r"[\s*?\[]", word.literal)):
+            raise self.refuse(
+                f"unquoted ${name} is empty or holds spaces or glob characters (bash would "
+                f'split, drop or expand it): quote it, "${name}"'
+            )
         return word
 
 
@@ -152,241 +168,278 @@ def _same_dir(value: str, checkout: str) -> bool:
     return os.path.realpath(value) == os.path.realpath(checkout)
 
 
-class _Lexer:
-    """Words of one logical line, expanded as bash would (the modelled subset)."""
+class _Stream:
+    """The script as simple commands, read as bash reads them (the modelled subset)."""
 
     def __init__(self, sh: _Shell, text: str) -> None:
-        self.sh, self.text, self.i = sh, text, 0
+        self.sh, self.t, self.i, self.line = sh, text, 0, 1
 
-    def words(self, stop_at_paren: bool = False) -> list[Word | tuple[str, str]]:
-        """Words; a whole-word ``"${a[@]}"`` is ``("splice", name)``."""
-        out: list[Word | tuple[str, str]] = []
-        t = self.text
+    def commands(self) -> Iterator[tuple[int, str, list[Word]]]:
+        """(first line, raw text, words) of each command; ``lenient`` commands (those that
+        change nothing: cd, git, test…) are read, never expanded."""
+        t = self.t
+        while True:
+            words: list[Word] = []
+            first, begin = self.line, self.i
+            lenient = False
+            while self.i < len(t):
+                c = t[self.i]
+                if c in " \t":
+                    self.i += 1
+                elif c == "\\" and t[self.i + 1 : self.i + 2] == "\n":
+                    self.i += 2
+                    self.line += 1
+                elif c == "#":
+                    self._comment()
+                elif c == "\n":
+                    self.i += 1
+                    self.line += 1
+                    if words or lenient:
+                        break
+                    first, begin = self.line, self.i
+                elif lenient:
+                    self._skip_word()
+                else:
+                    self.sh.n = self.line
+                    if not words and re.match(_HANDLED_RE, t[self.i :]):
+                        lenient = True
+                        continue
+                    words.append(self._word(array_ok=not words))
+            else:
+                if not words and not lenient:
+                    return
+            self.sh.n = first
+            raw = " ".join(t[begin : self.i].replace("\\\n", " ").split())
+            yield first, raw, ([] if lenient else words)
+            if self.i >= len(t):
+                return
+
+    def _comment(self) -> None:
+        nl = self.t.find("\n", self.i)
+        self.i = len(self.t) if nl < 0 else nl
+
+    def _skip_word(self) -> None:
+        """One word of a command that is read, not run here: only what could change the
+        shell's own state is refused (arithmetic, ${NAME:=…}, a redirection, a chain)."""
+        t = self.t
+        quote = ""
         while self.i < len(t):
             c = t[self.i]
-            if c in " \t\n":
+            if quote:
+                if c == "\\" and quote == '"':
+                    self.i += 1
+                elif c == quote:
+                    quote = ""
+                elif c == "\n":
+                    self.line += 1
+            elif c in " \t\n":
+                return
+            elif c in "'\"":
+                quote = c
+            elif c == "\\":
                 self.i += 1
-                continue
-            if c == "#":
-                nl = t.find("\n", self.i)
-                self.i = len(t) if nl < 0 else nl
-                continue
-            if c == ")" and stop_at_paren:
-                self.i += 1
-                return out
-            splice = re.match(r'"?\$\{(' + NAME.pattern + r')\[@\]\}"?(?=[\s)]|$)', t[self.i :])
-            if splice:
-                self.i += splice.end()
-                out.append(("splice", splice.group(1)))
-                continue
-            out.append(self.word(stop_at_paren))
-        if stop_at_paren:
-            raise self.sh.refuse("an array without its closing parenthesis")
-        return out
-
-    def word(self, stop_at_paren: bool) -> Word:
-        t, lit, tpl = self.text, [], []
-        start = self.i
-        while self.i < len(t):
-            c = t[self.i]
-            if c in " \t\n" or (c == ")" and stop_at_paren):
-                break
-            if c in ";&|<>()`":
+            elif c in ";&|<>" or (c == "(" and t[self.i - 1 : self.i] != "$"):
                 raise self.sh.refuse(
-                    f"{c!r} (a command list, redirection, pipe, subshell or command substitution)",
-                    hint="the service manager keeps the server's output and runs one command: "
-                    "drop redirections and pipes, put exec before the server's command",
+                    "a command chained with another (;, &&, ||, |, &, a redirection)",
+                    hint="one command a line: put the server's command on its own exec line",
                 )
-            if c == "~" and self.i == start:
-                raise self.sh.refuse("~ (write the path out: the service's HOME may differ)")
+            if c == "$" and (
+                t.startswith("$((", self.i) or re.match(r"\$\{[^}]*[:=+?#%/^,]", t[self.i :])
+            ):
+                raise self.sh.refuse("$((…)) or ${NAME<op>…}: it can change a variable")
+            self.i += 1
+        if quote:
+            raise self.sh.refuse(f"an unterminated {quote} quote")
+
+    def _word(self, array_ok: bool) -> Word:
+        t, start = self.t, self.i
+        assign = re.match(NAME.pattern + r"=", t[self.i :])
+        if assign and array_ok and t[self.i + assign.end() : self.i + assign.end() + 1] == "(":
+            self.i += assign.end() + 1
+            return Word("", "", assign.group(0)[:-1], items=tuple(self._array()))
+        splice = re.match(r'"\$\{(' + NAME.pattern + r')\[@\]\}"(?=[\s)]|$)', t[self.i :])
+        if splice:
+            self.i += splice.end()
+            return Word("", "", splice=splice.group(1))
+        lit: list[str] = []
+        tpl: list[str] = []
+        if assign:
+            lit.append(assign.group(0))
+            tpl.append(assign.group(0))
+            self.i += assign.end()
+        while self.i < len(t):
+            c = t[self.i]
+            if c in " \t\n" or c == ")":
+                break
             if c == "\\":
-                lit.append(t[self.i + 1 : self.i + 2])
-                tpl.append(t[self.i + 1 : self.i + 2])
+                nxt = t[self.i + 1 : self.i + 2]
+                if nxt == "\n":
+                    raise self.sh.refuse("a line continuation inside a word")
+                if not nxt:
+                    raise self.sh.refuse("a backslash at the end of the script")
+                lit.append(nxt)
+                tpl.append(nxt)
                 self.i += 2
             elif c == "'":
                 end = t.find("'", self.i + 1)
                 if end < 0:
                     raise self.sh.refuse("an unterminated ' quote")
+                self._plain_quoted(t[self.i + 1 : end])
                 lit.append(t[self.i + 1 : end])
                 tpl.append(t[self.i + 1 : end])
                 self.i = end + 1
             elif c == '"':
-                self.i += 1
-                while self.i < len(t) and t[self.i] != '"':
-                    d = t[self.i]
-                    if d == "\\" and t[self.i + 1 : self.i + 2] in ('"', "\\", "$", "`"):
-                        lit.append(t[self.i + 1])
-                        tpl.append(t[self.i + 1])
-                        self.i += 2
-                    elif d == "$":
-                        w = self.dollar(quoted=True)
-                        lit.append(w.literal)
-                        tpl.append(w.template)
-                    elif d == "`":
-                        raise self.sh.refuse("` (command substitution)")
-                    else:
-                        lit.append(d)
-                        tpl.append(d)
-                        self.i += 1
-                if self.i >= len(t):
-                    raise self.sh.refuse('an unterminated " quote')
-                self.i += 1
+                self._double(lit, tpl)
             elif c == "$":
-                w = self.dollar(quoted=False)
+                w = self._dollar(quoted=False)
                 lit.append(w.literal)
                 tpl.append(w.template)
-            else:
+            elif PLAIN.match(c):
                 lit.append(c)
                 tpl.append(c)
                 self.i += 1
-        return Word("".join(lit), "".join(tpl))
+            else:
+                raise self.sh.refuse(
+                    f"unquoted {c!r} (a glob, brace, tilde, redirection, pipe, list or "
+                    "subshell: bash would expand or run it): quote it or write it out"
+                )
+        if self.i == start:
+            raise self.sh.refuse(f"unexpected {t[self.i]!r}")
+        return Word("".join(lit), "".join(tpl), assign.group(0)[:-1] if assign else "")
 
-    def dollar(self, quoted: bool) -> Word:
-        t = self.text
+    def _plain_quoted(self, text: str) -> None:
+        if "\n" in text or re.search(r"[\x00-\x08\x0b-\x1f\x7f]", text):
+            raise self.sh.refuse("a newline or control character inside quotes")
+
+    def _double(self, lit: list[str], tpl: list[str]) -> None:
+        t = self.t
+        self.i += 1
+        while self.i < len(t) and t[self.i] != '"':
+            d = t[self.i]
+            if d == "\\" and t[self.i + 1 : self.i + 2] in ('"', "\\", "$", "`"):
+                lit.append(t[self.i + 1])
+                tpl.append(t[self.i + 1])
+                self.i += 2
+            elif d == "\\" and t[self.i + 1 : self.i + 2] == "\n":
+                raise self.sh.refuse("a line continuation inside quotes")
+            elif d == "$":
+                w = self._dollar(quoted=True)
+                lit.append(w.literal)
+                tpl.append(w.template)
+            elif d == "`":
+                raise self.sh.refuse("` (command substitution)")
+            else:
+                self._plain_quoted(d)
+                lit.append(d)
+                tpl.append(d)
+                self.i += 1
+        if self.i >= len(t):
+            raise self.sh.refuse('an unterminated " quote')
+        self.i += 1
+
+    def _dollar(self, quoted: bool) -> Word:
+        t = self.t
         m = re.match(r"\$\{(" + NAME.pattern + r")\}|\$(" + NAME.pattern + ")", t[self.i :])
         if not m:
-            what = t[self.i : self.i + 6]
             raise self.sh.refuse(
-                f"{what!r}… (only $NAME and ${{NAME}} are converted: no defaults, "
-                "positional parameters, arithmetic or command substitution)"
+                f"{t[self.i : self.i + 6]!r}… (only $NAME and ${{NAME}} are converted: no "
+                "defaults, positional parameters, arithmetic or command substitution)"
             )
         self.i += m.end()
         return self.sh.ref(m.group(1) or m.group(2), quoted)
 
-
-def _logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, text): continuations joined, an array's ``( … )`` together."""
-    out: list[tuple[int, str]] = []
-    buf, start = "", 0
-    for n, raw in enumerate(text.splitlines(), 1):
-        if not buf:
-            start = n
-        if raw.endswith("\\") and not raw.endswith("\\\\"):
-            buf += raw[:-1]
-            continue
-        buf += raw
-        opening = re.match(r"\s*" + NAME.pattern + r"\+?=\(", buf)
-        if opening and not _closed(buf[opening.end() :]):
-            buf += "\n"
-            continue
-        out.append((start, buf))
-        buf = ""
-    if buf.strip():
-        out.append((start, buf))
-    return out
-
-
-def _closed(body: str) -> bool:
-    """Whether an array's body holds its closing parenthesis outside quotes/comments."""
-    i, quote = 0, ""
-    while i < len(body):
-        c = body[i]
-        if quote:
-            if c == "\\" and quote == '"':
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c == "\\":
-            i += 1
-        elif c == "#" and (i == 0 or body[i - 1] in " \t\n"):
-            nl = body.find("\n", i)
-            i = len(body) if nl < 0 else nl
-            continue
-        elif c == ")":
-            return True
-        i += 1
-    return False
+    def _array(self) -> list[Word]:
+        t = self.t
+        items: list[Word] = []
+        while self.i < len(t):
+            c = t[self.i]
+            if c in " \t":
+                self.i += 1
+            elif c == "\n":
+                self.i += 1
+                self.line += 1
+            elif c == "\\" and t[self.i + 1 : self.i + 2] == "\n":
+                self.i += 2
+                self.line += 1
+            elif c == "#":
+                self._comment()
+            elif c == ")":
+                self.i += 1
+                return items
+            else:
+                word = self._word(array_ok=False)
+                if word.assign:  # NAME=x inside ( … ): a plain word there
+                    word = Word(word.literal, word.template)
+                items.append(word)
+        raise self.sh.refuse("an array without its closing parenthesis")
 
 
-def _operator(line: str) -> bool:
-    """Whether ``line`` has ``; & | < >`` outside quotes (before a comment)."""
-    i, quote = 0, ""
-    while i < len(line):
-        c = line[i]
-        if quote:
-            if c == "\\" and quote == '"':
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c == "\\":
-            i += 1
-        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
-            return False
-        elif c in ";&|<>":
-            return True
-        i += 1
-    return False
+#: a command that changes nothing the server gets: read, listed, never run or expanded
+_HANDLED_RE = r"(cd|git|test|\[|echo|mkdir|:|true)(?=[ \t\n]|$)"
 
 
-def _head(line: str) -> str:
-    return line.strip().split(None, 1)[0] if line.strip() else ""
+def _check_text(sh: _Shell, text: str) -> None:
+    """Line ends and characters bash and this reader could read differently."""
+    for n, line in enumerate(text.split("\n"), 1):
+        sh.n = n
+        if "\r" in line:
+            raise sh.refuse("a CR line ending (convert the file: dos2unix)")
+        if re.search(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]", line):
+            raise sh.refuse("a control character")
 
 
 def convert(text: str, checkout: Path) -> Converted:
     """The launch of ``text`` (a shell script) as a profile's parts."""
     sh = _Shell(str(checkout))
+    _check_text(sh, text)
     result = Converted(release=str(checkout))
-    command: list[Word | tuple[str, str]] | None = None
+    command: list[Word] | None = None
     prefix_env: dict[str, Word] = {}
-    candidates: list[tuple[int, str, list[Word | tuple[str, str]], dict[str, Word]]] = []
-    for n, line in _logical_lines(text):
-        sh.n = n
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
+    candidates: list[tuple[int, str, list[Word], dict[str, Word]]] = []
+    for n, raw, words in _Stream(sh, text).commands():
         if command is not None:
-            result.skipped.append(f"line {n}: {stripped[:100]} — after exec: never runs")
+            result.skipped.append(f"line {n}: {raw[:100]} — after exec: never runs")
             continue
-        array = re.match(r"\s*(" + NAME.pattern + r")(\+?)=\(", line)
-        if array:
-            if array.group(2):
-                raise sh.refuse(f"{array.group(1)}+=( … ) (write the whole array once)")
-            lexer = _Lexer(sh, line[array.end() :])
-            items = lexer.words(stop_at_paren=True)
-            if lexer.text[lexer.i :].strip():
-                raise sh.refuse("words after an array's closing parenthesis")
-            sh.arrays[array.group(1)] = _splice(sh, items)
-            sh.vars.pop(array.group(1), None)
+        if not words:  # a command that changes nothing the server gets
+            head = raw.split(None, 1)[0]
+            result.skipped.append(f"line {n}: {raw[:100]} — {HANDLED[head]}")
             continue
-        head = _head(line)
-        if head in REFUSED or re.match(NAME.pattern + r"\s*\(\)", stripped):
-            raise sh.refuse(f"`{head}`: not a straight-line statement")
-        if head in HANDLED:  # read, never expanded: it changes nothing the server gets
-            if _operator(line):
-                raise sh.refuse(
-                    f"`{head}` chained with another command (;, &&, ||, |, &, a redirection)",
-                    hint="one command a line: put the server's command on its own exec line",
-                )
-            result.skipped.append(f"line {n}: {stripped[:100]} — {HANDLED[head]}")
-            continue
-        words = _Lexer(sh, line).words()
         assigns: dict[str, Word] = {}
-        while words and isinstance(words[0], Word) and _assignment(words[0]):
-            name, value = _assignment(words[0]) or ("", Word("", ""))
-            assigns[name] = value
-            words = words[1:]
+        while words and words[0].assign:
+            w = words.pop(0)
+            if w.items is not None:
+                if words or assigns:
+                    raise sh.refuse("an array assignment with other words")
+                if w.assign in sh.exported:
+                    raise sh.refuse(f"{w.assign}=( … ) on an exported variable")
+                sh.arrays[w.assign] = _splice(sh, list(w.items))
+                sh.vars.pop(w.assign, None)
+                break
+            assigns[w.assign] = _value(w)
         if not words:  # NAME=value …: plain assignments
             for name, value in assigns.items():
                 sh.assign(name, value)
             continue
-        first = words[0]
-        cmd = first.literal if isinstance(first, Word) else ""
-        if cmd == "export":
+        cmd = words[0].literal if not words[0].splice else ""
+        if cmd == "export" and not assigns:
             _export(sh, words[1:])
+            continue
+        if cmd == "set" and not assigns and all(SET_FLAGS.match(w.literal) for w in words[1:]):
+            result.skipped.append(f"line {n}: {raw[:100]} — shell options")
             continue
         if cmd == "exec":
             command, prefix_env = words[1:], assigns
-            if command and isinstance(command[0], Word) and command[0].literal.startswith("-"):
-                raise sh.refuse(f"exec {command[0].literal} (exec's own options)")
+            if not command or command[0].literal.startswith("-"):
+                raise sh.refuse("exec without a command, or with exec's own options")
             continue
-        if cmd in HANDLED:
-            result.skipped.append(f"line {n}: {stripped[:100]} — {HANDLED[cmd]}")
-            continue
-        candidates.append((n, stripped, words, assigns))
+        if "/" not in cmd:
+            raise sh.refuse(
+                f"`{cmd}`: not a command servegate init can tell is harmless (a builtin or a "
+                "function could change what the server gets)",
+                hint="give a pre-flight program by its path (it then runs in the build, not "
+                "here), or leave it out of the launch script",
+            )
+        candidates.append((n, raw, words, assigns))
     if command is None:
         if len(candidates) != 1:
             raise ConfigError(
@@ -397,20 +450,20 @@ def convert(text: str, checkout: Path) -> Converted:
             )
         n, _, command, prefix_env = candidates.pop()
         result.skipped.append(f"line {n}: no exec: taken as the server's command")
-    for n, stripped, _, _ in candidates:
+    for n, raw, _, _ in candidates:
         result.skipped.append(
-            f"line {n}: {stripped[:100]} — a command before the server starts: run it in the build"
+            f"line {n}: {raw[:100]} — a command before the server starts: run it in the build"
         )
     argv = _splice(sh, command)
-    if not argv:
-        raise ConfigError("`exec` without a command")
     env = dict(sh.exported)
     env.update(prefix_env)
     if argv[0].literal == "env":  # exec env A=1 B=2 python …
         argv = argv[1:]
-        while argv and _assignment(argv[0]):
-            name, value = _assignment(argv[0]) or ("", Word("", ""))
-            env[name] = value
+        while argv and "=" in argv[0].literal and not argv[0].literal.startswith("-"):
+            key, _, raw = argv[0].literal.partition("=")
+            if not NAME.fullmatch(key) or not argv[0].template.startswith(key + "="):
+                raise sh.refuse(f"env {argv[0].literal!r}: not NAME=value")
+            env[key] = Word(raw, argv[0].template[len(key) + 1 :])
             argv = argv[1:]
         if not argv or argv[0].literal.startswith("-"):
             raise ConfigError("`exec env` with options or without a command is not converted")
@@ -429,49 +482,47 @@ def convert(text: str, checkout: Path) -> Converted:
     return result
 
 
-def _assignment(word: Word) -> tuple[str, Word] | None:
-    m = re.match(r"(" + NAME.pattern + r")=", word.literal)
-    t = re.match(r"(" + NAME.pattern + r")=", word.template)
-    if not m or not t or m.group(1) != t.group(1):
-        return None
-    return m.group(1), Word(word.literal[m.end() :], word.template[t.end() :])
+def _value(word: Word) -> Word:
+    """The value of an assignment word."""
+    n = len(word.assign) + 1
+    return Word(word.literal[n:], word.template[n:])
 
 
-def _splice(sh: _Shell, items: list[Word | tuple[str, str]]) -> list[Word]:
+def _splice(sh: _Shell, items: list[Word]) -> list[Word]:
     out: list[Word] = []
     for item in items:
-        if isinstance(item, Word):
-            out.append(item)
-        elif item[1] in sh.arrays:
-            out += sh.arrays[item[1]]
+        if not item.splice:
+            out.append(Word(item.literal, item.template))
+        elif item.splice in sh.arrays:
+            out += sh.arrays[item.splice]
         else:
-            raise sh.refuse(f"${{{item[1]}[@]}}: no array {item[1]} is set before this line")
+            raise sh.refuse(f"${{{item.splice}[@]}}: no array {item.splice} is set before this")
     return out
 
 
-def _export(sh: _Shell, words: list[Word | tuple[str, str]]) -> None:
+def _export(sh: _Shell, words: list[Word]) -> None:
     for w in words:
-        if not isinstance(w, Word) or w.literal.startswith("-"):
-            raise sh.refuse("export with options (export -n, -f) is not converted")
-        pair = _assignment(w)
-        if pair:
-            sh.assign(*pair)
-            sh.exported[pair[0]] = sh.vars[pair[0]]
-        elif NAME.fullmatch(w.literal):
+        if w.splice or w.items is not None or w.literal.startswith("-"):
+            raise sh.refuse("export with options or arrays is not converted")
+        if w.assign:
+            sh.assign(w.assign, _value(w))
+            sh.exported[w.assign] = sh.vars[w.assign]
+        elif NAME.fullmatch(w.literal) and w.template == w.literal:
             if w.literal not in sh.vars:
                 raise sh.refuse(f"export {w.literal}: it is never set in the script")
             sh.exported[w.literal] = sh.vars[w.literal]
         else:
-            raise sh.refuse(f"export {w.literal!r}: not NAME or NAME=value")
+            raise sh.refuse(f"export {w.literal!r}: not NAME or NAME=value (unquoted)")
 
 
 def _port(result: Converted, argv: list[Word]) -> list[Word]:
     out = list(argv)
     for i, w in enumerate(out):
-        if w.literal == "--port" and i + 1 < len(out) and out[i + 1].literal.isdigit():
+        nxt = out[i + 1].literal if i + 1 < len(out) else ""
+        if w.literal == "--port" and re.fullmatch(r"[1-9][0-9]{0,4}", nxt):
             result.port = int(out[i + 1].literal)
             out[i + 1] = Word(out[i + 1].literal, "{port}")
-        elif w.literal.startswith("--port=") and w.literal[7:].isdigit():
+        elif re.fullmatch(r"--port=[1-9][0-9]{0,4}", w.literal):
             result.port = int(w.literal[7:])
             out[i] = Word(w.literal, "--port={port}")
     return out
