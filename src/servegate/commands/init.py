@@ -261,8 +261,8 @@ def run(
     if from_command is not None:
         script = from_command if from_command.is_absolute() else Path.cwd() / from_command
         try:
-            text = script.read_text()
-        except OSError as exc:
+            text = script.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read the launch script {script}: {exc}") from None
         conv = shellimport.convert(text, checkout)
         if conv.unresolved:

@@ -100,12 +100,19 @@ class Converted:
     unresolved: list[str] = field(default_factory=list)
 
 
-#: shell variables whose assignment changes how bash reads the rest: refused
-SPECIAL = {"IFS", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "POSIXLY_CORRECT", "BASH_ENV", "ENV"}
+#: shell variables bash reads, sets or computes itself: an assignment to one is refused
+SPECIAL = {
+    "IFS", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "POSIXLY_CORRECT", "BASH_ENV", "ENV",
+    "PS1", "PS2", "PS3", "PS4", "PROMPT_COMMAND", "_", "LINENO", "RANDOM", "SRANDOM",
+    "SECONDS", "EPOCHSECONDS", "EPOCHREALTIME", "BASHPID", "UID", "EUID", "PPID", "GROUPS",
+    "FUNCNAME", "HISTCMD", "OPTIND", "OPTARG", "OPTERR", "SHLVL", "PWD", "OLDPWD",
+    "PIPESTATUS", "REPLY", "COLUMNS", "LINES", "HOSTNAME", "HOSTTYPE", "MACHTYPE", "OSTYPE",
+    "CDPATH", "TMOUT", "MAIL", "MAILPATH", "MAILCHECK",
+}  # fmt: skip
 #: characters a word may hold unquoted: no globs, braces, tildes, operators
 PLAIN = re.compile(r"[A-Za-z0-9_\-./:=,+@%^#\x80-\U0010ffff]")
-#: `set` flags that change nothing the server gets
-SET_FLAGS = re.compile(r"^[-+][euxvo]+$|^[-+]o$|^(pipefail|errexit|nounset|xtrace|verbose)$")
+#: `set` flags that change nothing the server gets (not -x: PS4 runs code at each trace)
+SET_FLAGS = re.compile(r"^[-+][euo]+$|^(pipefail|errexit|nounset)$")
 
 
 @dataclass
@@ -127,7 +134,7 @@ class _Shell:
         )
 
     def assign(self, name: str, value: Word) -> None:
-        if name in SPECIAL:
+        if name in SPECIAL or name.startswith("BASH"):
             raise self.refuse(f"{name}= changes how bash reads the script")
         if value.literal.startswith("/") and value.template == value.literal:
             if _same_dir(value.literal, self.checkout):
@@ -219,37 +226,81 @@ class _Stream:
         self.i = len(self.t) if nl < 0 else nl
 
     def _skip_word(self) -> None:
-        """One word of a command that is read, not run here: only what could change the
-        shell's own state is refused (arithmetic, ${NAME:=…}, a redirection, a chain)."""
+        """One word of a command that is read, not run here (cd, git, test…). What it could
+        do to the shell's own state, or to how the next lines are read, is refused: a
+        chain or redirection, arithmetic, ``${NAME<op>…}``, indirection, ``test -v``, a
+        newline inside quotes, a substitution that does not close on its line."""
         t = self.t
+        if re.match(r"-v(?=[ \t\n]|$)", t[self.i :]):
+            raise self.sh.refuse("test -v: it can evaluate an array subscript")
         quote = ""
         while self.i < len(t):
+            c = t[self.i]
+            if c == "\n" and quote:
+                raise self.sh.refuse("a newline inside quotes in a command servegate skips")
+            if quote == "'":
+                quote = "" if c == "'" else quote
+                self.i += 1
+                continue
+            if not quote and c in " \t\n":
+                return
+            if c == '"' or (c == "'" and not quote):
+                quote = "" if quote else c
+                self.i += 1
+            elif c == "\\":
+                if t[self.i + 1 : self.i + 2] in ("\n", ""):
+                    raise self.sh.refuse("a line continuation in a command servegate skips")
+                self.i += 2
+            elif not quote and c in ";&|<>()":
+                raise self.sh.refuse(
+                    "a command chained with another (;, &&, ||, |, &, a redirection)",
+                    hint="one command a line: put the server's command on its own exec line",
+                )
+            elif c == "`":
+                self._substitution("`")
+            elif c == "$" and t.startswith("$(", self.i) and not t.startswith("$((", self.i):
+                self._substitution(")")
+            elif c == "$" and not re.match(
+                r"\$(\{" + NAME.pattern + r"\}|" + NAME.pattern + r"|[0-9?#*@$-]|(?=[\s\"]|$))",
+                t[self.i :],
+            ):
+                raise self.sh.refuse(
+                    f"{t[self.i : self.i + 6]!r}… in a command servegate skips: arithmetic, "
+                    "${NAME<op>…}, $'…' or indirection could change a variable"
+                )
+            else:
+                self.i += 1
+        if quote:
+            raise self.sh.refuse(f"an unterminated {quote} quote")
+
+    def _substitution(self, close: str) -> None:
+        """Skip ``$( … )`` or a backtick pair of a skipped command: a subshell, which changes
+        nothing here — but only on one line, so it cannot hide lines from this reader."""
+        t = self.t
+        self.i += 2 if close == ")" else 1
+        depth, quote = 1, ""
+        while self.i < len(t) and t[self.i] != "\n":
             c = t[self.i]
             if quote:
                 if c == "\\" and quote == '"':
                     self.i += 1
                 elif c == quote:
                     quote = ""
-                elif c == "\n":
-                    self.line += 1
-            elif c in " \t\n":
-                return
             elif c in "'\"":
                 quote = c
             elif c == "\\":
                 self.i += 1
-            elif c in ";&|<>" or (c == "(" and t[self.i - 1 : self.i] != "$"):
-                raise self.sh.refuse(
-                    "a command chained with another (;, &&, ||, |, &, a redirection)",
-                    hint="one command a line: put the server's command on its own exec line",
-                )
-            if c == "$" and (
-                t.startswith("$((", self.i) or re.match(r"\$\{[^}]*[:=+?#%/^,]", t[self.i :])
-            ):
-                raise self.sh.refuse("$((…)) or ${NAME<op>…}: it can change a variable")
+            elif c == "`" and close == ")":
+                raise self.sh.refuse("a backtick inside $( … ) of a command servegate skips")
+            elif close == ")" and c == "(":
+                depth += 1
+            elif c == close:
+                depth -= 1
+                if depth == 0:
+                    self.i += 1
+                    return
             self.i += 1
-        if quote:
-            raise self.sh.refuse(f"an unterminated {quote} quote")
+        raise self.sh.refuse("a command substitution that does not close on its line")
 
     def _word(self, array_ok: bool) -> Word:
         t, start = self.t, self.i
@@ -384,8 +435,8 @@ def _check_text(sh: _Shell, text: str) -> None:
         sh.n = n
         if "\r" in line:
             raise sh.refuse("a CR line ending (convert the file: dos2unix)")
-        if re.search(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029]", line):
-            raise sh.refuse("a control character")
+        if re.search(r"[\x00-\x08\x0b-\x1f\x7f\x85\u2028\u2029\ud800-\udfff]", line):
+            raise sh.refuse("a control character or an invalid character")
 
 
 def convert(text: str, checkout: Path) -> Converted:
@@ -455,6 +506,8 @@ def convert(text: str, checkout: Path) -> Converted:
             f"line {n}: {raw[:100]} — a command before the server starts: run it in the build"
         )
     argv = _splice(sh, command)
+    if not argv or argv[0].literal.startswith("-"):
+        raise ConfigError("exec without a command, or with exec's own options (after expansion)")
     env = dict(sh.exported)
     env.update(prefix_env)
     if argv[0].literal == "env":  # exec env A=1 B=2 python …
