@@ -153,25 +153,24 @@ class Bench:
         engine = s.endpoint.engine or adapters.detect(served)
         self.spec = s = replace(s, endpoint=replace(s.endpoint, engine=engine))
         self.close()  # the pool speaks to the identified engine from here on
-        self.result["engine"]["metrics"] = bool(
-            prom.parse(client.metrics_text(s.endpoint, http=self.http))
-        )
+        has_metrics = bool(prom.parse(client.metrics_text(s.endpoint, http=self.http)))
         local = (
             sizing.LocalTokenizer(Path(s.tokenizer), s.tokenizer_python or sys.executable)
             if s.tokenizer
             else None
         )
         try:
-            self._size(s, sizing.probe(s.endpoint, s.model, local))
+            self._size(s, sizing.probe(s.endpoint, s.model, local), has_metrics)
         finally:
             if local is not None:
                 local.close()
         self.save()
 
-    def _size(self, s: Spec, tok: sizing.Tokenizer) -> None:
+    def _size(self, s: Spec, tok: sizing.Tokenizer, has_metrics: bool) -> None:
+        """The engine's facts, then every prompt sized for its tokenizer."""
         self.result["engine"] = {
             "resolved": s.endpoint.adapter.name,
-            "metrics": self.result["engine"].get("metrics", False),
+            "metrics": has_metrics,
             "tokenize": tok.available,
             "tokenizer_source": tok.source,
             "tokenizer_fingerprint": tok.fingerprint,

@@ -265,12 +265,6 @@ def run(
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read the launch script {script}: {exc}") from None
         conv = shellimport.convert(text, checkout)
-        if conv.unresolved:
-            raise ConfigError(
-                f"{script} uses variables it never sets: {', '.join(conv.unresolved)}",
-                hint="set them in the script (name=value or export NAME=value) and run init "
-                "again: the box's service will not have your shell's environment",
-            )
         _check_interpreter(conv.interpreter, conv.params)
         port = port or conv.port
         _write(checkout / "launch.toml", shellimport.profile_toml(conv, script.name), force,

@@ -96,7 +96,7 @@ class Converted:
     environ: dict[str, str] = field(default_factory=dict)
     #: the checkout (what ``{release}`` stands for in the check)
     release: str = ""
-    #: always empty: a name the script never sets is refused
+    #: always empty: a name the script never sets is refused with its line
     unresolved: list[str] = field(default_factory=list)
 
 
