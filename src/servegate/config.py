@@ -135,6 +135,10 @@ class Service:
     #: name of the environment variable holding the API key the server expects (never recorded)
     api_key_env: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
+    #: a file of ``NAME=value`` lines (0600, this user's) that ``${NAME}`` in ``env`` and
+    #: ``api_key_env`` are filled from before servegate's own environment
+    #: (:mod:`servegate.envfile`); empty: servegate's environment only
+    env_file: str = ""
 
 
 @dataclass(frozen=True)

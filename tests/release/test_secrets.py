@@ -13,9 +13,11 @@ import git
 import pytest
 
 from servegate import config as config_mod
+from servegate import envfile
 from servegate.cli import release_main
 from servegate.demo.sandbox import free_port
 from servegate.engine.managers.supervisor import Supervisor
+from servegate.errors import ConfigError
 from tests.conftest import Stack, config_text
 
 SECRETS = ("hunter2", "sk-live-123", "hf_abcdefSECRET", "pa55w0rd", "sk-second-456",
@@ -127,3 +129,58 @@ def test_an_unset_secret_reference_stops_before_the_live_service_is_touched(
     assert release_main(["verify", "--config", str(path)]) == 0  # still the good one
     state = json.loads((cfg.host_root / "state.json").read_text())
     assert state["current"]["sha"] == good
+
+
+def test_a_secret_from_the_env_file_reaches_the_service_and_no_record(
+    hostile: Path,
+    stack: Stack,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``service.env_file``: the secret lives in a 0600 file on the box, neither in
+    servegate.toml nor in servegate's environment; the live process gets it (provenance
+    compares the values), no record shows it. A file others may read is refused before
+    the live service is touched."""
+    monkeypatch.delenv("HF_TOKEN")
+    secrets = tmp_path / "secrets.env"
+    secrets.write_text("# the box's secrets\nexport HF_TOKEN='hf_abcdefSECRET'\n")
+    secrets.chmod(0o600)
+    text = hostile.read_text().replace(
+        "[service.env]", f'env_file = "{secrets}"\n\n[service.env]', 1
+    )
+    hostile.write_text(text)
+    cfg = config_mod.load(hostile, {})
+    first = stack.commit()
+    assert release_main(["promote", first, "--config", str(hostile), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert leaks(out) == []
+    record = json.loads(out)["result"]["record"]
+    assert record["provenance"]["ok"]  # HF_TOKEN is a checked variable: the live value matched
+    assert record["launch"]["env"]["HF_TOKEN"].startswith("<redacted sha256:")
+    # a neighbour could read it: refused, exit 2, the release that serves stays
+    secrets.chmod(0o644)
+    nxt = stack.commit(message="next")
+    assert release_main(["promote", nxt, "--config", str(hostile), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert "readable or writable by others" in doc["error"]["message"]
+    assert "chmod 600" in doc["error"]["hint"]
+    # a link to the file is refused too (it could be swapped for another user's file)
+    secrets.chmod(0o600)
+    link = tmp_path / "link.env"
+    link.symlink_to(secrets)
+    hostile.write_text(text.replace(f'env_file = "{secrets}"', f'env_file = "{link}"'))
+    assert release_main(["promote", nxt, "--config", str(hostile)]) == 2
+    assert "symbolic link is refused" in capsys.readouterr().err
+    hostile.write_text(text)
+    state = json.loads((cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == first
+    assert release_main(["verify", "--config", str(hostile)]) == 0
+
+
+def test_env_file_format_is_read_exactly_or_refused() -> None:
+    text = "A=1\n\n# c\nexport B=x\nC=\"a b#c\"\nD='$x'\nE=\n"
+    assert envfile.parse(text) == {"A": "1", "B": "x", "C": "a b#c", "D": "$x", "E": ""}
+    for bad in ("A", "1A=x", "A B=x", "A='x", 'A=x"', "A=\"x'"):
+        with pytest.raises(ConfigError, match=":1:"):
+            envfile.parse(bad)

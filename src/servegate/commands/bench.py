@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
-from servegate import hostpaths
+from servegate import envfile, hostpaths
 from servegate.bench import cases, document, probes, results, runner, verdict
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
@@ -108,6 +108,8 @@ def bench_settings(cfg: Config | None, o: Options) -> config_mod.Bench:
 
 def endpoint_of(cfg: Config | None, o: Options, environ: Mapping[str, str]) -> openai.Endpoint:
     key_env = o.api_key_env or (cfg.service.api_key_env if cfg else "")
+    if cfg is not None and key_env:
+        environ = envfile.environ_with(cfg.service.env_file, environ)
     key = environ.get(key_env, "") if key_env else ""
     if key_env and not key:
         raise ConfigError(f"the API key variable {key_env} is not set", hint=f"export {key_env}")

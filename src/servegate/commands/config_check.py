@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
-from servegate import hostpaths
+from servegate import envfile, hostpaths
 from servegate.config import Config
-from servegate.engine.launch import launch_spec
+from servegate.engine.launch import ENV_REF, launch_spec
 from servegate.engine.lint import ruleset
 from servegate.output import Output
 from servegate.release import bench_gate
@@ -28,6 +29,17 @@ def run(cfg: Config, out: Output) -> int:
     spec = launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
     rules = ruleset(cfg)
     warnings = bench_gate.noise_warnings(cfg) if "bench" in checks else []
+    # the secrets file is checked (owner, mode, format); references it and the
+    # environment leave unfilled would stop a promote (exit 2) before the service is touched
+    environ = envfile.environ_with(cfg.service.env_file, os.environ)
+    for key, raw in spec.env.items():
+        for name in ENV_REF.findall(raw):
+            if name not in environ:
+                warnings.append(
+                    f"the service environment's {key} refers to ${{{name}}}, set neither in "
+                    + (f"{cfg.service.env_file} nor " if cfg.service.env_file else "")
+                    + "this environment: a promote run here would stop (exit 2)"
+                )
     if out.json_mode:
         return out.emit({**_plain(cfg), "warnings": warnings})
     out.line(f"{cfg.path}: OK")

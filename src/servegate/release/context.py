@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servegate import hostpaths
+from servegate import envfile, hostpaths
 from servegate.config import Config
 from servegate.engine import lint, openai, provenance
 from servegate.engine.launch import COMPILE_CACHES, LaunchSpec, engine_of, launch_spec
@@ -35,6 +35,7 @@ class Context:
 
     @classmethod
     def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:
+        environ = envfile.environ_with(cfg.service.env_file, environ)
         api_key = environ.get(cfg.service.api_key_env, "") if cfg.service.api_key_env else ""
         return cls(
             cfg=cfg,
