@@ -392,3 +392,29 @@ def test_status_is_a_check_that_fails_when_the_live_release_is_down(
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["class"] == "ServiceFailed"
     assert "is not healthy" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [("build-clobbers-others", "build/libtiny.so of "), ("build-edits-others", "tracked files")],
+)
+def test_a_build_that_damages_the_live_release_stops_before_the_switch(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str], mode: str, said: str
+) -> None:
+    """The automatic rollback starts the live release again from its files: a build
+    that deletes or edits them is stopped before the live service is touched."""
+    a = released(host, stack)
+    capsys.readouterr()
+    bad = stack.commit(mode)
+    assert release_main(["promote", bad, "--config", str(host.path)]) == 5
+    err = capsys.readouterr().err
+    assert f"changed the files of the live release {a[:12]}" in err
+    assert said in err
+    assert host.live_root() == host.release_dir(a)  # never switched
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == a
+    # the live process still runs what it loaded; verify says its files changed under it
+    assert release_main(["verify", "--config", str(host.path)]) == 8
+    assert ("deleted on disk" if "clobbers" in mode else "M tinystack/server.py") in (
+        capsys.readouterr().err
+    )

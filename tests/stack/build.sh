@@ -10,6 +10,17 @@ fi
 if [ "$(cat mode 2>/dev/null)" = slow-build ]; then
   echo "building slowly"; sleep 20
 fi
+if [ "$(cat mode 2>/dev/null)" = build-clobbers-others ]; then
+  # a build that "cleans up" beside itself: every other release's library
+  for other in ../*/build/libtiny.so; do
+    case "$other" in "../$(basename "$PWD")/"*) ;; *) rm -f "$other" ;; esac
+  done
+fi
+if [ "$(cat mode 2>/dev/null)" = build-edits-others ]; then
+  for other in ../*/tinystack/server.py; do
+    case "$other" in "../$(basename "$PWD")/"*) ;; *) echo "# patched" >> "$other" ;; esac
+  done
+fi
 mkdir -p build
 cc -shared -fPIC -O2 -o build/libtiny.so tiny.c
 echo "built build/libtiny.so"

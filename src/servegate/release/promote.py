@@ -33,6 +33,7 @@ from servegate.release.rollback import (
     mark_pending,
     recover,
     restore_after_failure,
+    restore_problem,
     warn_unpushed,
 )
 from servegate.release.state import Entry
@@ -99,6 +100,27 @@ def require_clean_after_build(release_dir: Path) -> None:
         )
 
 
+def require_live_intact(ctx: Context, sha: str) -> None:
+    """The build of a new release must leave the live one as it was built: the
+    automatic rollback after the switch starts it again from its files."""
+    live = ctx.state.current
+    if live is None or live.sha == sha or ctx.deployer.rebuilds_on_restore:
+        return
+    why = restore_problem(ctx, live)
+    if not why:
+        dirty = dirty_files(Path(live.release_dir))
+        if not dirty:
+            return
+        why = "tracked files changed: " + "; ".join(d.strip() for d in dirty[:10])
+    raise BuildFailed(
+        f"the build of {sha[:12]} changed the files of the live release {live.sha[:12]} "
+        f"({why}): a rollback to it could no longer start",
+        hint="make the build write only inside its own release directory. The live "
+        "service was not touched and keeps serving what it loaded; promote a fixed commit to "
+        "replace it (until then an automatic rollback to it could not start)",
+    )
+
+
 def promote(ctx: Context, requested: str, allow_non_ff: bool = False) -> Outcome:
     start = time.monotonic()
     bringup.check_host_root(ctx)  # before its lock file is made in it
@@ -124,6 +146,7 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
             ctx.build_cache,
         )
         require_clean_after_build(release_dir)
+        require_live_intact(ctx, sha)
         archs = f", code for {', '.join(ctx.cfg.build.archs)}" if ctx.cfg.build.archs else ""
         cached = [t["name"] for t in built.targets if t["cached"]]
         reuse = f", cache hit: {', '.join(cached)}" if cached else ""

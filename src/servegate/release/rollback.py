@@ -219,29 +219,33 @@ def pick_target(ctx: Context, to: str | None) -> Entry:
     return ctx.state.previous
 
 
-def check_restorable(ctx: Context, target: Entry) -> None:
-    """The target's checkout and built artifacts are there and are what was built: a
-    rollback that cannot start must not stop the live release first."""
+def restore_problem(ctx: Context, target: Entry) -> str:
+    """Why ``target`` could not be started again from its files ("" when it could): its
+    checkout is gone, or a built artifact is missing or differs from what was built."""
     if ctx.deployer.rebuilds_on_restore:
-        return  # in-place: the build runs again on restore
+        return ""  # in-place: the build runs again on restore
     where = Path(target.release_dir)
     if not where.is_dir():
-        raise PreflightFailed(
-            f"the release directory of {target.sha[:12]} ({where}) is gone: a rollback to it "
-            "would stop the live release and start nothing",
-            hint=f"promote {target.sha[:12]} again (`release promote --allow-non-ff "
-            f"{target.sha}`), which rebuilds it",
-        )
+        return f"the release directory of {target.sha[:12]} ({where}) is gone"
     for rel, want in sorted(target.artifacts.items()):
         path = where / rel
         got = sha256_file(path) if path.is_file() else "missing"
         if got != want:
-            raise PreflightFailed(
-                f"{rel} of {target.sha[:12]} is not what was built (sha256 {want[:16]}…, now "
-                f"{got[:16]}{'' if got == 'missing' else '…'}): refusing to stop the live "
-                "release for it",
-                hint=f"promote {target.sha[:12]} again with --allow-non-ff to rebuild it",
-            )
+            now = "missing" if got == "missing" else f"now sha256 {got[:16]}…"
+            return f"{rel} of {target.sha[:12]} is not what was built (sha256 {want[:16]}…, {now})"
+    return ""
+
+
+def check_restorable(ctx: Context, target: Entry) -> None:
+    """The target's checkout and built artifacts are there and are what was built: a
+    rollback that cannot start must not stop the live release first."""
+    problem = restore_problem(ctx, target)
+    if problem:
+        raise PreflightFailed(
+            f"{problem}: a rollback to it would stop the live release and start nothing",
+            hint=f"promote {target.sha[:12]} again (`release promote --allow-non-ff "
+            f"{target.sha}`), which rebuilds it",
+        )
 
 
 def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
