@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import sys
 import typing
@@ -115,3 +116,40 @@ def test_summary_shows_the_bench_gate_table(
         "| regular-16k | generation_tps | 63.0 | 30.1 | 0.478 | [0.410, 0.520] | 0.950 | - | FAIL |"
         in text
     )
+
+
+def test_version_names_the_commit_it_was_installed_from(tmp_path: Path) -> None:
+    """The install the docs give (a Git URL at a commit) records the commit, and
+    ``--version`` shows it; the editable checkout shows its HEAD."""
+    repo = Path(__file__).resolve().parents[1]
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+         "--target", str(target), f"git+file://{repo}@{head}"],
+        check=True, timeout=600,
+    )  # fmt: skip
+    # this checkout's code (not the committed one), reading the metadata the install recorded
+    code_dir = tmp_path / "code"
+    shutil.copytree(repo / "src" / "servegate", code_dir / "servegate")
+    code = (
+        f"import sys; sys.path[0:0] = [{str(code_dir)!r}, {str(target)!r}]; "
+        "from servegate.about import version_line; print(version_line())"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert f"(commit {head[:12]}, git URL file://{repo})" in shown
+    # the console script answers --version without the command line's modules
+    line = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c",
+         "import sys; sys.argv = ['servegate', '--version']; "
+         "from servegate.entry import main; main()"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert line.stdout.startswith("servegate ")
+    assert "servegate.cli" not in line.stderr
+    assert "rich" not in line.stderr

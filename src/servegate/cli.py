@@ -17,11 +17,22 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from servegate import __version__
 from servegate import config as config_mod
+from servegate.about import version_line
 from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ConfigError, ServegateError
 from servegate.output import Output
 from servegate.pipeline.gitenv import scrub_git_env
+
+
+class _Version(argparse.Action):
+    """``--version``: the version and the commit servegate was installed from
+    (:mod:`servegate.about`), worked out only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from servegate.about import version_line
+
+        print(version_line())
+        parser.exit()
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -217,7 +228,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="servegate", description="Git-centric release pipeline for LLM serving stacks"
     )
-    parser.add_argument("--version", action="version", version=f"servegate {__version__}")
+    parser.add_argument("--version", "-V", action=_Version, nargs=0, help="version and commit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     rel = sub.add_parser("release", help="promote, rollback, status, history, verify, recover")
     rsub = rel.add_subparsers(dest="release_command", required=True, metavar="COMMAND")
@@ -489,7 +500,7 @@ def _crash_log(command: str) -> Path:
         prefix=f"servegate-crash-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".log"
     )
     with os.fdopen(fd, "w") as handle:
-        handle.write(f"servegate {__version__}\ncommand: {command}\npython: {sys.version}\n\n")
+        handle.write(f"{version_line()}\ncommand: {command}\npython: {sys.version}\n\n")
         handle.write(traceback.format_exc())
     return Path(name)
 

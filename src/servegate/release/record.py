@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegate import __version__, hostpaths
+from servegate import __version__, about, hostpaths
 from servegate.config import Config
 from servegate.errors import CommandFailed
 from servegate.pipeline import atomic
@@ -73,6 +73,8 @@ class ReleaseRecord:
     schema: int = SCHEMA
     kind: str = "servegate.release"
     servegate_version: str = __version__
+    #: the commit servegate itself was installed from ("" when the installer recorded none)
+    servegate_commit: str = field(default_factory=lambda: about.installed_from()["commit"])
     tag: str | None = None
     stages: list[dict[str, Any]] = field(default_factory=list)
     total_seconds: float | None = None
