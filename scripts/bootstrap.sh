@@ -3,14 +3,34 @@
 set -euo pipefail
 
 python=${PYTHON:-python3}
+as_root_apt() {  # as_root_apt WHAT PACKAGES...: install with apt-get when root, else say how
+  local what=$1; shift
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing $what (Debian: $*)"
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
+  else
+    echo "bootstrap: $what is missing; install it: sudo apt-get install -y $*" >&2
+    return 1
+  fi
+}
+# Debian splits venv support out of python3 (python3-venv); the tests build .so files with cc
+if [ ! -x .venv/bin/python ] && ! "$python" -c "import ensurepip" 2>/dev/null; then
+  ver=$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  as_root_apt "venv support for $python" "python$ver-venv" || exit 1
+fi
+if ! command -v cc >/dev/null 2>&1; then
+  as_root_apt "a C compiler" gcc libc6-dev || true
+fi
 if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv"
   "$python" -m venv .venv
 fi
 if ! .venv/bin/python -c "import servegate, pytest, mypy, ruff, pre_commit" 2>/dev/null \
-   || [ pyproject.toml -nt .venv/.servegate-installed ]; then
-  echo "bootstrap: installing servegate and its dev tools into .venv"
-  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+   || [ pyproject.toml -nt .venv/.servegate-installed ] \
+   || [ constraints.txt -nt .venv/.servegate-installed ]; then
+  echo "bootstrap: installing servegate and its dev tools into .venv (versions: constraints.txt)"
+  .venv/bin/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[dev]'
   touch .venv/.servegate-installed
 fi
 

@@ -153,3 +153,15 @@ def test_version_names_the_commit_it_was_installed_from(tmp_path: Path) -> None:
     assert line.stdout.startswith("servegate ")
     assert "servegate.cli" not in line.stderr
     assert "rich" not in line.stderr
+
+
+def test_report_without_its_extra_says_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from servegate.bench import history
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
+    with pytest.raises(errors.ConfigError, match="optional extra 'report'") as caught:
+        history.render([], tmp_path, "t")
+    assert "pip install 'servegate[report]'" in caught.value.hint
+    assert not (tmp_path / "bench-history.png").exists()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servegate.bench.results import Samples
+from servegate.errors import ConfigError
 
 COLOURS = {"PASS": "#2e7d32", "FAIL": "#c62828", "INCONCLUSIVE": "#ef6c00", "": "#555555"}
 
@@ -43,7 +44,15 @@ def points_from(samples: Samples, label: str, at: str, verdict: str, outcome: st
 
 
 def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Path]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(
+            "servegate report draws its charts with matplotlib, which is not installed "
+            "(it is the optional extra 'report')",
+            hint="install it beside servegate: pip install 'servegate[report]' (or "
+            "`pipx inject servegate matplotlib`); the gate and the records need no charts",
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
