@@ -268,3 +268,11 @@ def test_interpreter_flags_and_the_first_path_entry() -> None:
     assert flags == (["-I", "-X", "dev", "-X", "utf8"], "-")
     assert interpreter_flags(["python", "-Es", "serve.py"], "/r") == (["-E", "-s"], "/r")
     assert interpreter_flags(["python", "-P", "app/serve.py", "-I"], "/r") == (["-P"], "/r/app")
+    # as CPython parses them: an option's attached argument is no bundle of flags
+    assert interpreter_flags(["python", "-Wignore::ImportWarning", "x.py"], "/r") == ([], "/r")
+    assert interpreter_flags(["python", "-IW", "error", "-mpkg.srv"], "/r") == (["-I"], "-")
+    assert interpreter_flags(["python", "-sXfrozen_modules=off", "x.py"], "/r") == (
+        ["-s", "-X", "frozen_modules=off"], "/r")  # fmt: skip
+    assert interpreter_flags(["python", "-E", "--", "-x.py"], "/r") == (["-E"], "/r")
+    assert interpreter_flags(["python", "--check-hash-based-pycs", "never", "-S", "-"], "/r") == (
+        ["-S"], "-")  # fmt: skip

@@ -378,8 +378,13 @@ def test_untracked_code_in_the_release_and_a_process_older_than_its_files(
                "-shared", "-fPIC")  # fmt: skip
     s = Service([sys.executable, "-m", "stackpkg.server", str(extra)], release, dict(os.environ))
     services.append(s)
-    later = time.time() + 30
-    os.utime(release / "stackpkg" / "server.py", (later, later))
+    # the file swapped after the start and put back with its old mtime: the change time
+    # (which no one can set) still says it changed under the running process
+    source = release / "stackpkg" / "server.py"
+    before = source.stat()
+    time.sleep(2.5)
+    source.write_text(source.read_text())
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))
     report = verify(s.pid, expect(release))
     untracked = [f for f in report.findings if f.check == "mapped code build/libextra.so"]
     assert len(untracked) == 2

@@ -55,6 +55,7 @@ def wait_healthy(
                 hint="raise service.startup_timeout if start-up is just slow, "
                 "otherwise read the service log",
             )
-        last = manager.last_log_line().strip()[:100]
+        # whole: the reporter scrubs secrets out before it shortens the line
+        last = manager.last_log_line().strip()
         reporter.progress(f"start-up {elapsed:4.0f}s / {timeout:.0f}s — {last or why}")
         time.sleep(poll)

@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 from pathlib import Path
 
-from servegate.engine.liveproc import Expectation, Finding, ProcInfo, Report, pyvenv
+from servegate.engine.liveproc import (
+    Expectation,
+    Finding,
+    ProcInfo,
+    Report,
+    inside,
+    interpreter_flags,
+    pyvenv,
+    started_path,
+)
 from servegate.pipeline import proc
 
 #: the site directories of an interpreter started with -I -S (no site module ran, so a
@@ -22,14 +32,16 @@ from servegate.pipeline import proc
 #: includes them, and the user's
 SITE_DIRS_SCRIPT = """
 import json, site, sys, sysconfig
-venv, system_site = sys.argv[1], sys.argv[2] == "1"
+venv, system_site, userbase = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
 out = []
 if venv:
     v = {"base": venv, "platbase": venv}
     out += [sysconfig.get_path("purelib", vars=v), sysconfig.get_path("platlib", vars=v)]
 if not venv or system_site:
     out += site.getsitepackages()
-out.append(site.getusersitepackages())
+if userbase:
+    scheme = f"{sysconfig.get_default_scheme().split('_')[0]}_user"
+    out.append(sysconfig.get_path("purelib", scheme, vars={"userbase": userbase}))
 print(json.dumps(out))
 """
 
@@ -53,39 +65,46 @@ RUNS_WHAT_IT_READS = re.compile(
 )
 
 
-def check_hooks(infos: list[ProcInfo], exp: Expectation, report: Report) -> None:
-    """Start-up hooks of every interpreter the tree runs: ``.pth`` lines that run code,
-    and ``sitecustomize``/``usercustomize``. One that names a checked package, reads the
-    command line or runs code it reads (``exec``, ``open``, ``marshal``, …) fails — it
-    can make the server run what no check of ours sees — unless
-    ``provenance.allowed_hooks`` lists it; the rest are listed as warnings. Read, never
-    run: each interpreter is asked for its site directories with ``-I -S`` (no site, no
+def check_hooks(infos: list[ProcInfo], exp: Expectation, report: Report, roots: list[Path]) -> None:
+    """Start-up hooks of every interpreter the tree runs: ``.pth`` lines that run code
+    (and the modules they import), ``.pth`` lines that add a directory to ``sys.path``,
+    and ``sitecustomize``/``usercustomize`` — in the venv's, the base's and the service
+    user's own site directories (its HOME or PYTHONUSERBASE, not servegate's). One that
+    names a checked package, reads the command line or runs code it reads (``exec``,
+    ``open``, ``marshal``, …) fails — it can make the server run what no check of ours
+    sees — unless ``provenance.allowed_hooks`` lists it; a directory outside the release
+    and the allowed roots fails; the rest are listed as warnings. Read, never run: each
+    interpreter is asked for its site directories with ``-I -S`` (no site, no
     environment, no hooks), and only when it is the configured interpreter's binary."""
     packages = {m.split(".")[0] for m in exp.modules}
     want = os.path.realpath(exp.interpreter)
+    trusted = [exp.release_dir, *roots]
     seen: set[str] = set()
     judged: set[str] = set()
     for info in infos:
-        started = info.cmdline.split(" ", 1)[0]
-        python = started if started.startswith("/") else exp.interpreter
+        python = started_path(info) or exp.interpreter
         if os.path.realpath(python) != want or os.path.realpath(info.exe) != want:
             continue  # another binary: the executable check has said so
+        flags = _flags(info)
         venv, system_site = venv_of(python)
-        key = f"{venv}|{system_site}|{python if not venv else ''}"
+        userbase = "" if {"-s", "-I"} & set(flags) or (venv and not system_site) else (
+            _userbase(info, flags))  # fmt: skip
+        key = f"{venv}|{system_site}|{python if not venv else ''}|{userbase}"
         dirs: list[str] = []
         if key not in seen:
             seen.add(key)
             done = proc.run(
-                [python, "-I", "-S", "-c", SITE_DIRS_SCRIPT, venv, "1" if system_site else "0"],
+                [python, "-I", "-S", "-c", SITE_DIRS_SCRIPT, venv, "1" if system_site else "0",
+                 userbase],
                 timeout=60,
                 check=False,
                 env={"PATH": "/usr/bin:/bin"},
-            )
+            )  # fmt: skip
             try:
                 dirs = json.loads(done.output.strip().splitlines()[-1])
             except (ValueError, IndexError):
                 report.weaker.append(f"start-up hooks not listed: {proc.tail(done.output, 2)}")
-        if info.environ_readable and not _ignores_env(info):
+        if info.environ_readable and not {"-E", "-I"} & set(flags):
             dirs += [d for d in info.environ.get("PYTHONPATH", "").split(":") if d]
         for directory in dirs:
             base = Path(
@@ -95,22 +114,89 @@ def check_hooks(infos: list[ProcInfo], exp: Expectation, report: Report) -> None
                 continue
             judged.add(str(base))
             for path in sorted(base.glob("*.pth")):
-                code = [
-                    ln for ln in _read(path).splitlines() if ln.startswith(("import ", "import\t"))
-                ]
-                if code:
-                    _judge_hook(path, "pth", "\n".join(code), packages, exp, info, report)
+                _judge_pth(path, base, packages, exp, info, report, trusted)
             for kind in ("sitecustomize", "usercustomize"):
                 for path in (base / f"{kind}.py", base / kind / "__init__.py"):
                     if path.is_file():
                         _judge_hook(path, kind, _read(path), packages, exp, info, report)
 
 
-def _ignores_env(info: ProcInfo) -> bool:
-    """Started with -E or -I: PYTHONPATH does not reach its sys.path."""
-    args = info.cmdline.split()[1:3]
-    return any(a.startswith("-") and not a.startswith("--") and ("E" in a or "I" in a)
-               for a in args)  # fmt: skip
+def _flags(info: ProcInfo) -> list[str]:
+    return interpreter_flags(list(info.argv) or info.cmdline.split(), info.cwd)[0]
+
+
+def _userbase(info: ProcInfo, flags: list[str]) -> str:
+    """The service user's base for user site-packages: its PYTHONUSERBASE (unless -E),
+    else ~/.local of its HOME, else of its uid's home directory."""
+    env = info.environ if info.environ_readable else {}
+    if env.get("PYTHONUSERBASE") and "-E" not in flags:
+        return env["PYTHONUSERBASE"]
+    home = env.get("HOME")
+    if not home:
+        try:
+            home = pwd.getpwuid(os.stat(f"/proc/{info.pid}").st_uid).pw_dir
+        except (OSError, KeyError):
+            return ""
+    return os.path.join(home, ".local")
+
+
+def _judge_pth(
+    path: Path,
+    base: Path,
+    packages: set[str],
+    exp: Expectation,
+    info: ProcInfo,
+    report: Report,
+    trusted: list[Path],
+) -> None:
+    """A ``.pth`` file: its ``import`` lines run at every start (and so does the module
+    each one imports, judged by its own text); every other line that names a directory
+    puts that directory on ``sys.path``, and it must be the release's or an allowed root's."""
+    code: list[str] = []
+    lines = _read(path).splitlines()
+    places = [base]
+    for line in lines:
+        entry = line.rstrip()
+        if not entry or entry.startswith("#") or line.startswith(("import ", "import\t")):
+            continue
+        target = Path(os.path.realpath(os.path.join(base, entry)))
+        if not target.is_dir():
+            continue
+        places.append(target)
+        if any(inside(target, root) for root in trusted):
+            continue
+        held = sorted(
+            p for p in packages if (target / p).is_dir() or (target / f"{p}.py").is_file()
+        )
+        if held:
+            why, verdict = f"puts {target}, which holds {', '.join(held)}, on sys.path", "fail"
+        else:
+            why, verdict = f"puts {target} on sys.path, outside the release and the roots", "warn"
+        _record(report, path, "pth", verdict, why, info, exp.allowed_hooks)
+    for line in lines:
+        if not line.startswith(("import ", "import\t")):
+            continue
+        code.append(line)
+        for module in _imported(line):  # the module it imports runs at every start too
+            for place in places:
+                for file in (place / f"{module}.py", place / module / "__init__.py"):
+                    if file.is_file():
+                        _judge_hook(file, f"imported by {path.name}", _read(file), packages,
+                                    exp, info, report)  # fmt: skip
+    if code:
+        _judge_hook(path, "pth", "\n".join(code), packages, exp, info, report)
+
+
+IMPORTED = re.compile(r"\bimport\s+([A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_][\w.]*)*)")
+
+
+def _imported(line: str) -> list[str]:
+    """Top-level modules an ``import a, b.c; import d`` line imports."""
+    return [
+        name.strip().split(".")[0]
+        for match in IMPORTED.finditer(line)
+        for name in match.group(1).split(",")
+    ]
 
 
 def _read(path: Path) -> str:
@@ -137,9 +223,21 @@ def _judge_hook(
         why, verdict = "reads the command line: it may act only for the server", "fail"
     elif RUNS_WHAT_IT_READS.search(code):
         why, verdict = "runs code it reads or decodes (exec, open, marshal, …)", "fail"
-    if verdict == "fail" and str(path) in exp.allowed_hooks:
+    _record(report, path, kind, verdict, why, main, exp.allowed_hooks)
+
+
+def _record(
+    report: Report,
+    path: Path,
+    kind: str,
+    verdict: str,
+    why: str,
+    main: ProcInfo,
+    allowed: tuple[str, ...] = (),
+) -> None:
+    if verdict == "fail" and str(path) in allowed:
         why, verdict = f"{why}; allowed by provenance.allowed_hooks", "allowed"
-    if any(h["path"] == str(path) for h in report.hooks):
+    if any(h["path"] == str(path) and h["why"] == why for h in report.hooks):
         return
     report.hooks.append({"path": str(path), "kind": kind, "verdict": verdict, "why": why})
     if verdict == "fail":

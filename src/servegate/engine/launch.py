@@ -56,11 +56,18 @@ class LaunchSpec:
     cache_key: str = ""
     #: placeholders or parameters left unfilled (only with ``strict=False``)
     unresolved: tuple[str, ...] = ()
+    #: environment names whose value was filled from ``${NAME}``: secret whatever the
+    #: name (records hide them, texts are scrubbed of them)
+    filled_names: frozenset[str] = frozenset()
+    #: the values ``${NAME}`` references were filled with
+    filled_values: frozenset[str] = field(default=frozenset(), repr=False)
 
     def expanded(self, environ: Mapping[str, str]) -> LaunchSpec:
         """``${NAME}`` in the environment's values filled from servegate's own environment,
         so a secret need not be written in servegate.toml (nor in a profile)."""
         env = {}
+        names: set[str] = set()
+        values: set[str] = set()
         for key, raw in self.env.items():
             missing = [n for n in ENV_REF.findall(raw) if n not in environ]
             if missing:
@@ -71,13 +78,27 @@ class LaunchSpec:
                     "the runner's environment file)",
                 )
             env[key] = ENV_REF.sub(lambda m: environ[m.group(1)], raw)
-        return replace(self, env=env)
+            if env[key] != raw or ENV_REF.search(raw):
+                names.add(key)
+                values |= {environ[n] for n in ENV_REF.findall(raw)}
+        return replace(
+            self,
+            env=env,
+            filled_names=self.filled_names | names,
+            filled_values=self.filled_values | values,
+        )
+
+    def secrets(self) -> set[str]:
+        """Every secret value of this launch (:func:`redact.secrets_of`)."""
+        return redact.secrets_of(self.env, self.argv, self.filled_names) | redact.plain_dropped(
+            self.filled_values
+        )
 
     def redacted(self, salt: str = "") -> dict[str, Any]:
         """argv and environment as a record may hold them (:mod:`servegate.pipeline.redact`)."""
         out: dict[str, Any] = {
             "argv": redact.argv(self.argv, salt),
-            "env": redact.env(self.env, salt),
+            "env": redact.env(self.env, salt, self.filled_names),
             "cwd": str(self.cwd),
         }
         if self.profile:
@@ -217,7 +238,7 @@ def cache_key(spec: LaunchSpec) -> str:
         "env": {
             k: v
             for k, v in sorted(spec.env.items())
-            if k not in COMPILE_CACHES and not redact.is_secret(k)
+            if k not in COMPILE_CACHES and not redact.is_secret(k) and k not in spec.filled_names
         },
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]

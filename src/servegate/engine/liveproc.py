@@ -38,6 +38,8 @@ class ProcInfo:
     #: False when the process overwrote its environment block, as setproctitle does to
     #: make room for a title like "VLLM::EngineCore"; /proc/PID/environ is then blank
     environ_readable: bool = True
+    #: the words of /proc/PID/cmdline (a path with spaces stays one word)
+    argv: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ def read_process(pid: int) -> ProcInfo | None:
             pid=pid,
             ppid=int(stat.rsplit(")", 1)[1].split()[1]),
             cmdline=ports.cmdline(pid),
+            argv=tuple(ports.argv(pid)),
             cwd=os.readlink(f"/proc/{pid}/cwd"),
             exe=os.readlink(f"/proc/{pid}/exe"),
             environ=environ,
@@ -290,3 +293,66 @@ def inside(path: str, directory: Path) -> bool:
     real = os.path.realpath(path)
     base = os.path.realpath(directory)
     return real == base or real.startswith(base + os.sep)
+
+
+#: interpreter options that change where imports resolve (-I isolated = -E -P -s)
+PATH_FLAGS = frozenset("IEPsS")
+#: options that take an argument, attached (``-Wignore``) or as the next word
+ARG_OPTIONS = frozenset("cmWX")
+
+
+def interpreter_flags(argv: list[str], cwd: str) -> tuple[list[str], str]:
+    """The live interpreter's import-relevant options (and its ``-X`` options), and what
+    its ``sys.path[0]`` is: "-" for ``-m``/``-c``/stdin (the working directory, as the
+    resolver's own ``-c`` has it), or a script's directory with symbolic links resolved
+    (a console script's is the venv's ``bin``). Parsed as CPython parses them: letters
+    bundle (``-IsE``), and ``-c -m -W -X`` take the rest of their word or the next word
+    (``-Wignore::ImportWarning`` sets no ``-I``). ``python -I``/``-P`` launches ignore
+    PYTHONPATH or the working directory, and the resolver must too."""
+    flags: list[str] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--check-hash-based-pycs":
+            i += 1
+            continue
+        if arg == "--":
+            break
+        if arg.startswith("--"):
+            continue  # --help, --version: no server would start
+        if arg == "-" or not arg.startswith("-"):
+            if arg == "-":
+                return flags, "-"
+            return flags, os.path.dirname(os.path.realpath(os.path.join(cwd, arg)))
+        letters = arg[1:]
+        for k, letter in enumerate(letters):
+            if letter in ARG_OPTIONS:
+                value = letters[k + 1 :]
+                if not value:
+                    value = argv[i] if i < len(argv) else ""
+                    i += 1
+                if letter == "X":
+                    flags += ["-X", value]
+                if letter in "cm":
+                    return flags, "-"
+                break
+            if letter in PATH_FLAGS:
+                flags.append(f"-{letter}")
+    if i < len(argv):  # after "--": the script
+        return flags, os.path.dirname(os.path.realpath(os.path.join(cwd, argv[i])))
+    return flags, "-"
+
+
+def started_path(info: ProcInfo) -> str | None:
+    """The file the process was started as: argv[0] as a path (against its working
+    directory), or looked up on its own PATH when it names no directory."""
+    first = info.argv[0] if info.argv else info.cmdline.split(" ", 1)[0]
+    if "/" in first:
+        return os.path.join(info.cwd, first)
+    path = info.environ.get("PATH", "") if info.environ_readable else ""
+    for directory in path.split(":"):
+        candidate = os.path.join(info.cwd, directory or ".", first)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None

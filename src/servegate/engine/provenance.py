@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,10 +38,13 @@ from servegate.engine.liveproc import (
     Report,
     descendants,
     inside,
+    interpreter_flags,
     mapped_sha256,
     read_process,
     service_processes,
+    started_path,
 )
+from servegate.errors import CommandFailed
 from servegate.pipeline import proc, redact
 
 __all__ = [
@@ -59,11 +63,11 @@ __all__ = [
 
 RESOLVE_SCRIPT = """
 import importlib.util, json, sys
-path0 = sys.argv[1]
+marker, path0 = sys.argv[1], sys.argv[2]
 if path0 != "-" and sys.path and sys.path[0] == "":
     sys.path[0] = path0  # a script's own directory, as the service got it
 out = {}
-for name in sys.argv[2:]:
+for name in sys.argv[3:]:
     try:
         spec = importlib.util.find_spec(name)
     except Exception as exc:
@@ -75,7 +79,7 @@ for name in sys.argv[2:]:
         out[name] = spec.origin
     else:
         out[name] = next(iter(spec.submodule_search_locations or []), None)
-print(json.dumps(out))
+print(marker + json.dumps(out), flush=True)
 """
 
 
@@ -133,13 +137,16 @@ def _shown_roots(roots: list[Path], n: int = 3) -> str:
 
 def _check_venv(info: ProcInfo, exp: Expectation, bad: Any) -> None:
     """Two venvs on one base Python share /proc/PID/exe (a venv's python is a link to
-    the base): the path the process was started with names its venv."""
+    the base): the path the process was started with names its venv — found through
+    the live process's own PATH when it was started by name, as the kernel found it."""
     venv = Path(exp.interpreter).parent.parent
     if not (venv / "pyvenv.cfg").is_file():
         return
-    started = info.cmdline.split(" ", 1)[0]
-    if "/" not in started:
-        return  # started by name through PATH: the environment check covers PATH
+    started = started_path(info)
+    if started is None:
+        bad("interpreter environment", f"the venv {venv}",
+            f"{info.argv[0] if info.argv else '?'}: not found on the process's PATH")  # fmt: skip
+        return
     here = os.path.realpath(Path(started).parent)
     if here != os.path.realpath(venv / "bin"):
         bad("interpreter environment", f"the venv {venv}", f"{started} (a venv in {here})")
@@ -226,22 +233,40 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
         return
     # never run the service's preloads inside servegate's own check
     env = {k: v for k, v in main.environ.items() if k not in RESOLVER_DROPS}
-    flags, path0 = interpreter_flags(ports.argv(main.pid), main.cwd)
-    result = proc.run(
-        [exp.interpreter, *flags, "-c", RESOLVE_SCRIPT, path0, *exp.modules],
-        cwd=main.cwd,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    flags, path0 = interpreter_flags(list(main.argv) or ports.argv(main.pid), main.cwd)
+    marker = f"servegate-resolved-{secrets.token_hex(8)}:"
     try:
-        origins: dict[str, str | None] = json.loads(result.output.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+        result = proc.run(
+            [exp.interpreter, *flags, "-c", RESOLVE_SCRIPT, marker, path0, *exp.modules],
+            cwd=main.cwd,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        output = result.output
+    except CommandFailed as exc:  # a start-up hook that never returns, a missing cwd
+        output = str(exc)
+    answers = [ln[len(marker) :] for ln in output.splitlines() if ln.startswith(marker)]
+    try:
+        if len(answers) != 1:  # a start-up hook that prints an answer of its own
+            raise ValueError(f"{len(answers)} answers")
+        origins: dict[str, str | None] = json.loads(answers[0])
+    except ValueError:
         report.findings.append(
-            Finding("module resolution", "a JSON answer", proc.tail(result.output, 5))
+            Finding(
+                "module resolution",
+                "an answer from the service's interpreter, started as the service was",
+                proc.tail(output, 5) or "none",
+            )
         )
         return
     report.modules = origins
+    if any(main.environ.get(n) for n in ("LD_PRELOAD", "LD_AUDIT")):
+        report.weaker.append(
+            "modules resolved without the service's LD_PRELOAD/LD_AUDIT libraries (they never "
+            "run in servegate): a library that changes the interpreter's start is only seen "
+            "in the frames"
+        )
     for name, origin in origins.items():
         report.modules_evidence.setdefault(name, "inferred")
         if origin is None or not inside(origin, exp.release_dir):
@@ -252,39 +277,6 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
                     origin or "not importable",
                 )
             )
-
-
-#: interpreter options that change where imports resolve (-I isolated = -E -P -s)
-PATH_FLAGS = frozenset("IEPsS")
-
-
-def interpreter_flags(argv: list[str], cwd: str) -> tuple[list[str], str]:
-    """The live interpreter's import-relevant options (and its ``-X`` options), and what
-    its ``sys.path[0]`` is: "-" for ``-m``/``-c`` (the working directory, as the
-    resolver's own ``-c`` has it), or a script's directory (a console script's is the
-    venv's ``bin``). ``python -I``/``-P`` launches ignore PYTHONPATH or the working
-    directory, and the resolver must too."""
-    flags: list[str] = []
-    path0 = "-"
-    args = iter(argv[1:])
-    for arg in args:
-        if arg in ("-m", "-c"):
-            break
-        if arg == "-X":
-            flags += ["-X", next(args, "")]
-            continue
-        if arg.startswith("-X") and len(arg) > 2:
-            flags += ["-X", arg[2:]]
-            continue
-        if arg in ("-W", "--check-hash-based-pycs"):
-            next(args, None)
-            continue
-        if arg.startswith("-") and not arg.startswith("--"):
-            flags += [f"-{c}" for c in arg[1:] if c in PATH_FLAGS]
-            continue
-        path0 = os.path.dirname(os.path.join(cwd, arg))  # a script
-        break
-    return flags, path0
 
 
 def _start_time(pid: int) -> float | None:
@@ -310,7 +302,8 @@ def _check_age(main: ProcInfo, exp: Expectation, tracked: set[str] | None, repor
     newest, which = 0.0, ""
     for rel in [*(tracked or ()), *exp.artifact_hashes]:
         try:
-            mtime = os.lstat(exp.release_dir / rel).st_mtime
+            # the change time: utime() can set a file's mtime back, nothing sets ctime
+            mtime = os.lstat(exp.release_dir / rel).st_ctime
         except OSError:
             continue
         if mtime > newest:
@@ -397,7 +390,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
                 )
     _check_extensions(infos, exp, report)
     _check_modules(infos[0], exp, report)
-    hooks.check_hooks(infos, exp, report)
+    hooks.check_hooks(infos, exp, report, where.roots)
     _check_age(infos[0], exp, tracked, report)
     if exp.port is not None:
         pids = {i.pid for i in infos}
