@@ -84,11 +84,23 @@ def tracked_files(release_dir: Path) -> set[str] | None:
     return {p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p}
 
 
-def writable_roots(exp: Expectation) -> list[Finding]:
-    """A configured runtime root (or compile cache) that group or others may write, or
-    that belongs to another user, lets a neighbour plant code the check would allow."""
+#: below a runtime root (a venv, a prefix's lib): where Python code lies
+CODE_DIRS = ("python3*", "python3*/*-packages", "lib/python3*", "lib/python3*/*-packages")
+
+
+def writable_roots(exp: Expectation, roots: list[Path] | None = None) -> list[Finding]:
+    """A runtime root — configured, a compile cache, or a default one (the venv, its
+    base's lib and bin, the system library directories) — that group or others may
+    write, or that belongs to another user, lets a neighbour plant code the check would
+    allow. A sticky directory is no exception: code roots are never shared drop boxes."""
     out = []
-    for root in exp.runtime_roots:
+    candidates: list[Path] = []
+    for root in [*exp.runtime_roots, *(roots or [])]:
+        # a venv's or a prefix's own code directories, below the root itself
+        candidates.append(root)
+        for pattern in CODE_DIRS:
+            candidates += Path(root).glob(pattern)
+    for root in dict.fromkeys(candidates):
         try:
             info = os.stat(root)
         except OSError:
@@ -155,13 +167,24 @@ class Where:
             if self.tracked is None or rel in self.tracked or rel in self.exp.artifact_hashes:
                 return "release", rel
             return "untracked", rel
-        package = site_package(path)
+        package = site_package(path) or self._package_in(real)
         if package in self.packages:
             return "copy", package
         for root, real_root in self._real_roots:
             if real == real_root or real.startswith(real_root + os.sep):
                 return "runtime", str(root)
         return "foreign", ""
+
+    def _package_in(self, real: str) -> str:
+        """A checked package's name as a directory (or module file) on the path of a file
+        outside the release: ``<venv>/src/stack-old/stackpkg/server.py`` is a copy of
+        ``stackpkg`` wherever it lies, not runtime code."""
+        for part in Path(real).parts[:-1]:
+            if part in self.packages:
+                return part
+        name = Path(real).name
+        stem = name.split(".", 1)[0]
+        return stem if stem in self.packages and name.endswith((".py", ".so", ".pyc")) else ""
 
     def functions(self, path: str) -> dict[str, list[tuple[int, int]]] | None:
         if path not in self._sources:

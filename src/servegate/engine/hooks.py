@@ -163,7 +163,7 @@ def _judge_pth(
         if not target.is_dir():
             continue
         places.append(target)
-        if any(inside(target, root) for root in trusted):
+        if any(inside(str(target), root) for root in trusted):
             continue
         held = sorted(
             p for p in packages if (target / p).is_dir() or (target / f"{p}.py").is_file()

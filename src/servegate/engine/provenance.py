@@ -355,7 +355,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
             for f in exp.release_dir.glob(p)
         ),
     )
-    report.findings += codeorigin.writable_roots(exp)
+    report.findings += codeorigin.writable_roots(exp, where.roots)
     py_spy = frames_mod.find_py_spy(exp.py_spy)
     # every process sampled at once: the samples' pauses overlap (py-spy is a subprocess)
     with ThreadPoolExecutor(max_workers=min(16, len(infos))) as pool:

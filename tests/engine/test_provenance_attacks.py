@@ -1,0 +1,155 @@
+"""Provenance against the attacks an independent review found after the observed checks
+were built: a copy of the package outside any site directory, a venv chosen through the
+live PATH, start-up hooks that hide in the modules a .pth imports or in the service
+user's own site directory, a hook that forges the resolver's answer, code roots a
+neighbour may write, and bytecode that is not its source. Real processes and venvs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from servegate.engine import hooks
+from servegate.engine.liveproc import read_process
+from servegate.engine.provenance import Report, verify
+from tests.engine.test_provenance_observed import (  # the fixtures, shared
+    Service,
+    checks,
+    expect,
+    make_venv,
+    needs_py_spy,
+    release,
+    serve,
+    services,
+)
+
+__all__ = ["release", "services"]
+
+
+def _libk(release: Path) -> str:
+    return str(release / "build" / "libk.so")
+
+
+@needs_py_spy
+def test_a_copy_of_the_package_outside_any_site_directory(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """pip keeps ``-e git+…`` checkouts in ``<venv>/src``: a stale one run by path is a
+    copy of the checked package, not runtime code of the venv."""
+    venv = tmp_path / "venv"
+    make_venv(venv)
+    old = venv / "src" / "stackpkg-old" / "stackpkg"
+    shutil.copytree(release / "stackpkg", old)
+    python = str(venv / "bin" / "python")
+    s = Service([python, str(old / "server.py"), _libk(release)], release, dict(os.environ))
+    services.append(s)
+    report = verify(s.pid, expect(release, interpreter=python))
+    copies = [
+        f for f in report.findings if f.check == "module stackpkg runs from outside the release"
+    ]
+    assert copies
+    assert copies[0].found == str(old / "server.py")
+
+
+def test_the_venv_the_live_path_chose_is_the_one_judged(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """Started as plain ``python``: the kernel found it on the process's own PATH, in
+    another venv of the same base Python."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    make_venv(mine)
+    make_venv(other)
+    env = {"PATH": f"{other / 'bin'}:/usr/bin:/bin"}
+    s = serve(services, release, argv=["python", "-m", "stackpkg.server"], **env)
+    report = verify(s.pid, expect(release, interpreter=str(mine / "bin" / "python")))
+    venv = [f for f in report.findings if f.check == "interpreter environment"]
+    assert venv
+    assert str(other / "bin") in venv[0].found
+
+
+def test_what_a_pth_imports_and_the_directories_it_adds_are_judged(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    site = make_venv(venv)
+    # an innocent-looking .pth line; the module it imports acts for the server alone
+    (site / "svhelper.pth").write_text("import svhelper\n")
+    (site / "svhelper.py").write_text(
+        "import sys\nif 'stack' in ' '.join(sys.orig_argv):\n    pass  # a finder would go here\n"
+    )
+    # a directory holding a copy of the package, and one holding something else
+    elsewhere, other = tmp_path / "elsewhere", tmp_path / "other"
+    shutil.copytree(release / "stackpkg", elsewhere / "stackpkg")
+    other.mkdir()
+    (site / "paths.pth").write_text(f"{elsewhere}\n{other}\n")
+    python = str(venv / "bin" / "python")
+    s = serve(services, release, python=python)
+    report = verify(s.pid, expect(release, interpreter=python))
+    by_path = {(h["path"], h["verdict"]): h["why"] for h in report.hooks}
+    assert (str(site / "svhelper.py"), "fail") in by_path
+    assert "reads the command line" in by_path[(str(site / "svhelper.py"), "fail")]
+    assert any(p == str(site / "paths.pth") and v == "fail" and "holds stackpkg" in why
+               for (p, v), why in by_path.items())  # fmt: skip
+    assert any(p == str(site / "paths.pth") and v == "warn" and str(other) in why
+               for (p, v), why in by_path.items())  # fmt: skip
+    assert not report.ok
+
+
+def test_the_service_users_own_site_directory_is_read(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """A base interpreter (no venv) adds ~/.local's site directory of the *service's*
+    HOME, not servegate's."""
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    home = tmp_path / "home"
+    ver = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    user_site = home / ".local" / "lib" / ver / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text("import sys\nsys.orig_argv\n")
+    s = serve(services, release, python=base, HOME=str(home))
+    info = read_process(s.pid)
+    assert info is not None
+    report = Report()
+    hooks.check_hooks([info], expect(release, interpreter=base), report, [])
+    mine = [h for h in report.hooks if h["kind"] == "usercustomize"]
+    assert mine
+    assert mine[0]["path"] == str(user_site / "usercustomize.py")
+    assert mine[0]["verdict"] == "fail"
+
+
+def test_a_hook_that_forges_the_resolvers_answer_is_no_answer(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    site = make_venv(venv)
+    # it prints what looks like servegate's answer, naming the release
+    forged = json.dumps({"stackpkg": f"{release}/stackpkg/__init__.py"})
+    (site / "sitecustomize.py").write_text(
+        "import atexit, sys\n"
+        "if len(sys.argv) > 1 and sys.argv[1].startswith('servegate-resolved-'):\n"
+        f"    atexit.register(lambda: print(sys.argv[1] + {forged!r}))\n"
+    )
+    python = str(venv / "bin" / "python")
+    s = serve(services, release, python=python)
+    report = verify(s.pid, expect(release, interpreter=python, py_spy="/nonexistent/py-spy"))
+    resolution = [f for f in report.findings if f.check == "module resolution"]
+    assert resolution
+    assert resolution[0].found.count("servegate-resolved-") == 2  # its answer and ours
+    assert report.modules == {}
+    assert not report.ok
+
+
+def test_code_roots_a_neighbour_may_write_are_findings(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    venv = tmp_path / "venv"
+    site = make_venv(venv)
+    python = str(venv / "bin" / "python")
+    s = serve(services, release, python=python)
+    assert verify(s.pid, expect(release, interpreter=python)).ok
+    site.chmod(0o777)
+    report = verify(s.pid, expect(release, interpreter=python))
+    assert f"runtime root {site}" in checks(report)
