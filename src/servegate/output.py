@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -29,6 +30,11 @@ class Output:
     command: str
     console: Console = field(default_factory=lambda: _console(sys.stdout))
     err: Console = field(default_factory=lambda: _console(sys.stderr))
+    #: replaces secret values in every text printed (set once the secrets are known)
+    scrub: Callable[[str], str] | None = None
+
+    def _clean(self, text: str) -> str:
+        return self.scrub(text) if self.scrub is not None else text
 
     def reporter(self) -> Reporter:
         return QuietReporter() if self.json_mode else ConsoleReporter(self.err)
@@ -51,6 +57,8 @@ class Output:
                 }
             elif exit_code != 0:  # a failure always says what failed, never "error": null
                 doc["error"] = _error_of(exit_code, result)
+            if self.scrub is not None:
+                doc = _scrubbed(json.loads(json.dumps(doc, default=str)), self.scrub)
             sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
         return exit_code
 
@@ -58,15 +66,15 @@ class Output:
         if self.json_mode:
             return self.emit(None, err.exit_code, err)
         # the message is text, never markup: "[service]" must print, "[/" must not crash
-        self.err.print(Text(err.render(), style="red"), soft_wrap=True)
+        self.err.print(Text(self._clean(err.render()), style="red"), soft_wrap=True)
         return err.exit_code
 
     def table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
-        table = Table(title=Text(title), title_justify="left")
+        table = Table(title=Text(self._clean(title)), title_justify="left")
         for col in columns:
             table.add_column(Text(col))
         for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
+            table.add_row(*(Text(self._clean(cell)) for cell in row))
         self.console.print(table)
 
     def stages(self, title: str, stages: list[dict[str, Any]]) -> None:
@@ -75,7 +83,17 @@ class Output:
         self.table(title, ["stage", "status", "seconds", "detail"], rows)
 
     def line(self, text: str) -> None:
-        self.console.print(text, markup=False, soft_wrap=True)
+        self.console.print(self._clean(text), markup=False, soft_wrap=True)
+
+
+def _scrubbed(node: Any, scrub: Callable[[str], str]) -> Any:
+    if isinstance(node, str):
+        return scrub(node)
+    if isinstance(node, dict):
+        return {k: _scrubbed(v, scrub) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_scrubbed(v, scrub) for v in node]
+    return node
 
 
 def _error_of(exit_code: int, result: Any) -> dict[str, str]:

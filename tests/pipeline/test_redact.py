@@ -3,8 +3,11 @@ scrubbed text still says."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from servegate.errors import StateInvalid
 from servegate.pipeline import redact
 
 
@@ -12,7 +15,8 @@ from servegate.pipeline import redact
     "name",
     ["HF_TOKEN", "OPENAI_API_KEY", "MY_APIKEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
      "GITHUB_TOKENS", "SESSION_COOKIE", "--api-key", "--hf-token", "tiny_secret_token",
-     "AUTH", "GPG_PRIVATE_KEY", "VLLM_API_KEY"],
+     "AUTH", "GPG_PRIVATE_KEY", "VLLM_API_KEY", "VLLM_API_KEY2", "TOKEN_1", "KEY2",
+     "HTTP_AUTHORIZATION", "AUTHORIZATION", "BEARER", "--bearer", "MONKEYS2"],
 )  # fmt: skip
 def test_secret_names(name: str) -> None:
     assert redact.is_secret(name)
@@ -20,7 +24,7 @@ def test_secret_names(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["TOKENIZERS_PARALLELISM", "--tokenizer", "--tokenizer-mode", "AUTHOR", "MONKEYS2"]
+    "name", ["TOKENIZERS_PARALLELISM", "--tokenizer", "--tokenizer-mode", "AUTHOR", "KEYBOARD"]
 )
 def test_names_that_only_contain_a_secret_word(name: str) -> None:
     assert not redact.is_secret(name)
@@ -43,3 +47,77 @@ def test_plain_values_are_not_scrubbed_out_of_free_text() -> None:
     assert text.startswith("false alarm 5%; token <redacted sha256:")
     assert "hf_realSECRET" not in text
     assert "sk-live-1" not in text
+
+
+def test_the_first_value_after_a_secret_flag_is_hidden_even_if_it_starts_with_a_dash() -> None:
+    args = ["vllm", "--api-key", "-Zs3cr3tDASH", "--port", "8000", "--passphrase", "-x-y-z"]
+    shown = redact.argv(args, "salt")
+    assert "-Zs3cr3tDASH" not in shown
+    assert "-x-y-z" not in shown
+    assert shown[3:5] == ["--port", "8000"]
+    assert {"-Zs3cr3tDASH", "-x-y-z"} <= redact.secrets_of({}, args)
+
+
+def test_values_filled_from_servegate_environment_are_secret_whatever_the_name() -> None:
+    env = {"VLLM_HTTP_HEADERS": "X-Team: hf_EXPANDED_LEAK", "VLLM_LOGGING_LEVEL": "INFO"}
+    recorded = redact.env(env, "salt", {"VLLM_HTTP_HEADERS"})
+    assert recorded["VLLM_HTTP_HEADERS"].startswith("<redacted sha256:")
+    assert recorded["VLLM_LOGGING_LEVEL"] == "INFO"
+    assert redact.secrets_of(env, [], {"VLLM_HTTP_HEADERS"}) == {"X-Team: hf_EXPANDED_LEAK"}
+
+
+def test_credentials_inside_any_value_are_redacted() -> None:
+    for raw in ("Authorization: Bearer sk-JSONAUTH1", "curl -H 'authorization: sk-JSONAUTH1'",
+                "Bearer sk-JSONAUTH1", "basic sk-JSONAUTH1"):  # fmt: skip
+        out = redact.text(raw, "salt")
+        assert "sk-JSONAUTH1" not in out, raw
+        assert "<redacted sha256:" in out, raw
+    # once redacted, a second pass leaves it as it is
+    once = redact.text("Authorization: Bearer sk-JSONAUTH1", "salt")
+    assert redact.text(once, "salt") == once
+    assert redact.env({"VLLM_HTTP_HEADERS": "Authorization: Bearer sk-1234567"}, "s")[
+        "VLLM_HTTP_HEADERS"
+    ].startswith("Authorization: <redacted sha256:")
+
+
+def test_numeric_secrets_are_scrubbed_short_numbers_and_booleans_are_not() -> None:
+    found = redact.secrets_of(
+        {"PIN_TOKEN": "987654321098", "API_KEY2": "12345", "AUTH_ON": "false"}, []
+    )
+    assert found == {"987654321098"}
+    assert "987654321098" not in redact.Scrubber(found, "s").text("token 987654321098 used")
+    assert redact.env({"TOKENIZERS_PARALLELISM": "false"}, "s")["TOKENIZERS_PARALLELISM"] == (
+        "false"
+    )
+
+
+def test_every_string_inside_a_secret_keys_json_value_is_scrubbed() -> None:
+    arg = '  {"headers": {"Authorization": ["Bearer sk-JSONAUTH", {"x": "nested-secret"}]}}'
+    found = redact.secrets_of({}, ["--kv-transfer-config", arg])
+    assert {"Bearer sk-JSONAUTH", "nested-secret"} <= found
+    recorded = " ".join(redact.argv(["--kv-transfer-config", arg], "salt"))
+    assert "sk-JSONAUTH" not in recorded
+    assert "nested-secret" not in recorded
+    env = {"MY_CREDENTIALS": '{"user": "bob-the-user", "keys": ["k-one-1", "k-two-2"]}'}
+    assert {"bob-the-user", "k-one-1", "k-two-2"} <= redact.secrets_of(env, [])
+
+
+def test_secret_url_fragments_are_redacted() -> None:
+    out = redact.text("https://auth.example/cb#access_token=abc123xyz&state=1", "salt")
+    assert "abc123xyz" not in out
+    assert "state=1" in out
+
+
+def test_an_unreadable_salt_is_an_error_never_an_unsalted_hash(tmp_path: Path) -> None:
+    (tmp_path / "salt").mkdir()
+    with pytest.raises(StateInvalid, match="salt"):
+        redact.host_salt(tmp_path)
+    (tmp_path / "salt").rmdir()
+    (tmp_path / "salt").write_bytes(b"\xff\xfe not text")
+    with pytest.raises(StateInvalid, match="not a salt") as err:
+        redact.host_salt(tmp_path)
+    assert err.value.hint.startswith(f"remove {tmp_path / 'salt'}")
+    (tmp_path / "salt").unlink()
+    made = redact.host_salt(tmp_path)
+    assert len(made) == 32
+    assert redact.host_salt(tmp_path) == made

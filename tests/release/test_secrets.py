@@ -184,3 +184,84 @@ def test_env_file_format_is_read_exactly_or_refused() -> None:
     for bad in ("A", "1A=x", "A B=x", "A='x", 'A=x"', "A=\"x'"):
         with pytest.raises(ConfigError, match=":1:"):
             envfile.parse(bad)
+
+
+AUDIT_SECRETS = ("-Zs3cr3tDASH", "hf_EXPANDED_LEAK", "sk-ALLOWLEAK", "sk-JSONAUTH",
+                 "987654321098", "hunter2")  # fmt: skip
+
+
+def test_secrets_shaped_to_slip_past_the_names_stay_out_of_notes_json_and_stderr(
+    tmp_path: Path,
+    stack: Stack,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A secret option value starting with '-', a numeric token, a bearer token inside a
+    JSON header, a value filled from ``${NAME}`` under an allowlisted name, a key name
+    ending in a digit: none reaches origin's notes, --json, the progress lines or a
+    build failure's log tail."""
+    monkeypatch.setenv("MY_API_TOKEN", "hf_EXPANDED_LEAK")
+    text = config_text(stack, tmp_path / "host", free_port())
+    text = text.replace(
+        '"--port", "{port}"]',
+        '"--port", "{port}", "--api-key", "-Zs3cr3tDASH", "--token", "987654321098", '
+        '"--kv-transfer-config", \'{"headers": {"Authorization": "Bearer sk-JSONAUTH"}}\']',
+    )
+    text = text.replace(
+        'TINY_SECRET_TOKEN = "hunter2"',
+        'TINY_SECRET_TOKEN = "hunter2"\nTOKENIZERS_PARALLELISM = "false"\n'
+        'VLLM_HTTP_HEADERS = "Authorization: Bearer ${MY_API_TOKEN}"\n'
+        'VLLM_API_KEY2 = "sk-ALLOWLEAK"',
+    ).replace("startup_timeout = 8", "startup_timeout = 14")
+    path = tmp_path / "servegate.toml"
+    path.write_text(text)
+    server = stack.work / "tinystack" / "server.py"
+    server.write_text(
+        server.read_text().replace(
+            'print("tiny: warming up slowly", flush=True)',
+            'print(f"tiny: warming up slowly, args {sys.argv[1:]}", flush=True)',
+        )
+    )
+    build = stack.work / "build.sh"
+    build.write_text(
+        build.read_text().replace(
+            "set -euo pipefail", 'set -euo pipefail\nset -x\n: "download --token $MY_API_TOKEN"'
+        )
+    )
+
+    def found(text: str) -> list[str]:
+        return [s for s in AUDIT_SECRETS if s in text]
+
+    try:
+        first = stack.commit()
+        assert release_main(["promote", first, "--config", str(path), "--json"]) == 0
+        out = capsys.readouterr().out
+        assert found(out) == []
+        env = json.loads(out)["result"]["record"]["launch"]["env"]
+        assert env["TOKENIZERS_PARALLELISM"] == "false"  # not a secret: shown as it is
+        assert env["VLLM_HTTP_HEADERS"].startswith("<redacted sha256:")
+        assert (
+            found(git.Git(stack.origin).notes("--ref", "refs/notes/servegate", "show", first)) == []
+        )
+
+        dies = stack.commit("print-args-exit")
+        assert release_main(["promote", dies, "--config", str(path), "--json"]) == 7
+        io = capsys.readouterr()
+        assert found(io.out + io.err) == []
+        assert (
+            found(git.Git(stack.origin).notes("--ref", "refs/notes/servegate", "show", dies)) == []
+        )
+
+        broken = stack.commit("build-fail")
+        assert release_main(["promote", broken, "--config", str(path)]) == 5
+        io = capsys.readouterr()
+        assert "download --token" in io.err  # the log tail is shown, the token is not
+        assert found(io.out + io.err) == []
+
+        slow = stack.commit("slow-start")  # human mode: a progress line every 10 s
+        assert release_main(["promote", slow, "--config", str(path)]) == 7
+        io = capsys.readouterr()
+        assert "warming up slowly" in io.err
+        assert found(io.out + io.err) == []
+    finally:
+        Supervisor(config_mod.load(path, {})).shutdown_daemon()

@@ -36,6 +36,7 @@ def show(out: Output, outcome: Outcome) -> None:
 
 def run(cfg: Config, out: Output, sha: str, allow_non_ff: bool) -> int:
     ctx = Context.create(cfg, out.reporter(), os.environ)
+    out.scrub = ctx.scrub
     try:
         outcome = promote(ctx, sha, allow_non_ff=allow_non_ff)
     except ServegateError as err:

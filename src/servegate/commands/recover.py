@@ -17,6 +17,7 @@ def run(cfg: Config, out: Output, rebuild_state: bool = False) -> int:
     if rebuild_state:
         return _rebuild(cfg, out)
     ctx = Context.create(cfg, out.reporter(), os.environ)
+    out.scrub = ctx.scrub
     with HostLock(ctx.lock_path, "release recover"):
         result = recover(ctx)
     if out.json_mode:

@@ -11,6 +11,7 @@ from servegate.release.rollback import rollback
 
 def run(cfg: Config, out: Output, to: str | None) -> int:
     ctx = Context.create(cfg, out.reporter(), os.environ)
+    out.scrub = ctx.scrub
     try:
         result = rollback(ctx, to)
     except ServegateError as err:

@@ -21,18 +21,39 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servegate.errors import StateInvalid
+
 #: a name that looks secret: its value never leaves the process, allowlisted or not. The
-#: word must end a part of the name (``HF_TOKEN``, ``OPENAI_API_KEY``, ``APIKEY``,
-#: ``--api-key``), so ``TOKENIZERS_PARALLELISM`` or ``--tokenizer`` are not secrets.
+#: word must end a part of the name, digits allowed after it (``HF_TOKEN``,
+#: ``OPENAI_API_KEY``, ``APIKEY``, ``VLLM_API_KEY2``, ``TOKEN_1``, ``--api-key``), so
+#: ``TOKENIZERS_PARALLELISM`` or ``--tokenizer`` are not secrets.
 SECRET_NAME = re.compile(
-    r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE)"
-    r"S?(?=$|[_.-])",
+    r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTHORIZATION|AUTH|BEARER|"
+    r"COOKIE|SESSION|PRIVATE)S?[0-9]*(?=$|[_.-])",
     re.IGNORECASE,
 )
-#: values too plain to be anybody's secret: never scrubbed out of free text
-PLAIN_VALUE = re.compile(r"^(true|false|yes|no|on|off|none|null|[0-9.]+)$", re.IGNORECASE)
+#: values too plain to be anybody's secret: never scrubbed out of free text (a number of
+#: six digits or more may be a PIN or a numeric token: it is scrubbed)
+PLAIN_VALUE = re.compile(r"^(true|false|yes|no|on|off|none|null|[0-9.]{1,5})$", re.IGNORECASE)
 #: command-line options whose value is a secret
-SECRET_FLAGS = ("--api-key", "--hf-token", "--token", "--password", "--secret")
+SECRET_FLAGS = (
+    "--api-key",
+    "--hf-token",
+    "--token",
+    "--password",
+    "--pass",
+    "--passphrase",
+    "--secret",
+    "--bearer",
+)
+#: credentials inside any value: ``Authorization: …`` (the rest of the line), and the
+#: token after ``Bearer``/``Basic``
+AUTH_HEADER = re.compile(
+    r"(\b(?:proxy-)?authorization\s*[:=]\s*+)(?!<redacted)([^\r\n\"']+)", re.IGNORECASE
+)
+AUTH_SCHEME = re.compile(
+    r"(\b(?:bearer|basic)\s++)(?!<redacted)([A-Za-z0-9._~+/=:-]{6,})", re.IGNORECASE
+)
 #: names whose values are engine tuning or paths, recorded as they are
 ALLOWED_NAME = re.compile(
     r"^(VLLM_|HIP_|HSA_|ROCM_|ROCBLAS_|HIPBLASLT_|MIOPEN_|AMD_|GPU_|PYTORCH_|TORCH_|"
@@ -43,31 +64,61 @@ ALLOWED_NAME = re.compile(
 #: a URL: its userinfo and secret-looking query values are redacted
 URL = re.compile(r"[a-zA-Z][\w+.-]*://\S+")
 SECRET_QUERY = re.compile(
-    r"([?&](?:[^=&\s]*(?:key|token|secret|password|sig|signature|auth|credential)[^=&\s]*)=)([^&\s#]+)",
+    r"([?&#](?:[^=&#\s]*(?:key|token|secret|password|sig|signature|auth|credential)[^=&#\s]*)=)"
+    r"([^&\s#]+)",
     re.IGNORECASE,
 )
 SALT_FILE = "salt"
 
 
 def host_salt(root: Path) -> str:
-    """The host's salt, made once (0600) under ``root``; "" when it cannot be kept."""
+    """The host's salt, made once (0600) under ``root``. A salt that exists but cannot be
+    read is an error (:class:`StateInvalid`): unsalted hashes of short secrets could be
+    reversed by trying values."""
     path = root / SALT_FILE
     try:
-        return path.read_text().strip()
+        return _read_salt(path)
     except FileNotFoundError:
         pass
-    except OSError:
-        return ""
     salt = secrets.token_hex(16)
     try:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)  # the host root: closed to others
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        return path.read_text().strip()
-    except OSError:
-        return ""
+        return _read_salt(path)
+    except OSError as exc:
+        raise StateInvalid(
+            f"cannot make the host's redaction salt {path}: {exc.strerror or exc}",
+            hint=f"make {root} a directory this user can write (mode 0700)",
+        ) from exc
     with os.fdopen(fd, "w") as handle:
         handle.write(salt + "\n")
+    return salt
+
+
+def _read_salt(path: Path) -> str:
+    fix = (
+        f"remove {path} (servegate makes a new one; earlier records' hashes then no longer "
+        "compare with new ones), or make it a readable file of this user's"
+    )
+    try:
+        with open(path, "rb") as handle:  # FileNotFoundError: the caller makes one
+            raw = handle.read(4096)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StateInvalid(
+            f"the host's redaction salt {path} cannot be read: {exc.strerror or exc}", hint=fix
+        ) from exc
+    try:
+        salt = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        salt = ""
+    if not re.fullmatch(r"[0-9a-f]{16,128}", salt):
+        raise StateInvalid(
+            f"the host's redaction salt {path} is not a salt servegate made (hex digits)",
+            hint=fix,
+        )
     return salt
 
 
@@ -77,6 +128,7 @@ def hidden(value: str, salt: str) -> str:
 
 
 def is_secret(name: str) -> bool:
+    """Whether a variable, option or JSON key's name looks like it holds a secret."""
     return bool(SECRET_NAME.search(name))
 
 
@@ -86,7 +138,10 @@ def shown(name: str) -> bool:
 
 
 def text(value: str, salt: str) -> str:
-    """A free-form value with every URL's credentials and secret query values redacted."""
+    """A free-form value with every URL's credentials and secret query values redacted,
+    and the credentials of an ``Authorization:`` header or after ``Bearer``/``Basic``."""
+    value = AUTH_HEADER.sub(lambda m: m.group(1) + hidden(m.group(2).strip(), salt), value)
+    value = AUTH_SCHEME.sub(lambda m: m.group(1) + hidden(m.group(2), salt), value)
     return URL.sub(lambda m: _url(m.group(0), salt), value)
 
 
@@ -123,8 +178,14 @@ def value(name: str, raw: str | None, salt: str) -> str | None:
     return text(raw, salt) if shown(name) else hidden(raw, salt)
 
 
-def env(mapping: Mapping[str, str], salt: str) -> dict[str, str]:
-    return {k: hidden(v, salt) if not shown(k) else text(v, salt) for k, v in mapping.items()}
+def env(mapping: Mapping[str, str], salt: str, secret: Iterable[str] = ()) -> dict[str, str]:
+    """The environment as a record may hold it; ``secret``: names whose values are hidden
+    whatever the name (filled from ``${NAME}`` in servegate's environment)."""
+    hide = set(secret)
+    return {
+        k: hidden(v, salt) if k in hide or not shown(k) else text(v, salt)
+        for k, v in mapping.items()
+    }
 
 
 def _secret_flag(arg: str) -> bool:
@@ -134,7 +195,7 @@ def _secret_flag(arg: str) -> bool:
 
 def _json_arg(arg: str, salt: str) -> str | None:
     """A JSON argument with the values of secret-looking keys redacted; None: not JSON."""
-    if arg[:1] not in ("{", "["):
+    if arg.lstrip()[:1] not in ("{", "["):
         return None
     try:
         doc = json.loads(arg)
@@ -162,10 +223,11 @@ def argv(args: Sequence[str], salt: str, mask: str | None = None) -> list[str]:
         return mask if mask is not None else hidden(value, salt)
 
     out: list[str] = []
-    hiding = False
+    hiding = first = False
     for arg in args:
-        if arg.startswith("-") and len(arg) > 1:
+        if arg.startswith("-") and len(arg) > 1 and not first:
             hiding = False
+        first = False
         if hiding:
             out.append(hide(arg))
         elif _secret_flag(arg) and "=" in arg:
@@ -173,7 +235,7 @@ def argv(args: Sequence[str], salt: str, mask: str | None = None) -> list[str]:
             out.append(f"{flag}={hide(secret)}")
         elif _secret_flag(arg):
             out.append(arg)
-            hiding = True
+            hiding = first = True  # its first value is a secret even if it starts with -
         elif "=" in arg and arg.startswith("--") and (j := _json_arg(arg.split("=", 1)[1], salt)):
             out.append(f"{arg.split('=', 1)[0]}={j}")
         else:
@@ -181,33 +243,45 @@ def argv(args: Sequence[str], salt: str, mask: str | None = None) -> list[str]:
     return out
 
 
-def secrets_of(env: Mapping[str, str], args: Sequence[str]) -> set[str]:
+def secrets_of(env: Mapping[str, str], args: Sequence[str], secret: Iterable[str] = ()) -> set[str]:
     """The raw values :func:`env` and :func:`argv` would hide: what must never appear in
-    any text servegate records or prints (a service log quoting its own arguments)."""
-    found = {v for k, v in env.items() if not shown(k)}
-    hiding = False
+    any text servegate records or prints (a service log quoting its own arguments).
+    ``secret``: names whose values are secret whatever the name."""
+    hide = set(secret)
+    found = {v for k, v in env.items() if k in hide or not shown(k)}
+    for k, v in env.items():
+        if is_secret(k):
+            found |= _json_secrets(v, under_secret=True)
+    hiding = first = False
     for arg in args:
-        if arg.startswith("-") and len(arg) > 1:
+        if arg.startswith("-") and len(arg) > 1 and not first:
             hiding = False
+        first = False
         if hiding:
             found.add(arg)
         elif _secret_flag(arg):
             if "=" in arg:
                 found.add(arg.split("=", 1)[1])
+                found |= _json_secrets(arg.split("=", 1)[1], under_secret=True)
             else:
-                hiding = True
+                hiding = first = True
         else:
             found |= _json_secrets(
                 arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
             )
-    # "1", "on", "false": too short or too plain to be a secret, and replacing every
-    # "false" in a record would garble it
-    return {v for v in found if len(v) >= 4 and not PLAIN_VALUE.match(v)}
+    return plain_dropped(found)
 
 
-def _json_secrets(arg: str) -> set[str]:
-    """The values under secret-looking keys of a JSON argument."""
-    if arg[:1] not in ("{", "["):
+def plain_dropped(values: Iterable[str]) -> set[str]:
+    """``values`` less those too short or too plain to be a secret ("1", "on", "false":
+    replacing every "false" in a record would garble it)."""
+    return {v for v in values if len(v) >= 4 and not PLAIN_VALUE.match(v)}
+
+
+def _json_secrets(arg: str, under_secret: bool = False) -> set[str]:
+    """The values under secret-looking keys of a JSON argument: the value as written and
+    every string inside it. ``under_secret``: the whole document is a secret's value."""
+    if arg.lstrip()[:1] not in ("{", "["):
         return set()
     try:
         doc = json.loads(arg)
@@ -215,18 +289,34 @@ def _json_secrets(arg: str) -> set[str]:
         return set()
     out: set[str] = set()
 
+    def strings(node: Any) -> None:
+        if isinstance(node, str):
+            out.add(node)
+        elif isinstance(node, dict):
+            for v in node.values():
+                strings(v)
+        elif isinstance(node, list):
+            for v in node:
+                strings(v)
+        elif node is not None and not isinstance(node, bool):
+            out.add(json.dumps(node))
+
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
                 if is_secret(str(k)):
                     out.add(v if isinstance(v, str) else json.dumps(v))
+                    strings(v)
                 else:
                     walk(v)
         elif isinstance(node, list):
             for v in node:
                 walk(v)
 
-    walk(doc)
+    if under_secret:
+        strings(doc)
+    else:
+        walk(doc)
     return out
 
 

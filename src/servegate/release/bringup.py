@@ -63,7 +63,6 @@ def check_host_root(ctx: Context) -> None:
     root = ctx.cfg.host_root
     if not root.exists():
         root.mkdir(parents=True, mode=0o700)
-        return
     info = os.lstat(root)
     if stat.S_ISLNK(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
         raise PreflightFailed(
@@ -72,6 +71,9 @@ def check_host_root(ctx: Context) -> None:
             "there could change what servegate deploys, records and deletes",
             hint=f"chown $(id -u) {root} && chmod go-w {root}",
         )
+    # the salt records hash secrets with: one that cannot be read stops the run here,
+    # before anything changed (StateInvalid says how to fix it)
+    _ = ctx.salt
 
 
 def check_port_free(ctx: Context) -> None:

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from servegate import envfile, hostpaths
 from servegate.config import Config
 from servegate.engine import lint, openai, provenance
-from servegate.engine.launch import COMPILE_CACHES, LaunchSpec, engine_of, launch_spec
+from servegate.engine.launch import (
+    COMPILE_CACHES,
+    ENV_REF,
+    LaunchSpec,
+    engine_of,
+    launch_spec,
+    load_profile,
+)
 from servegate.engine.managers import ServiceManager, make_manager
 from servegate.engine.rules import RuleSet
+from servegate.errors import ServegateError
 from servegate.pipeline import redact
-from servegate.pipeline.stages import Reporter, StageRunner
+from servegate.pipeline.stages import Reporter, StageResult, StageRunner
 from servegate.release.deploy import Deployer, make_deployer
 from servegate.release.state import HostState
 
@@ -30,14 +40,18 @@ class Context:
     endpoint: openai.Endpoint
     runner: StageRunner
     environ: Mapping[str, str] = field(default_factory=dict)
+    #: secret values of servegate's own environment, known before any launch is resolved
+    environ_secrets: frozenset[str] = field(default=frozenset(), repr=False)
     #: launches already resolved (profile loaded, caches keyed) per (release dir, sha)
     _specs: dict[tuple[str, str], LaunchSpec] = field(default_factory=dict, repr=False)
+    _scrubber: tuple[int, redact.Scrubber] | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:
         environ = envfile.environ_with(cfg.service.env_file, environ)
         api_key = environ.get(cfg.service.api_key_env, "") if cfg.service.api_key_env else ""
-        return cls(
+        known = environ_secrets(cfg, environ)
+        ctx = cls(
             cfg=cfg,
             reporter=reporter,
             manager=make_manager(cfg),
@@ -48,7 +62,26 @@ class Context:
             ),
             runner=StageRunner(reporter),
             environ=dict(environ),
+            environ_secrets=frozenset(known),
         )
+        # every line the reporter prints (a progress line quoting the service's log, a
+        # rollback's note) is scrubbed of the secrets known when it is printed
+        scrubbing = ScrubbingReporter(reporter, ctx.scrub)
+        ctx.reporter = ctx.runner.reporter = scrubbing
+        return ctx
+
+    def scrub(self, text: str) -> str:
+        """``text`` with every known secret value replaced (a salted hash; a constant when
+        the host's salt cannot be read, so printing that very error never fails)."""
+        try:
+            return self.scrubber.text(text)
+        except ServegateError:
+            values = set(self.environ_secrets)
+            for spec in self._specs.values():
+                values |= spec.secrets()
+            for value in sorted(values, key=len, reverse=True):
+                text = text.replace(value, "<redacted>")
+            return text
 
     @property
     def lock_path(self) -> Path:
@@ -70,12 +103,15 @@ class Context:
 
     @property
     def scrubber(self) -> redact.Scrubber:
-        """Every secret value of the launches resolved so far, for texts servegate did not
-        write itself (a service's log tail in an error, a matched log line)."""
-        values: set[str] = set()
-        for spec in self._specs.values():
-            values |= redact.secrets_of(spec.env, spec.argv)
-        return redact.Scrubber(values, self.salt)
+        """Every secret value of servegate's environment and of the launches resolved so
+        far, for texts servegate did not write itself (a build's or a service's log tail
+        in an error, a matched log line)."""
+        if self._scrubber is None or self._scrubber[0] != len(self._specs):
+            values = set(self.environ_secrets)
+            for spec in self._specs.values():
+                values |= spec.secrets()
+            self._scrubber = (len(self._specs), redact.Scrubber(values, self.salt))
+        return self._scrubber[1]
 
     @property
     def cache_dir(self) -> Path:
@@ -126,3 +162,42 @@ class Context:
                 else ""
             ),
         )
+
+
+def environ_secrets(cfg: Config, environ: Mapping[str, str]) -> set[str]:
+    """Values of servegate's environment that must never be printed or recorded: those of
+    secret-looking names, those ``${NAME}`` in the service's environment refers to (a
+    build log may echo them), service.env_file's and service.api_key_env's."""
+    names = {k for k in environ if redact.is_secret(k)}
+    templates = list(cfg.service.env.values())
+    if cfg.service.profile:
+        with contextlib.suppress(ServegateError):  # the launch's resolution reports it
+            templates += list(load_profile(cfg).env.values())
+    for raw in templates:
+        names |= set(ENV_REF.findall(raw))
+    if cfg.service.env_file:
+        names |= set(envfile.load(os.path.expanduser(cfg.service.env_file)))
+    if cfg.service.api_key_env:
+        names.add(cfg.service.api_key_env)
+    return redact.plain_dropped(environ[n] for n in names if n in environ)
+
+
+class ScrubbingReporter:
+    """A reporter whose notes and progress lines are scrubbed of secret values first."""
+
+    def __init__(self, inner: Reporter, scrub: Callable[[str], str]) -> None:
+        self.inner = inner
+        self.scrub = scrub
+
+    def stage_started(self, name: str) -> None:
+        self.inner.stage_started(name)
+
+    def stage_ended(self, result: StageResult) -> None:
+        self.inner.stage_ended(dataclasses.replace(result, detail=self.scrub(result.detail)))
+
+    def progress(self, text: str) -> None:
+        # scrubbed whole, then shortened: a secret cut in two would not be recognised
+        self.inner.progress(self.scrub(text)[:160])
+
+    def note(self, text: str) -> None:
+        self.inner.note(self.scrub(text))
