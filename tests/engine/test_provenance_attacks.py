@@ -12,6 +12,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from servegate.engine import hooks
 from servegate.engine.liveproc import read_process
 from servegate.engine.provenance import Report, verify
@@ -153,3 +155,69 @@ def test_code_roots_a_neighbour_may_write_are_findings(
     site.chmod(0o777)
     report = verify(s.pid, expect(release, interpreter=python))
     assert f"runtime root {site}" in checks(report)
+
+
+def _doctored_pyc(source: Path, code_text: str, unchecked: bool) -> Path:
+    """Bytecode for ``source`` compiled from other text: a timestamp header that matches
+    the source's mtime and size (the import system's only check), or an unchecked-hash
+    one (never checked against the source at all)."""
+    import importlib.util
+    import marshal
+
+    code = compile(code_text, str(source), "exec", dont_inherit=True)
+    st = source.stat()
+    if unchecked:
+        header = (1).to_bytes(4, "little") + importlib.util.source_hash(source.read_bytes())
+    else:
+        header = (0).to_bytes(4, "little") + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(
+            4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")  # fmt: skip
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(importlib.util.MAGIC_NUMBER + header + marshal.dumps(code))
+    return pyc
+
+
+@pytest.mark.parametrize("unchecked", [False, True], ids=["timestamp", "unchecked-hash"])
+def test_bytecode_that_is_not_its_source(
+    release: Path, services: list[Service], tmp_path: Path, unchecked: bool
+) -> None:
+    """A build (or anyone who may write the release) leaves bytecode for a tracked source
+    that Python loads instead of it: the frames name the tracked file, the code is other."""
+    source = release / "stackpkg" / "server.py"
+    marker = tmp_path / "ran-the-bytecode"
+    text = source.read_text().replace(
+        'print("ready", flush=True)', f'open({str(marker)!r}, "w"); print("ready", flush=True)'
+    )
+    pyc = _doctored_pyc(source, text, unchecked)
+    s = serve(services, release)
+    assert marker.exists()  # the interpreter ran the bytecode, not the source
+    report = verify(s.pid, expect(release))
+    found = [f for f in report.findings if f.check == "bytecode of stackpkg/server.py"]
+    assert found
+    assert str(pyc) in found[0].found
+    assert ("unchecked hash" if unchecked else "timestamp") in found[0].found
+    # bytecode the interpreter wrote from the source itself is no finding
+    pyc.unlink()
+    s.stop()
+    services.remove(s)
+    again = serve(services, release, PYTHONDONTWRITEBYTECODE="")
+    assert not [f for f in verify(again.pid, expect(release)).findings if "bytecode" in f.check]
+
+
+@needs_py_spy
+def test_borrowed_code_made_only_of_lambdas_and_generators(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """Foreign source exec'd under the release's server.py name with no def at all:
+    its lambda and generator frames are checked against that file's own, which has none."""
+    foreign = tmp_path / "payload.py"
+    foreign.write_text(
+        "import time\n\n\n\n\n\n\n\nspin = lambda: any(time.sleep(0.05) for _ in iter(int, 1))\n"
+    )
+    s = serve(services, release, HOSTILE="exec-borrowed", FOREIGN=str(foreign))
+    report = verify(s.pid, expect(release))
+    mismatch = [f for f in report.findings if f.check == "frame does not match its file"]
+    assert {m.expected.split(" spanning")[0] for m in mismatch} >= {
+        "a def or class <lambda>",
+        "a def or class <genexpr>",
+    }

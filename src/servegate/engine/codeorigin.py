@@ -17,6 +17,7 @@ Two kinds of evidence, both read from outside the process:
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import stat
@@ -33,6 +34,7 @@ from servegate.engine.liveproc import (
     Mapped,
     ProcInfo,
     Report,
+    interpreter_flags,
     mapped_sha256,
     pyvenv,
 )
@@ -322,9 +324,7 @@ def _is_device(m: Mapped) -> bool:
         return False
 
 
-#: code objects that are no ``def`` or ``class`` of their file
-ANONYMOUS_CODE = frozenset(["<module>", "<lambda>", "<listcomp>", "<dictcomp>", "<setcomp>",
-                            "<genexpr>"])  # fmt: skip
+COMPREHENSIONS = frozenset(["<listcomp>", "<dictcomp>", "<setcomp>"])
 #: code objects compilers make under their source's file name: TorchDynamo's resume
 #: functions (``torch_dynamo_resume_in_forward_at_57``) keep the compiled function's file
 GENERATED_NAMES = ("torch_dynamo_resume_in_", "__resume_at_")
@@ -382,13 +382,13 @@ def check_frames(
                 frame.pseudo
                 or frame.line <= 0
                 or not frame.file.endswith(".py")
-                or name in ANONYMOUS_CODE
+                or name == "<module>"  # spans the whole file: it tells nothing
                 or name.startswith(GENERATED_NAMES)
             ):
                 continue
             spans = where.functions(frame.file)
-            if spans is None:
-                continue
+            if spans is None or (name in COMPREHENSIONS and name not in spans):
+                continue  # a comprehension's own frame exists only before Python 3.12
             if not any(a <= frame.line <= b for a, b in spans.get(name, [])):
                 mismatched.add((frame.file, name, frame.line))
     for file, name, line in sorted(mismatched):
@@ -476,3 +476,90 @@ def _compiled_functions(
         out.setdefault(co.co_name, []).append((first, max([first, *lines])))
         todo += [c for c in co.co_consts if isinstance(c, types.CodeType)]
     return out
+
+
+#: run by the service's own interpreter (``-I -S -B``: no site, no environment, no
+#: hooks, writes nothing): each cached bytecode file of a release source, as the import
+#: system would pick it, against the source compiled afresh
+BYTECODE_SCRIPT = """
+import importlib.util, json, marshal, os, sys
+root, prefix = sys.argv[1], sys.argv[2]
+if prefix:
+    sys.pycache_prefix = prefix
+bad = []
+for rel in json.loads(sys.stdin.read()):
+    src = os.path.join(root, rel)
+    for opt in ("", 1, 2):
+        pyc = importlib.util.cache_from_source(src, optimization=opt)
+        try:
+            data = open(pyc, "rb").read()
+        except OSError:
+            continue
+        if data[:4] != importlib.util.MAGIC_NUMBER:
+            continue  # another interpreter's: this one never loads it
+        try:
+            code = marshal.loads(data[16:])
+            ref = compile(open(src, "rb").read(), src, "exec", dont_inherit=True,
+                          optimize=opt or 0)
+        except Exception as exc:
+            bad.append([rel, pyc, f"unreadable: {exc!r}"[:200]])
+            continue
+        if code != ref:
+            kind = int.from_bytes(data[4:8], "little")
+            how = {0: "timestamp", 1: "unchecked hash", 3: "checked hash"}.get(kind, kind)
+            bad.append([rel, pyc, f"compiled from other source ({how} bytecode)"])
+print(json.dumps(bad))
+"""
+
+
+def check_bytecode(
+    main: ProcInfo, exp: Expectation, tracked: set[str] | None, report: Report
+) -> None:
+    """Bytecode the interpreter would load for a release source must be that source
+    compiled: a ``.pyc`` whose header matches the source (or an unchecked-hash one,
+    which Python loads without looking at the source) runs other code under the
+    source's name. Checked by the service's own interpreter, for every tracked ``.py``
+    with cached bytecode, in ``__pycache__`` or under the live ``pycache_prefix``."""
+    if tracked is None:
+        return
+    prefix = _pycache_prefix(main)
+    files = sorted(
+        rel for rel in tracked
+        if rel.endswith(".py") and (prefix or (exp.release_dir / rel).parent.joinpath(
+            "__pycache__").is_dir())
+    )  # fmt: skip
+    if not files:
+        return
+    try:
+        done = subprocess.run(
+            [exp.interpreter, "-I", "-S", "-B", "-c", BYTECODE_SCRIPT, str(exp.release_dir),
+             prefix],
+            input=json.dumps(files), capture_output=True, text=True, timeout=120, check=False,
+            env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        bad = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        report.weaker.append("cached bytecode of the release not compared with its sources")
+        return
+    for rel, pyc, why in bad:
+        report.findings.append(
+            Finding(
+                f"bytecode of {rel}",
+                f"{rel} compiled (or no cached bytecode)",
+                f"{pyc}: {why}; delete it and restart the service",
+                main.pid,
+            )
+        )
+
+
+def _pycache_prefix(main: ProcInfo) -> str:
+    """Where the live interpreter keeps bytecode when not beside the source: ``-X
+    pycache_prefix=DIR`` on its command line, else PYTHONPYCACHEPREFIX (unless -E/-I)."""
+    flags, _ = interpreter_flags(list(main.argv) or main.cmdline.split(), main.cwd)
+    for i, flag in enumerate(flags):
+        if flag == "-X" and i + 1 < len(flags) and flags[i + 1].startswith("pycache_prefix="):
+            return os.path.join(main.cwd, flags[i + 1].split("=", 1)[1])
+    if main.environ_readable and not {"-E", "-I"} & set(flags):
+        value = main.environ.get("PYTHONPYCACHEPREFIX", "")
+        return os.path.join(main.cwd, value) if value else ""
+    return ""

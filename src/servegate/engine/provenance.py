@@ -89,7 +89,8 @@ print(marker + json.dumps(out), flush=True)
 #: loader and start-up variables: a finding in a live process unless the launch sets them
 #: (paths outside the allowed roots for the path lists; any value for the rest)
 LOADER_PATHS = ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH")
-STARTUP_VARS = ("PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT")
+STARTUP_VARS = ("PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT",
+                "PYTHONPYCACHEPREFIX")  # fmt: skip
 
 
 def _check_process(
@@ -390,6 +391,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
                 )
     _check_extensions(infos, exp, report)
     _check_modules(infos[0], exp, report)
+    codeorigin.check_bytecode(infos[0], exp, tracked, report)
     hooks.check_hooks(infos, exp, report, where.roots)
     _check_age(infos[0], exp, tracked, report)
     if exp.port is not None:
