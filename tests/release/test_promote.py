@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import git
@@ -364,9 +365,7 @@ def test_a_rollback_that_cannot_start_never_stops_the_live_release(
 def test_a_failed_rollback_is_recorded_as_failed_never_as_rolled_back(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    a = released(host, stack)
-    # someone broke the live release's checkout on the box; then a bad release comes
-    (Path(host.release_dir(a)) / "tinystack" / "server.py").write_text("raise SystemExit(3)\n")
+    a = released(host, stack, "exit-on-restart")  # it cannot start a second time
     bad = stack.commit("exit")
     assert release_main(["promote", bad, "--config", str(host.path), "--json"]) == 10
     result = json.loads(capsys.readouterr().out)["result"]
@@ -378,6 +377,35 @@ def test_a_failed_rollback_is_recorded_as_failed_never_as_rolled_back(
     assert state.history[-1].verdict == "failed"
     assert "no verified release is serving" in state.history[-1].reason
     assert release_main(["status", "--config", str(host.path)]) == 10  # status is a check
+    assert "NO VERIFIED RELEASE SERVING" in capsys.readouterr().out
+    # what status tells users to do: fix the cause, start the recorded release again
+    marker = "import tinystack.server as s; s.started_marker().unlink()"
+    subprocess.run([sys.executable, "-c", marker], cwd=host.release_dir(a), check=True)
+    assert release_main(["rollback", "--to", a, "--config", str(host.path)]) == 0
+    assert_serving(host, a)
+    assert release_main(["status", "--config", str(host.path)]) == 0
+    # with a verified release serving, the same request has nothing to do
+    assert release_main(["rollback", "--to", a, "--config", str(host.path)]) == 12
+
+
+def test_a_recover_whose_restore_failed_is_recorded_as_failed(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    released(host, stack, "exit-on-restart")  # it cannot start a second time
+    interrupted = stack.commit()  # a promote of it died after its switch
+    path = host.cfg.host_root / "state.json"
+    state = json.loads(path.read_text())
+    state["pending"] = {"kind": "promote", "sha": interrupted, "pid": 1,
+                        "release_dir": host.release_dir(interrupted),
+                        "at": "2026-01-01T00:00:00+00:00"}  # fmt: skip
+    path.write_text(json.dumps(state))
+    assert release_main(["recover", "--config", str(host.path)]) == 10
+    entry = HostState.load(path).history[-1]
+    assert (entry.sha, entry.verdict) == (interrupted, "failed")
+    note = git.Repo(stack.origin).git.notes("--ref", "refs/notes/servegate", "show", interrupted)
+    assert json.loads(note.splitlines()[-1])["verdict"] == "failed"
+    capsys.readouterr()
+    assert release_main(["status", "--config", str(host.path)]) == 10
     assert "NO VERIFIED RELEASE SERVING" in capsys.readouterr().out
 
 

@@ -137,7 +137,11 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         f"interrupted after the switch (started {pending.get('at', '?')}); "
         "rolled back by the next run"
     )
-    record = rec.ReleaseRecord.new(ctx.cfg, sha, live.sha if live else None, "rolled_back")
+    # never "rolled back" untrue: a restore that failed leaves no verified release serving
+    verdict = "rolled_back" if result["ok"] else "failed"
+    if not result["ok"]:
+        reason = f"{reason}; the rollback failed too: no verified release is serving"
+    record = rec.ReleaseRecord.new(ctx.cfg, sha, live.sha if live else None, verdict)
     record.reason, record.rollback, record.stages = reason, result, ctx.runner.as_list()
     tagged = _released_before(ctx, sha, str(pending.get("at", "")))
     if tagged is not None:
@@ -149,7 +153,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
             "the interruption: that tag stays, this record supersedes it"
         )
         ctx.reporter.note(f"the release record and tag {tagged['tag']} of {sha[:12]} are "
-                          "superseded by its rolled_back record")  # fmt: skip
+                          f"superseded by its {verdict} record")  # fmt: skip
     written = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
     warn_unpushed(ctx, written)
     when = rec.now().isoformat(timespec="seconds")
@@ -157,7 +161,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         Entry(
             sha=sha,
             release_dir=str(pending.get("release_dir", "")),
-            verdict="rolled_back",
+            verdict=verdict,
             at=when,
             tag=tagged["tag"] if tagged else "",
             reason=reason,
@@ -200,6 +204,13 @@ def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | Non
         ):
             return {"verdict": "released", "tag": str(r.get("tag", "")), "at": str(r.get("at"))}
     return None
+
+
+def no_verified_release(ctx: Context) -> bool:
+    """Whether the last promote or recover failed and its rollback too: the release the
+    host state names as live is not what serves (it may be stopped or half started)."""
+    history = ctx.state.history
+    return bool(history) and history[-1].verdict == "failed"
 
 
 def pick_target(ctx: Context, to: str | None) -> Entry:
@@ -258,8 +269,13 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             recovered["stages"] = ctx.runner.as_list()
             return recovered  # the interrupted release is undone: that was the rollback
         target = pick_target(ctx, to)
-        if current is not None and current.sha == target.sha:
-            raise NothingToDo(f"{target.sha[:12]} is already the live release")
+        again = current is not None and current.sha == target.sha
+        if again and not no_verified_release(ctx):
+            raise NothingToDo(
+                f"{target.sha[:12]} is already the live release",
+                hint="`release verify` proves what serves; `release history` lists the "
+                "releases to go back to with --to",
+            )
         with ctx.runner.stage("preflight"):
             bringup.check_host_root(ctx)
             bringup.check_port_free(ctx)
@@ -268,7 +284,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
         with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
             mark_pending(ctx, "rollback", target.sha, Path(target.release_dir))
             result = restore(ctx, target)
-            if not result["ok"] and current is not None:
+            if not result["ok"] and current is not None and not again:
                 back = restore(ctx, current)  # the release that was serving, back
                 if back["ok"]:
                     ctx.state.pending = None
@@ -303,7 +319,8 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
                 artifacts=dict(target.artifacts),
             )
             ctx.state.pending = None
-            ctx.state.previous = current
+            if not again:  # starting the recorded live release again keeps its previous
+                ctx.state.previous = current
             ctx.state.current = entry
             ctx.state.history.append(entry)
             ctx.state.save()

@@ -21,6 +21,12 @@ MODE_FILE = ROOT / "mode"
 MODE = MODE_FILE.read_text().strip() if MODE_FILE.exists() else "ok"
 
 
+def started_marker() -> Path:
+    """A file outside the release that says this checkout was started once."""
+    key = hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"tiny-started-{key}"
+
+
 def library() -> Path:
     lib = ROOT / "build" / "libtiny.so"
     if MODE == "foreign-on-restart":  # clean at its first start, not at the next ones
@@ -76,6 +82,10 @@ def main() -> None:
     if MODE == "print-args-exit":  # as a server logs its own arguments, then dies
         print(f"INFO non-default args: {sys.argv[1:]} env {os.environ.get('HF_TOKEN')}", flush=True)
         sys.exit(3)
+    if MODE == "exit-on-restart":  # starts once; every later start exits at once
+        if started_marker().exists():
+            sys.exit(3)
+        started_marker().touch()
     if MODE == "exit":
         print("tiny: fatal: refusing to start", flush=True)
         sys.exit(3)
