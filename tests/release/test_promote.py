@@ -10,12 +10,15 @@ from pathlib import Path
 import git
 import pytest
 
+from servegate import config as config_mod
 from servegate.cli import release_main
+from servegate.demo.sandbox import free_port
+from servegate.engine.managers.supervisor import Supervisor
 from servegate.errors import GitRefusal, LockHeld
 from servegate.release.promote import promote
 from servegate.release.rollback import rollback
 from servegate.release.state import HostState
-from tests.conftest import Host, Stack, hold_lock
+from tests.conftest import Host, Stack, config_text, hold_lock
 
 
 def released(host: Host, stack: Stack, mode: str = "ok") -> str:
@@ -304,6 +307,36 @@ def test_compile_caches_are_keyed_per_release_and_pruned_with_it(host: Host, sta
     releases = {p.name for p in (host.cfg.host_root / "releases").iterdir()}
     assert len(releases) == 3  # keep_releases
     assert kept == set(keys[-3:])  # the kept releases' warm caches stay, the rest go
+
+
+def test_pruning_compile_caches_never_deletes_outside_the_host_roots_cache(
+    tmp_path: Path, stack: Stack
+) -> None:
+    shared = tmp_path / "shared-triton"  # another host's or user's keyed caches
+    victim = shared / "0123456789abcdef"
+    victim.mkdir(parents=True)
+    (victim / "kernel.bin").write_text("someone else's compiled kernel")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not servegate's")
+    path = tmp_path / "servegate.toml"
+    path.write_text(
+        config_text(stack, tmp_path / "host", free_port()).replace(
+            'TINY_SECRET_TOKEN = "hunter2"',
+            f'TINY_SECRET_TOKEN = "hunter2"\nTRITON_CACHE_DIR = "{shared}"',
+        )
+    )
+    host = Host(config_mod.load(path, {}), path)
+    planted = host.cfg.host_root / "compile-cache" / "fedcba9876543210"
+    try:
+        released(host, stack)
+        planted.parent.mkdir(exist_ok=True)
+        planted.symlink_to(outside, target_is_directory=True)  # a link out of the root
+        released(host, stack)
+        assert (victim / "kernel.bin").exists()
+        assert (outside / "keep.txt").exists()
+    finally:
+        Supervisor(host.cfg).shutdown_daemon()
 
 
 def test_records_that_could_not_be_pushed_are_kept_and_pushed_later(

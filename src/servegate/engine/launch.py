@@ -256,23 +256,21 @@ def keyed_caches(spec: LaunchSpec, default_root: Path) -> LaunchSpec:
     return dataclasses.replace(spec, env=env, cache_key=key)
 
 
-def cache_bases(spec: LaunchSpec, default_root: Path) -> list[Path]:
-    """The directories keyed compile caches are made in, for a launch before keying."""
-    bases = {Path(spec.env[n]) for n in COMPILE_CACHES if spec.env.get(n)}
-    return sorted(bases | {default_root})
-
-
 KEY_DIR = re.compile(r"^[0-9a-f]{16}$")
 
 
 def stale_caches(bases: list[Path], keep: set[str]) -> list[Path]:
-    """Keyed cache directories under ``bases`` whose key no kept release launches with."""
+    """Keyed cache directories under ``bases`` whose key no kept release launches with
+    (links are never followed nor listed)."""
     out: list[Path] = []
     for base in bases:
-        if base.is_dir():
+        if base.is_dir() and not base.is_symlink():
             out += [
                 d
                 for d in sorted(base.iterdir())
-                if d.is_dir() and KEY_DIR.match(d.name) and d.name not in keep
+                if KEY_DIR.match(d.name)
+                and d.name not in keep
+                and d.is_dir()
+                and not d.is_symlink()
             ]
     return out

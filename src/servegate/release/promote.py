@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import shutil
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -12,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import hostpaths
-from servegate.engine.launch import cache_bases, launch_spec, placeholders, stale_caches
+from servegate.engine.launch import placeholders, stale_caches
 from servegate.errors import (
     BuildFailed,
     GitRefusal,
@@ -29,6 +27,7 @@ from servegate.pipeline.lock import HostLock
 from servegate.release import bringup
 from servegate.release import record as rec
 from servegate.release.context import Context
+from servegate.release.deploy import remove_inside
 from servegate.release.rollback import (
     mark_pending,
     recover,
@@ -262,18 +261,18 @@ def _record_release(
 
 def prune_compile_caches(ctx: Context, protected: set[str]) -> list[Path]:
     """Compile caches whose key no kept release launches with (a release since pruned, or
-    a launch since changed) are removed; the kept releases' warm caches stay."""
+    a launch since changed) are removed; the kept releases' warm caches stay. Only the
+    host root's own compile-cache directory is pruned: a cache directory the profile or
+    ``[service.env]`` points elsewhere may be shared with other hosts or users, and
+    servegate never deletes there."""
     entries = [e for e in ctx.state.history if e.sha in protected and e.release_dir]
     keep = {ctx.spec(Path(e.release_dir), e.sha).cache_key for e in entries} - {""}
     if not keep or not ctx.cfg.service.compile_cache:
         return []
-    cfg = dataclasses.replace(
-        ctx.cfg, service=dataclasses.replace(ctx.cfg.service, compile_cache=False)
-    )
-    unkeyed = launch_spec(cfg, Path(entries[-1].release_dir), entries[-1].sha)
-    stale = stale_caches(cache_bases(unkeyed, hostpaths.of(ctx.cfg).compile_cache), keep)
+    root = hostpaths.of(ctx.cfg).compile_cache
+    stale = stale_caches([root], keep)
     for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_inside(path, root)  # a planted link out of the root is refused
     return stale
 
 
