@@ -59,7 +59,9 @@ def main() -> None:
         ctx = Context.create(cfg, reporter, environ)
         outcome = promote(ctx, scenario.good_first(sb))
         if outcome.verdict != "released":
-            raise SystemExit(f"the demo release was not released: {outcome.verdict}")
+            raise SystemExit(
+                f"the demo release was not released: {outcome.verdict} ({outcome.reason})"
+            )
         current = ctx.state.current
         assert current is not None
         rounds: list[float] = []
