@@ -101,3 +101,22 @@ def test_a_tier_that_does_not_exist_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"probes.prefix_tier has '16K'") as err:
         parse(MINIMAL + '[probes]\nprefix_tier = "16K"\n')
     assert "did you mean '16k'" in err.value.hint
+
+
+@pytest.mark.parametrize(
+    "tag",
+    ["release {short}", "rel..{n}", "-{short}", "v{n}.lock", "rel/{short}/", "x@{{n}}",
+     "a:{sha}", "rel/.hidden-{n}", "", "r~{n}", "tag{date}."],
+)  # fmt: skip
+def test_a_tag_pattern_that_makes_no_valid_tag_is_refused_at_load(tag: str) -> None:
+    text = MINIMAL + f"[release]\ntag = {tag!r}\n"
+    with pytest.raises(ConfigError, match="does not make a valid tag name") as err:
+        parse(text)
+    assert "{date}" in err.value.hint
+
+
+@pytest.mark.parametrize("tag", ["release/{date}-{time}-{short}", "v{n}", "deploy/{sha}"])
+def test_valid_tag_patterns_load(tag: str) -> None:
+    assert parse(MINIMAL + f"[release]\ntag = {tag!r}\n").release.tag == tag
+    for name in ("release/20260101-000000-0123456789ab", "v1", "a/b.c_d-e"):
+        assert config.ref_name_problem(name) == ""

@@ -539,6 +539,50 @@ def _validate(cfg: Config) -> None:
     _validate_remote(cfg)
     if cfg.host.keep_releases < 2:
         raise ConfigError("host.keep_releases must be at least 2 (the live and previous release)")
+    _validate_tag(cfg.release.tag)
+
+
+def _validate_tag(pattern: str) -> None:
+    """release.tag makes a valid tag name whatever the date, SHA or count: checked here,
+    with git's rules for reference names, never after a release is proven."""
+    sample = (
+        pattern.replace("{date}", "20260101")
+        .replace("{time}", "000000")
+        .replace("{short}", "0123456789ab")
+        .replace("{sha}", "0123456789abcdef0123456789abcdef01234567")
+        .replace("{n}", "1")
+    )
+    why = ref_name_problem(sample)
+    if why:
+        raise ConfigError(
+            f"release.tag = {pattern!r} does not make a valid tag name ({sample!r}: {why})",
+            hint='use letters, digits, "-", "_", "." and "/" with the placeholders {date} '
+            '{time} {short} {sha} {n}, e.g. "release/{date}-{time}-{short}"',
+        )
+
+
+def ref_name_problem(name: str) -> str:
+    """Why ``name`` is not a valid tag name (``git check-ref-format`` rules, and no leading
+    "-" that a git command would read as an option); "" when it is."""
+    bad = sorted({c for c in name if ord(c) < 0x20 or ord(c) == 0x7F or c in " ~^:?*[\\"})
+    if not name:
+        return "it is empty"
+    if bad:
+        return "it holds " + ", ".join(repr(c) for c in bad)
+    if name.startswith("-"):
+        return 'it starts with "-"'
+    if name == "@" or "@{" in name:
+        return 'it is "@" or holds "@{"'
+    if ".." in name:
+        return 'it holds ".."'
+    if name.startswith("/") or name.endswith("/") or "//" in name:
+        return 'it starts or ends with "/" or holds "//"'
+    if name.endswith("."):
+        return 'it ends with "."'
+    for part in name.split("/"):
+        if part.startswith(".") or part.endswith(".lock"):
+            return f'the part {part!r} starts with "." or ends with ".lock"'
+    return ""
 
 
 def _validate_remote(cfg: Config) -> None:

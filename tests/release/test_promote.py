@@ -339,6 +339,26 @@ def test_pruning_compile_caches_never_deletes_outside_the_host_roots_cache(
         Supervisor(host.cfg).shutdown_daemon()
 
 
+def test_an_old_release_that_cannot_be_pruned_is_a_warning_never_a_failed_release(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    released(host, stack)
+    stray = host.cfg.host_root / "releases" / "old-manual-copy"  # no worktree of servegate's
+    stray.mkdir()
+    b = stack.commit("ok", "b")
+    assert release_main(["promote", b, "--config", str(host.path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["result"]
+    assert result["verdict"] == "released"
+    assert "could not remove old release directories" in result["record"]["warnings"][0]
+    note = git.Repo(stack.origin).git.notes("--ref", "refs/notes/servegate", "show", b)
+    assert json.loads(note)["warnings"] == result["record"]["warnings"]
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.current is not None
+    assert state.current.sha == b
+    assert state.pending is None
+    assert_serving(host, b)
+
+
 def test_records_that_could_not_be_pushed_are_kept_and_pushed_later(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

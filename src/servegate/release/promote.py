@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from git import GitCommandError
 
 from servegate import hostpaths
 from servegate.engine.launch import placeholders, stale_caches
@@ -235,8 +238,6 @@ def _record_release(
         ctx, sha, previous.sha if previous else None, "released", built, evidence, start
     )
     typed.tag = tag
-    record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
-    warn_unpushed(ctx, record)
     entry = Entry(
         sha=sha,
         release_dir=str(release_dir),
@@ -248,24 +249,55 @@ def _record_release(
         artifacts=dict(built.artifacts),
     )
     state = ctx.state
+    after = dataclasses.replace(
+        state,
+        previous=previous if previous is None or previous.sha != sha else state.previous,
+        current=entry,
+        history=[*state.history, entry],
+    )
+    # old releases go before the record is written, so a failure to remove one is in it;
+    # a failure is a warning, never a failure of the release it follows
+    warnings = prune_old(ctx, after.protected(ctx.cfg.host.keep_releases), after.history)
+    typed.warnings = warnings or None
+    record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
+    warn_unpushed(ctx, record)
     state.pending = None
-    state.previous = previous if previous is None or previous.sha != sha else state.previous
-    state.current = entry
-    state.history.append(entry)
+    state.previous, state.current, state.history = after.previous, entry, after.history
     state.save()
-    protected = state.protected(ctx.cfg.host.keep_releases)
-    ctx.deployer.prune(protected)
-    prune_compile_caches(ctx, protected)
     return Outcome(sha, "released", 0, tag=tag, record=record)
 
 
-def prune_compile_caches(ctx: Context, protected: set[str]) -> list[Path]:
+def prune_old(ctx: Context, protected: set[str], history: list[Entry]) -> list[str]:
+    """Remove the releases and compile caches no longer kept; what could not be removed,
+    as warnings (also printed)."""
+    warnings: list[str] = []
+    for what, prune in (
+        ("old release directories", lambda: ctx.deployer.prune(protected)),
+        ("old compile caches", lambda: prune_compile_caches(ctx, protected, history)),
+    ):
+        try:
+            prune()
+        except (ServegateError, OSError, GitCommandError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            warnings.append(
+                f"could not remove {what} ({first[:300]}); the release is live and recorded. "
+                f"Remove what is left under {ctx.cfg.host_root} by hand"
+            )
+    for line in warnings:
+        ctx.reporter.note(f"warning: {line}")
+    return warnings
+
+
+def prune_compile_caches(
+    ctx: Context, protected: set[str], history: list[Entry] | None = None
+) -> list[Path]:
     """Compile caches whose key no kept release launches with (a release since pruned, or
     a launch since changed) are removed; the kept releases' warm caches stay. Only the
     host root's own compile-cache directory is pruned: a cache directory the profile or
     ``[service.env]`` points elsewhere may be shared with other hosts or users, and
     servegate never deletes there."""
-    entries = [e for e in ctx.state.history if e.sha in protected and e.release_dir]
+    history = ctx.state.history if history is None else history
+    entries = [e for e in history if e.sha in protected and e.release_dir]
     keep = {ctx.spec(Path(e.release_dir), e.sha).cache_key for e in entries} - {""}
     if not keep or not ctx.cfg.service.compile_cache:
         return []

@@ -52,7 +52,7 @@ def host_id(cfg: Config) -> str:
 OPTIONAL = frozenset(
     ["tag", "total_seconds", "startup_seconds", "artifacts", "code_objects", "build_targets",
      "build_log", "launch", "lint", "startup_log", "service_manager", "service_pid",
-     "provenance", "gate", "reason", "rollback", "supersedes"]
+     "provenance", "gate", "reason", "rollback", "supersedes", "warnings"]
 )  # fmt: skip
 
 
@@ -94,6 +94,9 @@ class ReleaseRecord:
     rollback: dict[str, Any] | None = None
     #: a released record (and its tag) this one overrides: ``{verdict, tag, at}``
     supersedes: dict[str, str] | None = None
+    #: what went wrong after the release was proven and did not undo it (old releases
+    #: that could not be pruned)
+    warnings: list[str] | None = None
 
     @classmethod
     def new(cls, cfg: Config, sha: str, previous: str | None, verdict: str) -> ReleaseRecord:
