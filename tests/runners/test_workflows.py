@@ -142,5 +142,29 @@ def test_release_workflow_is_manual_and_protected() -> None:
     assert "serving" in job["runs-on"]
     script = job["steps"][0]["run"]
     assert "${{" not in script  # inputs reach the shell through env, never by templating
-    assert 'release promote "$SHA" --json' in script
     assert 'servegate summary "$result" >> "$GITHUB_STEP_SUMMARY"' in script
+
+
+@pytest.mark.parametrize("configured", ["", "/etc/servegate/box.toml"])
+def test_release_step_runs_promote_with_the_boxs_config(tmp_path: Path, configured: str) -> None:
+    """The release step's own script, run by bash as the runner would: the box's config
+    (the runner user's ~/servegate.toml, or the SERVEGATE_CONFIG variable) is passed."""
+    script = load("release.yml")["jobs"]["promote"]["steps"][0]["run"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("release", "servegate"):  # the runner's servegate, recording its arguments
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> "$CALLS"\n')
+        (bin_dir / tool).chmod(0o755)
+    sha = "a" * 40
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path / "home"), "SHA": sha,
+           "RUNNER_TEMP": str(tmp_path), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+           "CALLS": str(tmp_path / "calls"), "SERVEGATE_CONFIG": configured}  # fmt: skip
+    subprocess.run(["bash", "-e", "-c", script], env=env, check=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    config = configured or f"{tmp_path}/home/servegate.toml"
+    assert calls[0] == f"release promote {sha} --config {config} --json"
+    assert calls[1] == f"servegate summary {tmp_path}/promote.json"
+    env["SHA"] = "main"
+    bad = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert "full 40-character" in bad.stdout
