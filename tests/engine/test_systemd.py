@@ -31,6 +31,7 @@ command = ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server",
 [service.env]
 PYTHONPATH = "{release}"
 VLLM_TUNED_CONFIG_FOLDER = "{release}/tuned-moe"
+VLLM_TEST_NOTE = "costs $$5 at 100%"
 """
 
 
@@ -102,3 +103,12 @@ def test_systemd_analyze_catches_a_bad_unit(tmp_path: Path) -> None:
 
 def test_units_go_under_xdg_config_home(no_writes_to_home: Path) -> None:
     assert unit_dir() == no_writes_to_home / ".config" / "systemd" / "user"
+
+
+def test_environment_keeps_a_dollar_as_written(tmp_path: Path) -> None:
+    """systemd gives ``$`` no meaning in Environment= (only ExecStart expands it), so it
+    is written once; ``%`` is a specifier there too and is doubled."""
+    lines = unit_text(tmp_path).splitlines()
+    assert 'Environment="VLLM_TEST_NOTE=costs $5 at 100%%"' in lines
+    exec_line = next(line for line in lines if line.startswith("ExecStart="))
+    assert '"50%% off $$HOME"' in exec_line

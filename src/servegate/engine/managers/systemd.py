@@ -11,9 +11,13 @@ from servegate.engine.managers import ServiceState
 from servegate.pipeline import atomic, proc
 
 
-def quote_arg(value: str) -> str:
-    """One ExecStart/Environment word: C-style double quotes; % and $ doubled."""
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+def quote_arg(value: str, dollar: bool = True) -> str:
+    """One ExecStart or Environment word: C-style double quotes, ``%`` doubled (a
+    specifier in both). ``$`` is doubled only in ExecStart, which expands ``$VAR``;
+    in Environment= it has no special meaning (systemd.exec(5)) and stays one ``$``."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if dollar:
+        escaped = escaped.replace("$", "$$")
     return f'"{escaped}"'
 
 
@@ -30,7 +34,7 @@ def render_unit(spec: LaunchSpec) -> str:
         "Type=simple",
         f"WorkingDirectory={spec.cwd}",
     ]
-    lines += [f"Environment={quote_arg(f'{k}={v}')}" for k, v in spec.env.items()]
+    lines += [f"Environment={quote_arg(f'{k}={v}', dollar=False)}" for k, v in spec.env.items()]
     lines += [
         "ExecStart=" + " ".join(quote_arg(a) for a in spec.argv),
         f"Restart={lim.restart}",
