@@ -389,6 +389,37 @@ def test_records_that_could_not_be_pushed_are_kept_and_pushed_later(
     assert json.loads(capsys.readouterr().out)["result"]["unpushed"] == []
 
 
+def test_unpushed_entries_are_checked_and_one_rejected_ref_holds_back_no_other(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = released(host, stack)
+    repo = host.cfg.host_root / "repo.git"
+    subprocess.run(["git", "-C", str(repo), "tag", "clash", a], check=True)
+    other = stack.commit("ok", "other")
+    subprocess.run(["git", "-C", str(stack.origin), "tag", "clash", other], check=True)
+    (host.cfg.host_root / "unpushed.json").write_text(json.dumps([
+        "refs/tags/clash:refs/tags/clash",  # origin rejects it: its clash points elsewhere
+        "refs/tags/gone:refs/tags/gone",  # no longer here
+        "--mirror", 7, "refs/heads/main:refs/heads/evil",  # never written by servegate
+    ]))  # fmt: skip
+    b = stack.commit("ok", "b")
+    assert release_main(["promote", b, "--config", str(host.path), "--json"]) == 0
+    publish = json.loads(capsys.readouterr().out)["result"]["record"]["publish"]
+    assert publish["pushed"] is False
+    assert "refs/tags/clash" in publish["error"]
+    # the entries the run before the build found wrong: said in the record
+    origin = git.Repo(stack.origin)
+    note = origin.git.notes("--ref", "refs/notes/servegate", "show", b)  # pushed all the same
+    warned = " ".join(json.loads(note.strip().splitlines()[-1])["warnings"])
+    assert "refs/tags/gone no longer exists here" in warned
+    assert "'--mirror' is not a refspec" in warned
+    assert "'refs/heads/main:refs/heads/evil' is not a refspec" in warned
+    assert b in {t.commit.hexsha for t in origin.tags}
+    origin.close()
+    kept = json.loads((host.cfg.host_root / "unpushed.json").read_text())
+    assert kept == ["refs/tags/clash:refs/tags/clash"]
+
+
 def test_a_rollback_that_cannot_start_never_stops_the_live_release(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

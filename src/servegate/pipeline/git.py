@@ -134,6 +134,14 @@ class StackRepo:
             return False
         return True
 
+    def has_ref(self, ref: str) -> bool:
+        """Whether ``ref`` (a full ``refs/…`` name) resolves in this repository."""
+        try:
+            self.repo.git.rev_parse("--verify", "--quiet", "--end-of-options", ref)
+        except git.GitCommandError:
+            return False
+        return True
+
     def resolve(self, sha: str) -> str:
         sha = check_sha_syntax(sha)
         try:

@@ -45,6 +45,8 @@ class Context:
     #: launches already resolved (profile loaded, caches keyed) per (release dir, sha)
     _specs: dict[tuple[str, str], LaunchSpec] = field(default_factory=dict, repr=False)
     _scrubber: tuple[int, redact.Scrubber] | None = field(default=None, repr=False)
+    #: what went wrong on the way without stopping the run: kept in its record
+    warnings: list[str] = field(default_factory=list)
 
     @classmethod
     def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:

@@ -76,6 +76,9 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
     repo.fetch()
     if ctx.cfg.release.push and rec.unpushed(ctx.cfg):  # an earlier run's records first
         left = rec.push_pending(ctx.cfg, repo)
+        for line in left["warnings"]:
+            ctx.reporter.note(f"warning: {line}")
+            ctx.warnings.append(line)
         if not left["pushed"]:
             ctx.reporter.note(f"records still not pushed ({left['error'][:200]}); kept")
     sha = repo.resolve(requested)
@@ -258,7 +261,7 @@ def _record_release(
     # old releases go before the record is written, so a failure to remove one is in it;
     # a failure is a warning, never a failure of the release it follows
     warnings = prune_old(ctx, after.protected(ctx.cfg.host.keep_releases), after.history)
-    typed.warnings = warnings or None
+    typed.warnings = [*ctx.warnings, *warnings] or None
     record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
     warn_unpushed(ctx, record)
     state.pending = None
@@ -361,6 +364,7 @@ def _roll_back(
         ctx, sha, previous.sha if previous else None, "rolled_back", built, evidence, start
     )
     typed.reason = scrub.text(str(exc))
+    typed.warnings = list(ctx.warnings) or None
     rollback = restore_after_failure(ctx, failed_sha=sha)
     verdict = "rolled_back" if rollback["ok"] else "failed"  # never "rolled back" untrue
     typed.verdict = verdict

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -165,25 +166,71 @@ def unpushed_path(cfg: Config) -> Path:
     return hostpaths.of(cfg).unpushed
 
 
+#: one entry of the unpushed list: ``refs/…:refs/…``, the same name on both sides
+REFSPEC = re.compile(r"^(refs/(?:notes|tags)/[^:\s]+):\1$")
+
+
 def unpushed(cfg: Config) -> list[str]:
-    """Refs a run made and could not push (pushed by the next run of any release command)."""
+    """Refs a run made and could not push (pushed by the next run of any release command);
+    entries that are not such a refspec are left out (:func:`unpushed_checked` says so)."""
+    return unpushed_checked(cfg)[0]
+
+
+def unpushed_checked(cfg: Config) -> tuple[list[str], list[str]]:
+    """The unpushed refspecs, and a warning for each entry of the file left out."""
+    path = unpushed_path(cfg)
     try:
-        data = json.loads(unpushed_path(cfg).read_text())
-    except (OSError, ValueError):
-        return []
-    return [str(r) for r in data] if isinstance(data, list) else []
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return [], []
+    except (OSError, ValueError) as exc:
+        return [], [f"{path} is not readable JSON ({exc}); it is ignored and replaced"]
+    if not isinstance(data, list):
+        return [], [f"{path} is not a list of refspecs; it is ignored and replaced"]
+    good: list[str] = []
+    warnings: list[str] = []
+    for entry in data:
+        if isinstance(entry, str) and REFSPEC.match(entry):
+            good.append(entry)
+        else:
+            warnings.append(
+                f"{path}: {str(entry)[:80]!r} is not a refspec servegate writes "
+                "(refs/notes/… or refs/tags/…, the same on both sides); dropped"
+            )
+    return good, warnings
 
 
 def push_pending(cfg: Config, repo: StackRepo, refs: Sequence[str] = ()) -> dict[str, Any]:
-    """Push ``refs`` and whatever an earlier run could not push; what fails is kept."""
-    todo = list(dict.fromkeys([*unpushed(cfg), *refs]))
+    """Push ``refs`` and whatever an earlier run could not push, one ref at a time (one
+    that origin rejects holds back no other); what fails is kept for the next run. Kept
+    refs that no longer exist here are dropped with a warning."""
+    kept, warnings = unpushed_checked(cfg)
+    todo: list[str] = []
+    for spec in dict.fromkeys([*kept, *refs]):
+        if spec in refs or repo.has_ref(spec.split(":", 1)[0]):
+            todo.append(spec)
+        else:
+            warnings.append(f"{spec.split(':', 1)[0]} no longer exists here; not pushed, dropped")
     if not todo:
-        return {"pushed": True, "refs": [], "error": ""}
+        unpushed_path(cfg).unlink(missing_ok=True)
+        return {"pushed": True, "refs": [], "error": "", "warnings": warnings}
+    errors: list[str] = []
+    failed: list[str] = []
     try:
         repo.fetch_notes()  # merged first: the notes push is a fast-forward of origin's
-        repo.push(todo)
     except CommandFailed as exc:
-        atomic.write_json(unpushed_path(cfg), todo)
-        return {"pushed": False, "refs": todo, "error": str(exc), "kept": str(unpushed_path(cfg))}
+        failed, errors = list(todo), [str(exc)]
+    else:
+        for spec in todo:
+            try:
+                repo.push([spec])
+            except CommandFailed as exc:
+                failed.append(spec)
+                errors.append(f"{spec.split(':', 1)[0]}: {exc}")
+    pushed = [r for r in todo if r not in failed]
+    if failed:
+        atomic.write_json(unpushed_path(cfg), failed)
+        return {"pushed": False, "refs": todo, "pushed_refs": pushed, "error": "; ".join(errors),
+                "kept": str(unpushed_path(cfg)), "warnings": warnings}  # fmt: skip
     unpushed_path(cfg).unlink(missing_ok=True)
-    return {"pushed": True, "refs": todo, "error": ""}
+    return {"pushed": True, "refs": todo, "error": "", "warnings": warnings}

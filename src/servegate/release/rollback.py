@@ -180,6 +180,8 @@ def recover(ctx: Context) -> dict[str, Any] | None:
 
 def warn_unpushed(ctx: Context, written: dict[str, Any]) -> None:
     """Said the same way by promote, rollback and recover: the record is kept, not lost."""
+    for line in written["publish"].get("warnings", []):
+        ctx.reporter.note(f"warning: {line}")
     if not written["publish"]["pushed"]:
         ctx.reporter.note(
             f"warning: the record was not pushed: {written['publish']['error']}; it is kept "
