@@ -31,7 +31,7 @@ command = ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server",
 [service.env]
 PYTHONPATH = "{release}"
 VLLM_TUNED_CONFIG_FOLDER = "{release}/tuned-moe"
-VLLM_TEST_NOTE = "costs $$5 at 100%"
+VLLM_TEST_NOTE = "costs $5 at 100%"
 """
 
 
