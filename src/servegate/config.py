@@ -394,6 +394,9 @@ class Focus:
     run_all_label: str = "run-all-gpu-tests"
     #: pytest marker of GPU tests (``-m``); empty: no marker filter
     marker: str = "gpu"
+    #: the Python that runs the selected tests (the stack's test environment, with
+    #: pytest); empty: the one servegate runs on
+    python: str = ""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from importlib import resources
 from pathlib import Path
@@ -16,7 +17,7 @@ from servegate import config
 from servegate.cli import main
 from servegate.demo.sandbox import Sandbox, config_text
 from servegate.errors import GitRefusal
-from servegate.kernels.focus import matches, select
+from servegate.kernels.focus import build_outputs, matches, select
 from tests.conftest import DEV
 
 STACK = resources.files("servegate.demo") / "stack"
@@ -143,3 +144,35 @@ def test_a_gpu_run_that_skipped_every_test_is_not_green(
     assert code == 19
     assert "7 skipped" in captured.out
     assert "yet all 7 selected GPU test(s) were skipped" in captured.err
+
+
+def test_what_the_build_writes_is_no_change(cfg: config.Config, checkout: Path) -> None:
+    """After ``servegate build`` the checkout holds untracked libraries and logs: they
+    select nothing (an edited source still does)."""
+    outputs = [t.output for t in cfg.build.targets if t.output] or ["build/libdemo.so"]
+    for out in [*outputs, "build/logs/demo.log"]:
+        edit(checkout, out, "built\n")
+    sel = select(cfg.focus, checkout, "main", {}, [], build_outputs(cfg.build))
+    assert sel.tests == {}
+    edit(checkout, "kernels/demo_kernels.hip")
+    sel = select(cfg.focus, checkout, "main", {}, [], build_outputs(cfg.build))
+    assert sorted(sel.tests) == KERNEL_TESTS
+
+
+def test_run_without_pytest_says_so(
+    cfg: config.Config, checkout: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    text = (
+        Path(str(cfg.path))
+        .read_text()
+        .replace("[focus]", f'[focus]\npython = "{venv / "bin" / "python"}"', 1)
+    )
+    Path(str(cfg.path)).write_text(text)
+    edit(checkout, "kernels/demo_kernels.hip")
+    code = main(["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"])
+    err = capfd.readouterr().err
+    assert code == 2
+    assert "pytest is not installed for" in err
+    assert "focus.python" in err

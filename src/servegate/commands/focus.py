@@ -8,16 +8,29 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from servegate.config import Config
-from servegate.errors import GpuTestsSkipped
+from servegate.errors import ConfigError, GpuTestsSkipped
 from servegate.kernels import gpu
-from servegate.kernels.focus import Selection, select
+from servegate.kernels.focus import Selection, build_outputs, select
 from servegate.output import Output
 from servegate.pipeline import proc
 
 
 def _pytest(selection: Selection, cfg: Config, extra: list[str]) -> list[str]:
     marker = ["-m", cfg.focus.marker] if cfg.focus.marker else []
-    return [sys.executable, "-m", "pytest", *selection.tests, *marker, "-rs", *extra]
+    python = os.path.expanduser(cfg.focus.python) or sys.executable
+    return [python, "-m", "pytest", *selection.tests, *marker, "-rs", *extra]
+
+
+def _require_pytest(python: str, checkout: Path) -> None:
+    """The tests run with ``python -m pytest``: say so plainly when that cannot work,
+    rather than report every selected test as skipped."""
+    found = proc.run([python, "-c", "import pytest"], cwd=checkout, check=False, timeout=120)
+    if found.returncode != 0:
+        raise ConfigError(
+            f"pytest is not installed for {python}, which runs the selected tests",
+            hint="install pytest there, or set focus.python to the stack's test environment "
+            "(e.g. the venv the noxfile's gpu_tests session makes)",
+        )
 
 
 def _count(argv: list[str], checkout: Path) -> int:
@@ -35,7 +48,9 @@ def run(
     execute: bool,
     extra: list[str],
 ) -> int:
-    selection = select(cfg.focus, checkout, base or cfg.focus.base, os.environ, labels)
+    selection = select(
+        cfg.focus, checkout, base or cfg.focus.base, os.environ, labels, build_outputs(cfg.build)
+    )
     if out.json_mode and not execute:
         return out.emit(selection.as_dict())
     for warning in selection.warnings:
@@ -55,6 +70,7 @@ def run(
     if not execute:
         return 0
     argv = _pytest(selection, cfg, extra)
+    _require_pytest(argv[0], checkout)
     has_gpu = gpu.detect()
     if not has_gpu:
         out.line(f"no GPU: {_count(argv, checkout)} tests skipped (they run on a machine with one)")

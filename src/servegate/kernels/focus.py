@@ -19,7 +19,7 @@ from typing import Any
 
 import git
 
-from servegate.config import Focus
+from servegate.config import Build, Focus
 from servegate.errors import GitRefusal
 from servegate.pipeline.git import open_repo
 
@@ -74,7 +74,10 @@ class Selection:
         }
 
 
-def changed_files(checkout: Path, base: str) -> list[str]:
+def changed_files(checkout: Path, base: str, built: tuple[str, ...] = ()) -> list[str]:
+    """Files that differ from the merge base with ``base``: tracked changes, and untracked
+    files except what the build writes (``built``: globs of its outputs and logs) — a
+    fresh ``servegate build`` is no change to test."""
     repo = open_repo(checkout)
     try:
         merge_base = repo.git.merge_base(base, "HEAD")
@@ -85,6 +88,7 @@ def changed_files(checkout: Path, base: str) -> list[str]:
         ) from None
     tracked = repo.git.diff("--name-only", merge_base).splitlines()
     untracked = repo.git.ls_files("--others", "--exclude-standard").splitlines()
+    untracked = [f for f in untracked if not (built and matches(f, built))]
     return sorted(set(tracked) | set(untracked))
 
 
@@ -123,14 +127,19 @@ def run_all_reason(focus: Focus, environ: Mapping[str, str], labels: list[str]) 
 
 
 def select(
-    focus: Focus, checkout: Path, base: str, environ: Mapping[str, str], labels: list[str]
+    focus: Focus,
+    checkout: Path,
+    base: str,
+    environ: Mapping[str, str],
+    labels: list[str],
+    built: tuple[str, ...] = (),
 ) -> Selection:
     run_all = run_all_reason(focus, environ, labels)
     if run_all:  # no diff needed (nor a git checkout)
         sel = Selection([], run_all=run_all)
         sel.add(focus.all_tests, f"run all: {run_all}")
         return sel
-    sel = Selection(changed_files(checkout, base), warnings=check_map(focus, checkout))
+    sel = Selection(changed_files(checkout, base, built), warnings=check_map(focus, checkout))
     relevant = [f for f in sel.changed if not matches(f, focus.ignore)]
     for path in relevant:
         hits = [n for n, rule in enumerate(focus.rules, 1) if matches(path, rule.sources)]
@@ -141,3 +150,13 @@ def select(
     if relevant:
         sel.add(focus.always, "always")
     return sel
+
+
+def build_outputs(build: Build) -> tuple[str, ...]:
+    """Globs of what ``servegate build`` and the build command write into a checkout:
+    the artifacts, every target's library, and the build logs."""
+    out = [*build.artifacts, "build/logs/**"]
+    for target in build.targets:
+        out += [target.output] if target.output else []
+        out += list(target.outputs)
+    return tuple(dict.fromkeys(o for o in out if o))
