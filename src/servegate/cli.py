@@ -291,7 +291,14 @@ def servegate_parser() -> argparse.ArgumentParser:
         default="RUNNER_TOKEN",
         help="environment variable holding the registration token",
     )
-    inst.add_argument("--no-start", action="store_true", help="write the unit, do not start it")
+    inst.add_argument(
+        "--no-start", action="store_true", help="register and write the unit, do not start it"
+    )
+    inst.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show what would be registered, written and started; do none of it (no token needed)",
+    )
     inst.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     inst.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
     hook = rsub2.add_parser("hook", help="a job hook (the runner calls it)")
@@ -353,7 +360,14 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         if args.runner_command == "hook":
             return runner.run_hook(args.event)
         return runner.run_install(
-            out, args.url, args.labels, args.name, args.dir, args.token_env, not args.no_start
+            out,
+            args.url,
+            args.labels,
+            args.name,
+            args.dir,
+            args.token_env,
+            not args.no_start,
+            args.dry_run,
         )
     if args.command == "summary":
         from servegate.commands import summary

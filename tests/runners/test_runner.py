@@ -99,6 +99,26 @@ def test_install_registers_ephemeral_and_writes_unit_and_hooks(
             assert TOKEN not in path.read_text(errors="replace"), path
 
 
+def test_a_dry_run_registers_writes_and_starts_nothing(
+    runner_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    no_writes_to_home: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.delenv("RUNNER_TOKEN", raising=False)  # not needed to look
+    before = sorted(p.name for p in runner_dir.iterdir())
+    code = main(["runner", "install", "--url", "https://github.com/team/stack", "--name", "box1",
+                 "--labels", "self-hosted,linux", "--dir", str(runner_dir), "--dry-run"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "dry run: nothing is registered, written or started" in out
+    assert f"would register: {runner_dir}/config.sh --unattended --ephemeral" in out
+    assert "--token <token from the environment>" in out
+    assert "would start: systemctl --user enable --now servegate-runner-box1.service" in out
+    assert sorted(p.name for p in runner_dir.iterdir()) == before  # config.sh never ran
+    assert not (no_writes_to_home / ".config/systemd/user").exists()
+
+
 def test_missing_token(
     runner_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

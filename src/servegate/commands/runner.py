@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 from servegate.output import Output
 from servegate.runners import hooks
-from servegate.runners.install import RunnerSpec, default_name, install
+from servegate.runners.install import RunnerSpec, default_name, install, plan
 
 
 def run_install(
@@ -16,6 +17,7 @@ def run_install(
     directory: Path,
     token_env: str,
     start: bool,
+    dry_run: bool = False,
 ) -> int:
     spec = RunnerSpec(
         url,
@@ -23,6 +25,19 @@ def run_install(
         tuple(label for label in labels.split(",") if label),
         directory.resolve(),
     )
+    if dry_run:
+        steps = plan(spec, os.environ)
+        if out.json_mode:
+            return out.emit({"dry_run": True, **dataclasses.asdict(steps)})
+        out.line("dry run: nothing is registered, written or started")
+        out.line(f"would register: {' '.join(steps.register)}")
+        for hook in steps.hooks:
+            out.line(f"would write hook: {hook}")
+        out.line(f"would write unit: {steps.unit}")
+        out.line(steps.unit_text)
+        if start:
+            out.line(f"would start: {' '.join(steps.start)}")
+        return 0
     unit = install(spec, os.environ, token_env, start)
     if out.json_mode:
         return out.emit({"unit": str(unit), "name": spec.name, "labels": list(spec.labels)})

@@ -81,16 +81,9 @@ def token_from(environ: Mapping[str, str], name: str) -> str:
     return token
 
 
-def register(spec: RunnerSpec, token: str) -> None:
-    config_sh = spec.directory / "config.sh"
-    if not config_sh.exists():
-        raise PreflightFailed(
-            f"{config_sh} not found: the Actions runner is not unpacked in {spec.directory}",
-            hint="download and unpack the runner there as GitHub's 'New self-hosted runner' "
-            "page shows (tar xzf actions-runner-linux-x64-*.tar.gz), then run again",
-        )
-    argv = [
-        str(config_sh),
+def config_argv(spec: RunnerSpec, token: str) -> list[str]:
+    return [
+        str(spec.directory / "config.sh"),
         "--unattended",
         "--ephemeral",
         "--replace",
@@ -105,6 +98,40 @@ def register(spec: RunnerSpec, token: str) -> None:
         "--work",
         "_work",
     ]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``install`` would do (``runner install --dry-run``)."""
+
+    register: list[str]
+    hooks: list[str]
+    unit: str
+    unit_text: str
+    start: list[str]
+
+
+def plan(spec: RunnerSpec, environ: Mapping[str, str]) -> Plan:
+    """What ``install`` would do, done nowhere: no token is needed and nothing is
+    registered, written or started."""
+    return Plan(
+        register=config_argv(spec, "<token from the environment>"),
+        hooks=[str(hook_path(spec, e)) for e in ("started", "completed")],
+        unit=str(unit_dir(dict(environ)) / spec.unit),
+        unit_text=render_unit(spec),
+        start=["systemctl", "--user", "enable", "--now", spec.unit],
+    )
+
+
+def register(spec: RunnerSpec, token: str) -> None:
+    config_sh = spec.directory / "config.sh"
+    if not config_sh.exists():
+        raise PreflightFailed(
+            f"{config_sh} not found: the Actions runner is not unpacked in {spec.directory}",
+            hint="download and unpack the runner there as GitHub's 'New self-hosted runner' "
+            "page shows (tar xzf actions-runner-linux-x64-*.tar.gz), then run again",
+        )
+    argv = config_argv(spec, token)
     try:
         proc.run(argv, cwd=spec.directory, timeout=300, redact=(token,))
     except CommandFailed as exc:
