@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from servegate.bench import noise
 from servegate.cli import release_main
 from servegate.engine.managers import supervisor
 from servegate.errors import LockHeld, PreflightFailed
 from servegate.pipeline.lock import HostLock
-from tests.conftest import Host, Stack
+from tests.conftest import Host, Stack, hold_lock
 
 
 def test_a_truncated_state_file_is_named_not_a_traceback(
@@ -29,6 +31,84 @@ def test_a_truncated_state_file_is_named_not_a_traceback(
         assert str(state) in error["message"]
         assert "not readable JSON" in error["message"]
         assert "release recover --rebuild-state" in error["hint"]
+
+
+SHA_A = "0123456789abcdef0123456789abcdef01234567"
+
+
+def entry(**fields: object) -> dict[str, object]:
+    return {"sha": SHA_A, "release_dir": "", "verdict": "released", "at": "", **fields}
+
+
+@pytest.mark.parametrize(
+    ("doc", "said"),
+    [
+        ({"current": entry(sha=1)}, "current.sha is int"),
+        ({"current": entry(release_dir=5)}, "current.release_dir is int"),
+        ({"current": entry(release_dir="/x\u0000y")}, "NUL"),
+        ({"current": entry(artifacts=["x"])}, "current.artifacts is list"),
+        ({"history": [entry(startup_seconds="x")]}, "history[0].startup_seconds is str"),
+        ({"history": [entry(at=None)]}, "history[0].at is NoneType"),
+        ({"history": None}, "history is not a list"),
+        ({"pending": {"sha": SHA_A, "kind": ["x"], "at": {}}}, "pending.kind is list"),
+        ({"pending": "x"}, "pending is not an object"),
+    ],
+)
+def test_state_fields_of_the_wrong_type_are_named_never_a_traceback(
+    host: Host, capsys: pytest.CaptureFixture[str], doc: dict[str, object], said: str
+) -> None:
+    state = host.cfg.host_root / "state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps({"schema": 1, **doc}))
+    for command in ("status", "history"):
+        assert release_main([command, "--config", str(host.path), "--json"]) == 20
+        error = json.loads(capsys.readouterr().out)["error"]
+        assert str(state) in error["message"]
+        assert said in error["message"]
+        assert "release recover --rebuild-state" in error["hint"]
+
+
+def test_a_state_nested_too_deep_is_named_never_a_traceback(
+    host: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = host.cfg.host_root / "state.json"
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text('{"schema": 1, "history": ' + "[" * 100000 + "]" * 100000 + "}")
+    assert release_main(["status", "--config", str(host.path), "--json"]) == 20
+    assert "not readable JSON" in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "holder",
+    ["{}", json.dumps({"pid": 999999, "host": "h", "command": "c", "since": 1e300}),
+     json.dumps({"pid": "1", "host": 2, "command": None, "since": "x"}), "[" * 100000],
+)  # fmt: skip
+def test_a_crafted_lock_holder_is_an_unknown_holder_never_a_crash(
+    tmp_path: Path, holder: str
+) -> None:
+    lock = tmp_path / "root" / "servegate.lock"
+    lock.parent.mkdir(mode=0o700)
+    lock.write_text(holder)
+    with HostLock(lock, "promote") as taken:  # nobody holds the flock: taken over
+        assert taken.took_over is None
+    lock.write_text(holder)
+    with hold_lock(lock):  # a live holder whose record is garbage
+        lock.write_text(holder)
+        with pytest.raises(LockHeld, match="left no readable record"), HostLock(lock, "other"):
+            pass
+
+
+def test_a_noise_file_with_wrong_types_is_ignored_with_the_reason(tmp_path: Path) -> None:
+    path = tmp_path / noise.FILE
+    for doc in ({"schema": 1, "fingerprint": "x"},
+                {"schema": 1, "fingerprint": {"digest": "d"}, "rows": {"a": {"cv": "x"}}},
+                {"schema": 1, "fingerprint": {"digest": "d"}, "rows": ["a"]},
+                {"schema": 1, "fingerprint": {"digest": "d"}, "sha": 5,
+                 "rows": {"a": {"cv": 0.1, "offset": 0, "starts": 3, "samples": 9}}}):  # fmt: skip
+        path.write_text(json.dumps(doc))
+        rows, why = noise.load(tmp_path, "d")
+        assert why, doc
+        assert rows == {} or set(rows) == {"a"}
 
 
 def test_the_state_is_rebuilt_from_the_notes_and_release_directories(
@@ -63,6 +143,28 @@ def test_the_state_is_rebuilt_from_the_notes_and_release_directories(
     assert release_main(["verify", "--config", str(host.path)]) == 0
     assert release_main(["rollback", "--config", str(host.path)]) == 0
     assert json.loads(state.read_text())["current"]["sha"] == first
+
+
+def test_a_note_line_of_wrong_types_is_skipped_with_a_warning_by_rebuild(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = stack.commit()
+    assert release_main(["promote", first, "--config", str(host.path), "--json"]) == 0
+    mine = json.loads(capsys.readouterr().out)["result"]["record"]["host_id"]
+    planted = {"host_id": mine, "sha": first, "verdict": "released", "at": "2099",
+               "startup_seconds": "fast", "artifacts": ["x"]}  # fmt: skip
+    repo = host.cfg.host_root / "repo.git"
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=x", "-c", "user.email=x@x", "notes",
+                    "--ref", "refs/notes/servegate", "append", "-m", json.dumps(planted), first],
+                   check=True)  # fmt: skip
+    assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
+    io = capsys.readouterr()
+    assert "warning: a record of " in io.err
+    assert "startup_seconds is not a number" in io.err
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == first
+    assert [e["at"] for e in state["history"]] != ["2099"]
+    assert release_main(["verify", "--config", str(host.path)]) == 0
 
 
 def test_a_crafted_sha_never_becomes_a_path_servegate_deletes(

@@ -112,14 +112,34 @@ def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         return {}, "no noise measurement on this host (`servegate bench noise`)"
-    except (OSError, ValueError) as exc:
-        return {}, f"{path} is unreadable ({exc}): re-run `servegate bench noise`"
+    except (OSError, ValueError, RecursionError) as exc:
+        return {}, f"{path} is unreadable ({str(exc)[:200]}): re-run `servegate bench noise`"
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return {}, f"{path} is not a noise record of schema {SCHEMA}"
-    if (doc.get("fingerprint") or {}).get("digest") != digest:
+    fingerprint = doc.get("fingerprint")
+    if not isinstance(fingerprint, dict) or fingerprint.get("digest") != digest:
         return {}, f"{path} was measured with other bench settings: re-run `servegate bench noise`"
-    rows = {
-        k: Noise(float(v["cv"]), float(v["offset"]), int(v["starts"]), int(v["samples"]))
-        for k, v in (doc.get("rows") or {}).items()
-    }
-    return rows, f"noise measured {doc.get('measured_at')} on {doc.get('sha', '')[:12]}"
+    rows: dict[str, Noise] = {}
+    try:
+        for k, v in (doc.get("rows") or {}).items():
+            rows[str(k)] = Noise(
+                _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"])
+            )
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
+        return {}, (
+            f"{path} holds a row that is not a noise estimate (cv, offset, starts, samples "
+            "numbers): it is ignored; re-run `servegate bench noise`"
+        )
+    sha = doc.get("sha")
+    shown = sha[:12] if isinstance(sha, str) else "?"
+    return rows, f"noise measured {str(doc.get('measured_at'))[:40]} on {shown}"
+
+
+def _number(value: Any) -> float:
+    """A finite number from the file (a string, a bool or NaN is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{value!r} is not a number")
+    out = float(value)
+    if out != out or out in (float("inf"), float("-inf")):
+        raise ValueError(f"{value!r} is not finite")
+    return out

@@ -35,6 +35,8 @@ def _rebuild(cfg: Config, out: Output) -> int:
         result = rebuild.rebuild(cfg)
     if out.json_mode:
         return out.emit({"rebuilt": result})
+    for line in result["skipped"]:
+        out.err.print(f"warning: {line}", markup=False, soft_wrap=True)
     if result["kept"]:
         out.line(f"the damaged host state is kept as {result['kept']}")
     out.line(f"rebuilt {result['state']} from {result['records']} release record(s) of this host")

@@ -38,13 +38,25 @@ class Holder:
 
 
 def read_holder(path: Path) -> Holder | None:
+    """The holder the lock file names; None when it names none that could be true (empty,
+    not JSON, a field missing or of the wrong type, a pid or a time out of range): the
+    caller then speaks of an unknown holder."""
     try:
-        data = json.loads(path.read_text() or "null")
-    except (OSError, ValueError):
+        data = json.loads(path.read_text(errors="replace") or "null")
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
-    return Holder(int(data["pid"]), str(data["host"]), str(data["command"]), float(data["since"]))
+    pid, host, command, since = (data.get(k) for k in ("pid", "host", "command", "since"))
+    if not (isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid < 2**31):
+        return None
+    if not (isinstance(host, str) and isinstance(command, str)):
+        return None
+    if not (isinstance(since, int | float) and not isinstance(since, bool)):
+        return None
+    if not 0 <= since < 2**33:  # a finite time before the year 2242
+        return None
+    return Holder(pid, host[:200], command[:200], float(since))
 
 
 WaitCallback = Callable[[Holder | None, float], None]
@@ -111,7 +123,11 @@ class HostLock:
                 holder = read_holder(self.path)
                 if waited >= self.wait:
                     os.close(fd)
-                    who = holder.describe() if holder else "an unknown process"
+                    who = (
+                        holder.describe()
+                        if holder
+                        else "a process that left no readable record in it"
+                    )
                     after = f" (waited {waited:.0f}s)" if self.wait else ""
                     raise LockHeld(f"{self.path} is held by {who}{after}", hint=self.hint) from None
                 if self.on_wait is not None and time.monotonic() - last_report >= 1.0:

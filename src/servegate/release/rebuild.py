@@ -50,9 +50,17 @@ def rebuild(cfg: Config) -> dict[str, Any]:
     deployer = make_deployer(cfg)
     mine = rec.host_id(cfg)
     entries: list[Entry] = []
+    skipped: list[str] = []
     for sha in deployer.repo.noted():
         for r in rec.parse_notes(deployer.repo.notes(sha)):
             if r.get("host_id") != mine or r.get("sha") != sha or not SHA.match(sha):
+                continue
+            why = _wrong_types(r)
+            if why:
+                skipped.append(
+                    f"a record of {sha[:12]} at {str(r.get('at'))[:40]!r} is skipped: {why} "
+                    "(not a record servegate writes)"
+                )
                 continue
             release_dir = deployer.release_dir(sha)
             entries.append(
@@ -92,4 +100,31 @@ def rebuild(cfg: Config) -> dict[str, Any]:
         "live_directory_sha": live,
         "current": current.sha if current else None,
         "previous": previous.sha if previous else None,
+        "skipped": skipped,
     }
+
+
+def _wrong_types(r: dict[str, Any]) -> str:
+    """Why a note line of this host cannot be a release record servegate wrote ("" when
+    its fields have the types it writes)."""
+    for name in ("verdict", "at"):
+        if not isinstance(r.get(name), str):
+            return f"{name} is not a string"
+    for name in ("tag", "reason"):
+        if r.get(name) is not None and not isinstance(r.get(name), str):
+            return f"{name} is not a string"
+    seconds = r.get("startup_seconds")
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float)):
+        return "startup_seconds is not a number"
+    artifacts = r.get("artifacts")
+    if artifacts is not None and not (
+        isinstance(artifacts, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items())
+    ):
+        return "artifacts is not an object of path → sha256 strings"
+    supersedes = r.get("supersedes")
+    if supersedes is not None and not (
+        isinstance(supersedes, dict) and isinstance(supersedes.get("tag", ""), str)
+    ):
+        return "supersedes is not an object with a tag"
+    return ""

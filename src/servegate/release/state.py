@@ -51,8 +51,42 @@ def _check_sha(path: Path, sha: str, where: str) -> None:
 
 def _check_entry(path: Path, root: Path, e: Entry, where: str) -> None:
     _check_sha(path, e.sha, f"{where}.sha")
-    if e.release_dir and not Path(os.path.realpath(e.release_dir)).is_relative_to(root):
-        raise _invalid(path, f"{where}.release_dir {e.release_dir!r} lies outside {root}")
+    _check_dir(path, root, e.release_dir, f"{where}.release_dir")
+
+
+def _check_dir(path: Path, root: Path, release_dir: str, where: str) -> None:
+    if "\0" in release_dir:
+        raise _invalid(path, f"{where} holds a NUL character")
+    if release_dir and not Path(os.path.realpath(release_dir)).is_relative_to(root):
+        raise _invalid(path, f"{where} {release_dir!r} lies outside {root}")
+
+
+#: what each field of an entry and of ``pending`` must be (a missing one takes its default)
+ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "sha": (str,), "release_dir": (str,), "verdict": (str,), "at": (str,), "tag": (str,),
+    "reason": (str,), "startup_seconds": (int, float), "artifacts": (dict,),
+}  # fmt: skip
+PENDING_TYPES: dict[str, tuple[type, ...]] = {
+    "sha": (str,), "kind": (str,), "release_dir": (str,), "at": (str,), "pid": (int,),
+}  # fmt: skip
+
+
+def _wrong_types(value: dict[str, Any], types: dict[str, tuple[type, ...]]) -> str:
+    """The first field of ``value`` of the wrong type, said as "name is …"; "" if none."""
+    for name, allowed in types.items():
+        if name not in value:
+            continue
+        got = value[name]
+        if isinstance(got, bool) or not isinstance(got, allowed):
+            want = " or ".join({"str": "a string", "int": "a whole number", "float": "a number",
+                                "dict": "an object"}[t.__name__] for t in allowed)  # fmt: skip
+            return f"{name} is {type(got).__name__} {str(got)[:40]!r}, not {want}"
+    artifacts = value.get("artifacts")
+    if isinstance(artifacts, dict) and not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()
+    ):
+        return "artifacts is not an object of path → sha256 strings"
+    return ""
 
 
 @dataclass
@@ -73,8 +107,9 @@ class HostState:
             data = json.loads(path.read_text())
         except FileNotFoundError:
             return cls(path)
-        except (OSError, ValueError) as exc:
-            raise _invalid(path, f"it is not readable JSON ({exc})") from None
+        except (OSError, ValueError, RecursionError) as exc:
+            why = str(exc)[:200] or "nested too deep"
+            raise _invalid(path, f"it is not readable JSON ({why})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise _invalid(path, f"it is not a host state of schema {SCHEMA}")
         root = path.parent.resolve()
@@ -84,6 +119,9 @@ class HostState:
                 return None
             if not isinstance(value, dict):
                 raise _invalid(path, f"{where} is not an object")
+            why = _wrong_types(value, ENTRY_TYPES)
+            if why:
+                raise _invalid(path, f"{where}.{why}")
             try:
                 e = Entry.from_dict(value)
             except TypeError as exc:
@@ -94,9 +132,15 @@ class HostState:
         history = data.get("history", [])
         if not isinstance(history, list):
             raise _invalid(path, "history is not a list")
-        pending = data.get("pending") if isinstance(data.get("pending"), dict) else None
+        pending = data.get("pending")
+        if pending is not None and not isinstance(pending, dict):
+            raise _invalid(path, "pending is not an object")
         if pending is not None:
+            why = _wrong_types(pending, PENDING_TYPES)
+            if why:
+                raise _invalid(path, f"pending.{why}")
             _check_sha(path, str(pending.get("sha", "")), "pending.sha")
+            _check_dir(path, root, str(pending.get("release_dir", "")), "pending.release_dir")
         return cls(
             path,
             entry(data.get("current"), "current"),
