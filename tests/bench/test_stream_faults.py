@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+import types
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from servegate.bench import cases, client, runner
+from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 
@@ -52,12 +55,17 @@ class Engine(BaseHTTPRequestHandler):
         if self.mode == "503":
             self._json(503, {"error": {"message": "overloaded"}})
             return
+        if self.mode == "slow":  # a long prefill, then a slow decode
+            time.sleep(0.8)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         for i in range(40):
             event = {"choices": [{"delta": {"content": WORDS[i % len(WORDS)] + " "}}]}
             self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            if self.mode == "slow":
+                self.wfile.flush()
+                time.sleep(0.03)
             if self.mode == "error" and i == 10:
                 self.wfile.write(b'data: {"error": {"message": "EngineCore died"}}\n\n')
                 return
@@ -164,3 +172,24 @@ def test_a_vllm_server_whose_metrics_cannot_be_read_gives_no_valid_trial(
     assert trial["ok"]
     assert "metrics_unread" in trial["invalid_reasons"]
     assert "a prompt-cache hit could not be ruled out" in trial["reason_details"]["metrics_unread"]
+
+
+def test_a_running_group_says_its_phase_time_and_chunks(
+    engine: tuple[str, type[Engine]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 128k a trial runs for minutes: the progress line shows prefill (no token yet),
+    then decode with the chunks received, while it runs."""
+    url, handler = engine
+    handler.mode = "slow"
+    lines: list[str] = []
+    owner = types.SimpleNamespace(reporter=types.SimpleNamespace(progress=lines.append))
+    monkeypatch.setattr(runner, "TICK_SECONDS", 0.25)
+    live: list[Stream] = []
+    ep = Endpoint(url, "", adapters.VLLM)
+    started = now()
+    with runner.Bench._ticker(owner, "regular-128k #1", live, started):  # type: ignore[arg-type]
+        stream = client.stream_chat(ep, BODY, 30.0, None, live)
+    assert not stream.error
+    assert any(line.startswith("regular-128k #1: prefill ") and "(no token yet)" in line
+               for line in lines), lines  # fmt: skip
+    assert any("decode" in line and "chunk(s) received" in line for line in lines), lines

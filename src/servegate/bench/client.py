@@ -26,22 +26,35 @@ def pool(endpoint: Endpoint, timeout: float, connections: int = 64) -> Iterator[
 
 
 def stream_chat(
-    endpoint: Endpoint, payload: dict[str, Any], timeout: float, http: httpx.Client | None = None
+    endpoint: Endpoint,
+    payload: dict[str, Any],
+    timeout: float,
+    http: httpx.Client | None = None,
+    live: list[Stream] | None = None,
 ) -> Stream:
     """Send one streaming chat completion; every failure becomes ``Stream.error``.
 
     ``http``: the run's pooled client; without it a client is made first (outside the
-    measured time)."""
+    measured time). ``live``: the stream is added to it as soon as it exists, so a
+    progress line can read it while it runs."""
     body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
     with contextlib.ExitStack() as stack:
         if http is None:
             http = stack.enter_context(endpoint.client(timeout))
-        return _stream(http, endpoint, body, timeout)
+        return _stream(http, endpoint, body, timeout, live)
 
 
-def _stream(http: httpx.Client, endpoint: Endpoint, body: dict[str, Any], timeout: float) -> Stream:
+def _stream(
+    http: httpx.Client,
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    timeout: float,
+    live: list[Stream] | None = None,
+) -> Stream:
     request = http.build_request("POST", "/v1/chat/completions", json=body, timeout=timeout)
     stream = Stream(started=now())
+    if live is not None:
+        live.append(stream)
     try:
         with contextlib.closing(http.send(request, stream=True)) as resp:
             stream.http_status = resp.status_code

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -298,6 +298,24 @@ class Bench:
             self._progress(case, n, group)
         return doc
 
+    @contextlib.contextmanager
+    def _ticker(self, what: str, live: list[Stream], started: float) -> Iterator[None]:
+        """While a group runs (minutes at 128k on a slow box): its phase, the time it has
+        taken and the text chunks received so far, every few seconds."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(TICK_SECONDS):
+                self.reporter.progress(f"{what}: {progress_line(live, now() - started)}")
+
+        thread = threading.Thread(target=tick, daemon=True, name="bench-progress")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
     def _progress(self, case: Case, n: int, group: Group) -> None:
         for t in group["trials"]:
             if not t["performance_valid"]:
@@ -330,18 +348,18 @@ class Bench:
         streams: list[Stream | None] = [None] * case.concurrency
         barrier = threading.Barrier(case.concurrency)
 
+        live: list[Stream] = []
+
         def one(i: int) -> None:
             with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=60)
-            streams[i] = client.stream_chat(s.endpoint, bodies[i], s.timeout, self.http)
+            streams[i] = client.stream_chat(s.endpoint, bodies[i], s.timeout, self.http, live)
 
         box_before = reference.rate() if s.reference else None
         before = prom.parse(client.metrics_text(s.endpoint, http=self.http))
         mark = self.log.mark() if self.log else 0
         started = now()
-        if case.concurrency == 1:
-            one(0)
-        else:
+        with self._ticker(f"{case.id} #{n}", live, started):
             threads = [threading.Thread(target=one, args=(i,)) for i in range(case.concurrency)]
             for th in threads:
                 th.start()
@@ -477,3 +495,19 @@ def run(
         bench.fail("failed", repr(exc))
         raise
     return bench.finish()
+
+
+#: seconds between progress lines while a group runs
+TICK_SECONDS = 5.0
+
+
+def progress_line(live: list[Stream], elapsed: float) -> str:
+    """``prefill 42s (no token yet)`` / ``decode 61s, 212 chunks received``."""
+    if not live:
+        return f"sending {elapsed:.0f}s"
+    chunks = sum(st.text_chunks for st in live)
+    waiting = sum(1 for st in live if st.first_text_at is None and not st.done_at)
+    if chunks == 0:
+        return f"prefill {elapsed:.0f}s (no token yet)"
+    more = f", {waiting} stream(s) still in prefill" if waiting else ""
+    return f"decode {elapsed:.0f}s, {chunks} chunk(s) received{more}"
