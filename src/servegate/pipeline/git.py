@@ -13,10 +13,12 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import git
 
 from servegate.errors import CommandFailed, GitRefusal
+from servegate.pipeline import proc
 from servegate.pipeline.gitenv import scrub_git_env
 
 NOTES_REF = "refs/notes/servegate"
@@ -29,11 +31,30 @@ NOTES_MERGER = ("servegate", "servegate@localhost")
 SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
 
 
+#: seconds a local git command may take (status, notes, tags, worktrees): a hung one
+#: (a lock held on a stalled disk) must not hold the host lock for ever
+LOCAL_TIMEOUT = 120.0
+
+
+class _TimedGit(git.Git):
+    """Every git command servegate runs has a deadline: the network's where the caller
+    gives one (``kill_after_timeout``), ``LOCAL_TIMEOUT`` otherwise."""
+
+    def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs.get("as_process"):
+            kwargs.setdefault("kill_after_timeout", LOCAL_TIMEOUT)
+        return super().execute(command, *args, **kwargs)
+
+
+class _TimedRepo(git.Repo):
+    GitCommandWrapperType = _TimedGit
+
+
 def open_repo(path: Path) -> git.Repo:
-    """A Repo for git commands. servegate asks git (rev-parse, log, merge-base) rather
-    than reading objects through GitPython, so no long-lived ``git cat-file`` children
-    outlive a command."""
-    return git.Repo(path)
+    """A Repo for git commands, each with a deadline (:class:`_TimedGit`). servegate asks
+    git (rev-parse, log, merge-base) rather than reading objects through GitPython, so no
+    long-lived ``git cat-file`` children outlive a command."""
+    return _TimedRepo(path)
 
 
 def head_of(repo: git.Repo, rev: str = "HEAD") -> str:
@@ -262,9 +283,9 @@ class InPlaceCheckout(StackRepo):
 
     def __init__(self, path: Path, remote_url: str, branch: str) -> None:
         super().__init__(path, remote_url, branch)
-        with _git_errors(f"clone {remote_url}"):
-            if not (path / ".git").exists():
-                git.Repo.clone_from(remote_url, path, branch=branch)
+        if not (path / ".git").exists():  # GitPython's clone_from takes no deadline
+            proc.run(["git", "clone", "--branch", branch, "--", remote_url, str(path)],
+                     timeout=NETWORK_TIMEOUT)  # fmt: skip
         self.repo = open_repo(path)
 
     def require_clean(self) -> None:
