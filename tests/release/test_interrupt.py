@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from servegate.cli import release_main
 from servegate.release.promote import promote
 from tests.conftest import Host, Stack
@@ -71,6 +73,8 @@ def save_or_die(self):
         os.kill(os.getpid(), signal.SIGKILL)  # recorded and tagged, the state not yet saved
     save(self)
 state.HostState.save = save_or_die
+import pytest
+
 from servegate.cli import release_main
 release_main(["promote", sys.argv[1], "--config", sys.argv[2]])
 """
@@ -108,3 +112,36 @@ def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
     assert state["history"][-1]["verdict"] == "rolled_back"
     assert state["history"][-1]["tag"] == tags[0]
     assert release_main(["verify", "--config", str(host.path)]) == 0
+
+
+def test_ctrl_c_while_the_record_is_pushed_keeps_the_proven_release(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The release is proven when the record's push (up to minutes on a slow origin) is
+    interrupted: it stays the live release, the state says so, and the refs wait in
+    unpushed.json for the next command — never a rollback of a verified release."""
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    nxt = stack.commit(message="next")
+    hook = stack.origin / "hooks" / "pre-receive"
+    hook.write_text("#!/bin/sh\nsleep 60\n")  # an origin that takes its time
+    hook.chmod(0o755)
+    try:
+        code, output = _interrupt_when(host, nxt, "✓ gate")
+    finally:
+        hook.unlink()
+    assert code == 130, output[-3000:]
+    assert "is released, verified and serving" in output
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == nxt
+    assert state.get("pending") is None
+    kept = json.loads((host.cfg.host_root / "unpushed.json").read_text())
+    assert any(r.startswith("refs/notes/servegate") for r in kept)
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    capsys.readouterr()
+    assert release_main(["status", "--config", str(host.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["result"]["unpushed"]
+    # the next promote pushes what was left
+    third = stack.commit(message="third")
+    assert release_main(["promote", third, "--config", str(host.path)]) == 0
+    assert not (host.cfg.host_root / "unpushed.json").exists()

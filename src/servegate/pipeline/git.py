@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,26 @@ class _TimedGit(git.Git):
     def execute(self, command: Any, *args: Any, **kwargs: Any) -> Any:
         if not kwargs.get("as_process"):
             kwargs.setdefault("kill_after_timeout", LOCAL_TIMEOUT)
-        return super().execute(command, *args, **kwargs)
+        try:
+            return super().execute(command, *args, **kwargs)
+        except KeyboardInterrupt:
+            _end_watched_commands()
+            raise
+
+
+def _end_watched_commands() -> None:
+    """Ctrl-C during a git command: GitPython's deadline is a non-daemon timer thread
+    that is not cancelled when the wait is interrupted, so the interpreter would wait
+    out the whole deadline (minutes) before exiting, with git still running. End the
+    command now, as the timer would have, and cancel the timer."""
+    for thread in threading.enumerate():
+        if (
+            isinstance(thread, threading.Timer)
+            and getattr(thread.function, "__module__", "") == git.cmd.__name__
+        ):
+            thread.cancel()
+            with suppress(Exception):
+                thread.function(*thread.args)
 
 
 class _TimedRepo(git.Repo):

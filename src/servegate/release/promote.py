@@ -262,11 +262,21 @@ def _record_release(
     # a failure is a warning, never a failure of the release it follows
     warnings = prune_old(ctx, after.protected(ctx.cfg.host.keep_releases), after.history)
     typed.warnings = [*ctx.warnings, *warnings] or None
-    record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
-    warn_unpushed(ctx, record)
+    try:
+        record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, tag, ctx.scrubber)
+    except KeyboardInterrupt:
+        # the release is proven and serving; the push was cut off (its refs are kept)
+        record = None
     state.pending = None
     state.previous, state.current, state.history = after.previous, entry, after.history
     state.save()
+    if record is None:
+        raise Interrupted(
+            f"interrupted while the record was pushed: {sha[:12]} is released, verified and "
+            "serving, and its record is kept on this host",
+            hint="the next release command pushes what is left (`release status` lists it)",
+        )
+    warn_unpushed(ctx, record)
     return Outcome(sha, "released", 0, tag=tag, record=record)
 
 

@@ -216,6 +216,9 @@ def push_pending(cfg: Config, repo: StackRepo, refs: Sequence[str] = ()) -> dict
         return {"pushed": True, "refs": [], "error": "", "warnings": warnings}
     errors: list[str] = []
     failed: list[str] = []
+    # kept before the first network call: a push cut off (Ctrl-C, a killed run) leaves
+    # the list for the next run, never nothing
+    atomic.write_json(unpushed_path(cfg), todo)
     try:
         repo.fetch_notes()  # merged first: the notes push is a fast-forward of origin's
     except CommandFailed as exc:
