@@ -453,6 +453,10 @@ def _launch_command(args: argparse.Namespace, out: Output) -> int:
     from servegate.commands import lint, render
     from servegate.engine.lint import ruleset
 
+    if args.command == "lint" and args.rules:
+        # the shipped rules need no config or profile; a config's [lint] files add to them
+        base = config_mod.load(args.config, os.environ) if args.config.exists() else None
+        return lint.list_rules(out, ruleset(base or config_mod.bare()))
     t = render.target(args.config, args.profile, args.param, args.release, args.sha, args.port)
     if args.command == "render":
         return render.run(out, t, args.format)

@@ -709,3 +709,9 @@ def fill(value: str, **places: str) -> str:
     for name, replacement in places.items():
         value = value.replace("{" + name + "}", replacement)
     return value
+
+
+def bare(profile: str = "", params: Mapping[str, str] | None = None, port: int = 8000) -> Config:
+    """A config with no file behind it: a launch profile looked at alone (render, lint)."""
+    service = Service(port=port, profile=profile, params=dict(params or {}))
+    return Config(stack=Stack(""), host=Host(""), service=service)

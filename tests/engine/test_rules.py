@@ -4,6 +4,7 @@ shipped profiles; teams extend, replace and turn off rules with their own files.
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -295,10 +296,27 @@ def test_lint_command_exits_15_on_a_fail(
 
 
 def test_lint_rules_lists_every_rule(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["lint", "--rules", "--profile", "cpu-demo", "--config", "/nonexistent"]) == 0
-    out = capsys.readouterr().out
-    for rule in rules.load().rules:
-        assert rule.id in out
+    for argv in (["--profile", "cpu-demo"], []):  # no config and no profile needed
+        assert main(["lint", "--rules", *argv, "--config", "/nonexistent"]) == 0
+        out = capsys.readouterr().out
+        for rule in rules.load().rules:
+            assert rule.id in out
+
+
+def test_a_profile_alone_with_a_parameter_missing_exits_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A preview may leave {release} open, never a parameter the profile needs."""
+    assert main(["render", "--profile", "v620-tp4", "--config", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert "not filled in: {model}, {runtime}" in err
+    assert "--param NAME=VALUE" in err
+    assert main(["lint", "--profile", "v620-tp4", "--config", "/nonexistent", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["class"] == "ConfigError"
+    args = ["--param", "model=/m", "--param", "runtime=/r", "--config", "/nonexistent"]
+    assert main(["render", "--profile", "v620-tp4", *args, "--format", "shell"]) == 0
+    assert "{release}" in capsys.readouterr().out
 
 
 def test_render_and_lint_run_as_commands(tmp_path: Path) -> None:

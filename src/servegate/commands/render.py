@@ -10,7 +10,7 @@ from pathlib import Path
 
 from servegate import config as config_mod
 from servegate import hostpaths
-from servegate.config import Config, Host, Service, Stack
+from servegate.config import Config
 from servegate.engine import render as render_mod
 from servegate.engine.launch import LaunchSpec, launch_spec, load_profile
 from servegate.errors import ConfigError
@@ -18,6 +18,8 @@ from servegate.output import Output
 from servegate.release.state import HostState
 
 FORMATS = ("all", "shell", "env", "unit", "json")
+#: built-in placeholders a preview may leave open: where and at which SHA it will run
+PREVIEW_OPEN = frozenset(["release", "sha", "short", "host_root"])
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,7 @@ def _config(
     config_path: Path, profile: str | None, params: Mapping[str, str], port: int | None
 ) -> Config:
     if profile and not config_path.exists():
-        service = Service(port=port or 8000, profile=profile, params=dict(params))
-        return Config(stack=Stack(""), host=Host(""), service=service)
+        return config_mod.bare(profile, params, port or 8000)
     cfg = config_mod.load(config_path, os.environ, build_only=bool(profile))
     svc = cfg.service
     if profile:
@@ -83,6 +84,18 @@ def target(
         release = str(hostpaths.of(cfg).current) if cfg.host.root else "{release}"
         unfilled += [] if cfg.host.root else ["release"]
     spec = launch_spec(cfg, Path(release), sha or "", strict=False)
+    # a profile alone may leave where it will run ({release}, the SHA) open; a
+    # parameter it needs, or a placeholder nothing defines, is an error as in promote
+    open_ = [n for n in spec.unresolved if n not in PREVIEW_OPEN]
+    if open_:
+        known = ", ".join(sorted(load_profile(cfg).params)) if cfg.service.profile else ""
+        raise ConfigError(
+            "not filled in: "
+            + ", ".join("{" + n + "}" for n in open_)
+            + (f" (profile {cfg.service.profile})" if cfg.service.profile else ""),
+            hint="pass --param NAME=VALUE for each"
+            + (f"; the profile's parameters: {known}" if known else ""),
+        )
     unfilled += spec.unresolved
     if unfilled:
         notes.append(
