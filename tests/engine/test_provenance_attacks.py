@@ -221,3 +221,35 @@ def test_borrowed_code_made_only_of_lambdas_and_generators(
         "a def or class <lambda>",
         "a def or class <genexpr>",
     }
+
+
+def test_untracked_code_in_the_release_is_found_even_when_idle(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """An untracked ``mmap.py`` in the release shadows the standard module for an ``-m``
+    launch: it runs at the first import and may then sit idle, unseen by any frame."""
+    marker = tmp_path / "shadow-ran"
+    (release / "mmap.py").write_text(
+        f"open({str(marker)!r}, 'w')\n"
+        "import sys\ndel sys.modules['mmap']\nsys.path.pop(0)\nimport mmap as _real\n"
+        "sys.modules['mmap'] = _real\n"
+    )
+    s = serve(services, release)
+    assert marker.exists()
+    report = verify(s.pid, expect(release))
+    assert "untracked code mmap.py" in checks(report)
+
+
+def test_an_undeclared_pythonpath_outside_the_roots_is_a_finding(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    s = serve(services, release, PYTHONPATH=str(elsewhere))
+    report = verify(s.pid, expect(release))
+    found = [f for f in report.findings if f.check == "PYTHONPATH"]
+    assert found
+    assert found[0].found == str(elsewhere)
+    # declared by the launch with this very value: the launch's choice, no finding
+    declared = verify(s.pid, expect(release, declared_env={"PYTHONPATH": str(elsewhere)}))
+    assert "PYTHONPATH" not in checks(declared)

@@ -563,3 +563,47 @@ def _pycache_prefix(main: ProcInfo) -> str:
         value = main.environ.get("PYTHONPYCACHEPREFIX", "")
         return os.path.join(main.cwd, value) if value else ""
     return ""
+
+
+#: what Python can import or load from a directory on its path
+IMPORTABLE = (".py", ".pyc", ".pyw", ".so", ".pth", ".zip", ".egg", ".whl")
+
+
+def check_untracked(exp: Expectation, tracked: set[str] | None, report: Report) -> None:
+    """Code in the release that git does not track and the build did not hash: an
+    ``-m`` launch puts the release first on ``sys.path``, so an untracked ``mmap.py``
+    there replaces the standard module at the first import — and may then sit idle,
+    unseen by any frame. Bytecode caches (``__pycache__``) are judged by the bytecode
+    check against their tracked sources."""
+    if tracked is None:
+        return
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(exp.release_dir), "ls-files", "--others", "-z"],
+            capture_output=True, timeout=60, check=False,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_OPTIONAL_LOCKS": "0",
+                 "HOME": os.environ.get("HOME", "/")},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        report.weaker.append(f"untracked files of {exp.release_dir} not listed")
+        return
+    found = sorted(
+        rel
+        for rel in (p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p)
+        if rel.endswith(IMPORTABLE)
+        and "__pycache__" not in rel.split("/")
+        and rel not in exp.artifact_hashes
+    )
+    for rel in found[:20]:
+        report.findings.append(
+            Finding(
+                f"untracked code {rel}",
+                "a tracked file or a hashed build artifact (build.artifacts) of the release",
+                f"{exp.release_dir / rel}: Python can import it from the release, and git "
+                "does not track it",
+            )
+        )
+    if len(found) > 20:
+        report.findings.append(
+            Finding("untracked code", "none", f"{len(found) - 20} more untracked code files")
+        )

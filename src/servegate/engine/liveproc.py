@@ -75,6 +75,8 @@ class Expectation:
     #: executable anonymous memory (JIT code: oneDNN makes it in vLLM's CPU workers):
     #: "record" counts it, "fail" makes it a finding (for engines that never JIT)
     anonymous_code: str = "record"
+    #: the directory the service manager starts the process in (the launch's ``cwd``)
+    launch_cwd: Path | None = None
 
 
 @dataclass(frozen=True)

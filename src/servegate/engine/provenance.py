@@ -88,7 +88,7 @@ print(marker + json.dumps(out), flush=True)
 
 #: loader and start-up variables: a finding in a live process unless the launch sets them
 #: (paths outside the allowed roots for the path lists; any value for the rest)
-LOADER_PATHS = ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH")
+LOADER_PATHS = ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH")
 STARTUP_VARS = ("PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONINSPECT",
                 "PYTHONPYCACHEPREFIX")  # fmt: skip
 
@@ -232,12 +232,21 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
         return
     # never run the service's preloads inside servegate's own check
     env = {k: v for k, v in main.environ.items() if k not in RESOLVER_DROPS}
-    flags, path0 = interpreter_flags(list(main.argv) or ports.argv(main.pid), main.cwd)
+    # sys.path's first entry was fixed when the process started, in the directory the
+    # manager started it in (the launch's); the process may have changed directory since
+    start_dir = str(exp.launch_cwd or main.cwd)
+    if exp.launch_cwd and os.path.realpath(main.cwd) != os.path.realpath(exp.launch_cwd):
+        report.weaker.append(
+            f"pid {main.pid} works in {main.cwd}, not where it was started ({exp.launch_cwd}): "
+            "its imports were resolved from the start directory; an -m/-c launch that must "
+            "not import from it should use -P (PYTHONSAFEPATH)"
+        )
+    flags, path0 = interpreter_flags(list(main.argv) or ports.argv(main.pid), start_dir)
     marker = f"servegate-resolved-{secrets.token_hex(8)}:"
     try:
         result = proc.run(
             [exp.interpreter, *flags, "-c", RESOLVE_SCRIPT, marker, path0, *exp.modules],
-            cwd=main.cwd,
+            cwd=start_dir,
             env=env,
             timeout=60,
             check=False,
@@ -386,6 +395,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
                     )
                 )
     _check_extensions(infos, exp, report)
+    codeorigin.check_untracked(exp, tracked, report)
     _check_modules(infos[0], exp, report)
     codeorigin.check_bytecode(infos[0], exp, tracked, report)
     hooks.check_hooks(infos, exp, report, where.roots)

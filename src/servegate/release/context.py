@@ -139,6 +139,7 @@ class Context:
         names = self.cfg.provenance.env or tuple(spec.env)
         return provenance.Expectation(
             release_dir=Path(os.path.realpath(spec.cwd)),
+            launch_cwd=Path(spec.cwd),
             interpreter=self.cfg.provenance.interpreter.replace("{release}", str(spec.cwd))
             or spec.argv[0],
             env={k: spec.env.get(k, "") for k in names},
