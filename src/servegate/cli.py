@@ -563,7 +563,9 @@ def run(
     except Exception as exc:
         log = _crash_log(name)
         print(
-            f"servegate hit an unexpected error: {exc!r}\n"
+            # the type only: an exception's text may quote what it was handling (a
+            # request's headers, an API key); the full traceback is in the 0600 log
+            f"servegate hit an unexpected error: {type(exc).__name__}\n"
             f"  the traceback is in {log} — please attach it to a bug report",
             file=sys.stderr,
         )

@@ -25,6 +25,8 @@ from pathlib import Path
 from servegate.errors import ConfigError
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: larger than any file of variables
+MAX_BYTES = 1 << 20
 
 
 def environ_with(path: str, environ: Mapping[str, str]) -> dict[str, str]:
@@ -40,7 +42,9 @@ def load(path: str | Path) -> dict[str, str]:
     """The file's names and values, checked (mode, owner, format)."""
     where = str(path)
     try:
-        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # non-blocking: a FIFO planted at the path must not hang the open (it is refused
+        # below as not a regular file)
+        fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError(
             f"service.env_file {where} does not exist",
@@ -68,7 +72,13 @@ def load(path: str | Path) -> dict[str, str]:
                 f"(mode {stat.S_IMODE(st.st_mode):04o}): its secrets are not secret",
                 hint=f"chmod 600 {where}",
             )
-        raw = fh.read()
+        if st.st_size > MAX_BYTES:
+            raise ConfigError(
+                f"service.env_file {where} is {st.st_size} bytes: more than a file of "
+                f"variables ({MAX_BYTES} bytes at most)",
+                hint="point service.env_file at the file of NAME=value lines",
+            )
+        raw = fh.read(MAX_BYTES + 1)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

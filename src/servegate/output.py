@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from servegate.errors import ServegateError
+from servegate.pipeline.redact import OWN_FIELDS
 from servegate.pipeline.stages import ConsoleReporter, QuietReporter, Reporter
 
 SCHEMA = 1
@@ -90,7 +91,10 @@ def _scrubbed(node: Any, scrub: Callable[[str], str]) -> Any:
     if isinstance(node, str):
         return scrub(node)
     if isinstance(node, dict):
-        return {k: _scrubbed(v, scrub) for k, v in node.items()}
+        return {
+            k: v if k in OWN_FIELDS and not isinstance(v, dict | list) else _scrubbed(v, scrub)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_scrubbed(v, scrub) for v in node]
     return node

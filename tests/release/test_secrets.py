@@ -5,7 +5,9 @@ still proves the live process got the same values."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from servegate import config as config_mod
 from servegate import envfile
-from servegate.cli import release_main
+from servegate.cli import main, release_main
 from servegate.demo.sandbox import free_port
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.errors import ConfigError
@@ -265,3 +267,30 @@ def test_secrets_shaped_to_slip_past_the_names_stay_out_of_notes_json_and_stderr
         assert found(io.out + io.err) == []
     finally:
         Supervisor(config_mod.load(path, {})).shutdown_daemon()
+
+
+def test_an_env_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "secrets.env"
+    os.mkfifo(fifo, 0o600)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="not a regular file"):
+        envfile.load(fifo)
+    assert time.monotonic() - started < 5  # never waits for a writer
+
+
+def test_an_api_key_a_header_cannot_carry_is_named_never_printed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("K", "sk-sécret-1234")
+    argv = ["bench", "compare", "--a-url", "http://127.0.0.1:9", "--b-url", "http://127.0.0.1:9",
+            "--api-key-env", "K", "--no-lease"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "cannot carry" in err
+    assert "sécret" not in err
+    # a server that is not there is a bench failure with its address, not a traceback
+    monkeypatch.setenv("K", "sk-plain-1234")
+    assert main(argv) == 13
+    err = capsys.readouterr().err
+    assert "does not answer /v1/models (ConnectError" in err
+    assert "sk-plain-1234" not in err

@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from servegate import config as config_mod
 from servegate import envfile, hostpaths
 from servegate.bench import cases, document, probes, results, runner, verdict
@@ -106,6 +108,22 @@ def bench_settings(cfg: Config | None, o: Options) -> config_mod.Bench:
     return replace(b, **changes)
 
 
+def served_model(endpoint: openai.Endpoint) -> str:
+    """The first model the server lists; a server that does not answer is a BenchFailed
+    naming it (the error's own text only when it is the network's: an encoding error
+    would quote the request's headers, API key included)."""
+    try:
+        return openai.first_model(endpoint)
+    except httpx.HTTPError as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:
+        why = type(exc).__name__
+    raise BenchFailed(
+        f"the server at {endpoint.shown_url} does not answer /v1/models ({why})",
+        hint="start the server or pass the right --url",
+    )
+
+
 def endpoint_of(cfg: Config | None, o: Options, environ: Mapping[str, str]) -> openai.Endpoint:
     key_env = o.api_key_env or (cfg.service.api_key_env if cfg else "")
     if cfg is not None and key_env:
@@ -138,13 +156,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     endpoint = endpoint_of(cfg, o, environ)
     model = o.model or (cfg.service.model if cfg else "")
     if not model:
-        try:
-            model = openai.first_model(endpoint)
-        except Exception as exc:
-            raise BenchFailed(
-                f"the server at {endpoint.shown_url} does not answer /v1/models: {exc}",
-                hint="start the server or pass the right --url",
-            ) from None
+        model = served_model(endpoint)
     live = _live_launch(cfg)
     salt = redact.host_salt(cfg.host_root) if cfg and cfg.host.root else ""
     given = redact.argv(shlex.split(o.server_command), salt) if o.server_command else []
@@ -419,7 +431,7 @@ def compare_live(
     sides = {}
     for name, url in (("A", a_url), ("B", b_url)):
         ep = endpoint_of(cfg, replace(o, url=url), environ)
-        model = o.model or openai.first_model(ep)
+        model = o.model or served_model(ep)
         spec = cases.spec_from_config(b, ep, model, "", f"compare side {name}")
         sides[name] = runner.Bench(spec, None, out.reporter(), None, environ)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")

@@ -19,8 +19,8 @@ from servegate import config as config_mod
 from servegate.bench import noise, results
 from servegate.bench.cases import METRICS, spec_from_config
 from servegate.bench.runner import Bench
+from servegate.commands.bench import served_model
 from servegate.engine.health import wait_healthy
-from servegate.engine.openai import first_model
 from servegate.errors import BenchFailed, PreflightFailed
 from servegate.output import Output
 from servegate.pipeline.lease import gpu_lease
@@ -40,7 +40,7 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
             "no live release on this host: the noise is measured on the live release",
             hint="promote a release first (`release promote SHA`)",
         )
-    model = cfg.service.model or first_model(ctx.endpoint)
+    model = cfg.service.model or served_model(ctx.endpoint)
     spec = spec_from_config(cfg.bench, ctx.endpoint, model, "", socket.gethostname())
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     files: list[str] = []

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from servegate.engine.adapters import VLLM, Engine
+from servegate.errors import ConfigError
 from servegate.pipeline import redact
 
 
@@ -17,6 +18,15 @@ class Endpoint:
     api_key: str = ""
     #: the engine's adapter; None: not named (the bench detects it from /v1/models)
     engine: Engine | None = None
+
+    def __post_init__(self) -> None:
+        if self.api_key and not (self.api_key.isascii() and self.api_key.isprintable()):
+            raise ConfigError(
+                "the API key holds characters an HTTP header cannot carry (only printable "
+                "ASCII can be sent as 'Authorization: Bearer …')",
+                hint="check the variable service.api_key_env (or --api-key-env) names: a "
+                "key pasted with a stray character or line break",
+            )
 
     @property
     def shown_url(self) -> str:

@@ -320,8 +320,23 @@ def _json_secrets(arg: str, under_secret: bool = False) -> set[str]:
     return out
 
 
+#: fields servegate writes itself from its own vocabulary and Git (a verdict, a SHA, a
+#: time, a tag): never scrubbed. A secret that happens to equal "released" or "main"
+#: must not turn a record's verdict or branch into a redaction (nor reveal, by where the
+#: redaction sits, which word the secret is).
+OWN_FIELDS = frozenset([
+    "verdict", "sha", "previous_sha", "host_id", "branch", "strategy", "at", "tag", "kind",
+    "schema", "servegate_version", "servegate_commit", "service_manager", "status", "name",
+    "frames_status", "method", "class",
+])  # fmt: skip
+#: what a secret value becomes inside free text: the same for every secret, so its
+#: place in a text says nothing about which value it was
+IN_TEXT = "<redacted>"
+
+
 class Scrubber:
-    """Replaces known secret values wherever they appear in a text or a JSON document."""
+    """Replaces known secret values wherever they appear in a text or a JSON document
+    (servegate's own fields, :data:`OWN_FIELDS`, excepted)."""
 
     def __init__(self, values: Iterable[str], salt: str) -> None:
         self.salt = salt
@@ -330,7 +345,7 @@ class Scrubber:
     def text(self, value: str) -> str:
         for secret in self.values:
             if secret in value:
-                value = value.replace(secret, hidden(secret, self.salt))
+                value = value.replace(secret, IN_TEXT)
         return text(value, self.salt)
 
     def inplace(self, obj: Any) -> None:
@@ -338,6 +353,8 @@ class Scrubber:
         reference to them sees the scrubbed values)."""
         if isinstance(obj, dict):
             for k, v in obj.items():
+                if k in OWN_FIELDS and isinstance(v, str | int | float | bool | None):
+                    continue
                 if isinstance(v, str):
                     obj[k] = self.text(v)
                 else:
