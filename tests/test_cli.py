@@ -95,6 +95,16 @@ def test_summary_renders_gate_and_verdict(
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     assert main(["summary", str(bad)]) == 2
+    # a reason quoting a crafted log line stays text in the job summary, never markup
+    doc = json.loads(result.read_text())
+    doc["result"]["verdict"] = "rolled_back"
+    doc["result"]["reason"] = 'log: <img src="https://x.invalid/p.png"> | cell'
+    crafted = tmp_path / "crafted.json"
+    crafted.write_text(json.dumps(doc))
+    assert main(["summary", str(crafted)]) == 0
+    text = capsys.readouterr().out
+    assert "<img" not in text
+    assert "&lt;img" in text
 
 
 def test_summary_shows_the_bench_gate_table(

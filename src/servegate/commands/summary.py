@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,15 @@ from servegate.output import Output
 ICON = {"released": "✅", "rolled_back": "↩️", "failed": "❌"}
 
 
+def _esc(text: Any) -> str:
+    """Text from outside servegate (a log line, a reason) as inert Markdown: the job
+    summary renders HTML, so a crafted log line must not become markup there."""
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
+
+
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return lines + [
-        "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows
-    ]
+    return lines + ["| " + " | ".join(_esc(c) for c in r) + " |" for r in rows]
 
 
 def _num(value: Any, digits: int = 1) -> str:
@@ -52,7 +57,7 @@ def markdown(doc: dict[str, Any]) -> str:
     if result.get("tag"):
         lines += [f"Tagged `{result['tag']}`.", ""]
     if result.get("reason") or error:
-        lines += [f"**Why:** {result.get('reason') or error.get('message', '')}", ""]
+        lines += [f"**Why:** {_esc(result.get('reason') or error.get('message', ''))}", ""]
     record = _obj(result.get("record"))
     gate = _obj(record.get("gate"))
     checks = _dicts(gate.get("checks"))
@@ -120,7 +125,9 @@ def markdown(doc: dict[str, Any]) -> str:
     rollback = _obj(result.get("rollback"))
     if rollback:
         state = (
-            "serving again, verified" if rollback.get("ok") else f"FAILED: {rollback.get('reason')}"
+            "serving again, verified"
+            if rollback.get("ok")
+            else f"FAILED: {_esc(rollback.get('reason'))}"
         )
         lines += [f"**Rollback** to `{str(rollback.get('sha'))[:12]}`: {state}", ""]
     return "\n".join(lines)
