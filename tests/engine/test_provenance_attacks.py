@@ -253,3 +253,19 @@ def test_an_undeclared_pythonpath_outside_the_roots_is_a_finding(
     # declared by the launch with this very value: the launch's choice, no finding
     declared = verify(s.pid, expect(release, declared_env={"PYTHONPATH": str(elsewhere)}))
     assert "PYTHONPATH" not in checks(declared)
+
+
+def test_the_resolver_never_imports_its_own_modules_from_the_release(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """The resolver starts where the service started (the release, first on sys.path for
+    ``-m``): its own ``import json`` must not run a ``json/`` planted there."""
+    marker = tmp_path / "servegate-ran-it"
+    (release / "json").mkdir()
+    (release / "json" / "__init__.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    s = serve(services, release, argv=[sys.executable, "-m", "stackpkg.server"])
+    assert not marker.exists()  # the service itself never imports json
+    report = verify(s.pid, expect(release, py_spy="/nonexistent/py-spy"))
+    assert not marker.exists()
+    assert report.modules["stackpkg"] == str(release / "stackpkg" / "__init__.py")
+    assert "untracked code json/__init__.py" in checks(report)

@@ -530,3 +530,36 @@ def test_a_build_that_damages_the_live_release_stops_before_the_switch(
     assert ("deleted on disk" if "clobbers" in mode else "M tinystack/server.py") in (
         capsys.readouterr().err
     )
+
+
+def test_an_edit_the_build_hides_from_git_status_is_still_a_change(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``git update-index --skip-worktree`` makes ``git status`` blind to an edit: the
+    tracked files are hashed from disk against the commit's tree, in the new release
+    and in the live one."""
+    a = released(host, stack)
+    capsys.readouterr()
+    own = stack.commit("build-skip-worktree")
+    assert release_main(["promote", own, "--config", str(host.path)]) == 5
+    assert "the build changed tracked files: M tinystack/__init__.py" in capsys.readouterr().err
+    assert_serving(host, a)
+    other = stack.commit("build-hides-in-others")
+    assert release_main(["promote", other, "--config", str(host.path)]) == 5
+    err = capsys.readouterr().err
+    assert f"changed the files of the live release {a[:12]}" in err
+    assert "tracked M tinystack/__init__.py" in err
+    # verify says the same of the live release whose file was edited under it
+    assert release_main(["verify", "--config", str(host.path)]) == 8
+    assert "M tinystack/__init__.py" in capsys.readouterr().err
+
+
+def test_a_nested_repository_the_build_leaves_is_untracked_code(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = released(host, stack)
+    capsys.readouterr()
+    nested = stack.commit("build-nested-repo")
+    assert release_main(["promote", nested, "--config", str(host.path)]) == 8
+    assert "untracked code planted/" in capsys.readouterr().err
+    assert_serving(host, a)

@@ -21,6 +21,24 @@ if [ "$(cat mode 2>/dev/null)" = build-edits-others ]; then
     case "$other" in "../$(basename "$PWD")/"*) ;; *) echo "# patched" >> "$other" ;; esac
   done
 fi
+if [ "$(cat mode 2>/dev/null)" = build-skip-worktree ]; then
+  # an edit hidden from `git status` by the index itself
+  git update-index --skip-worktree tinystack/__init__.py
+  echo "# injected by the build" >> tinystack/__init__.py
+fi
+if [ "$(cat mode 2>/dev/null)" = build-hides-in-others ]; then
+  for other in ../*/; do
+    case "$other" in "../$(basename "$PWD")/") ;; *)
+      git -C "$other" update-index --skip-worktree tinystack/__init__.py
+      echo "# injected by another release's build" >> "$other/tinystack/__init__.py" ;;
+    esac
+  done
+fi
+if [ "$(cat mode 2>/dev/null)" = build-nested-repo ]; then
+  # a package git will not look into: a repository of its own
+  mkdir -p planted && printf 'PLANTED = True\n' > planted/__init__.py
+  git init -q planted
+fi
 mkdir -p build
 cc -shared -fPIC -O2 -o build/libtiny.so tiny.c
 echo "built build/libtiny.so"

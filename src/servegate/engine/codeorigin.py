@@ -23,6 +23,7 @@ import re
 import stat
 import subprocess
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,11 +66,16 @@ def runtime_roots(exp: Expectation) -> list[Path]:
     return list(dict.fromkeys(r for r in roots if str(r) != "/"))
 
 
-def tracked_files(release_dir: Path) -> set[str] | None:
-    """Paths git tracks in the release (relative), or None when it is not a checkout."""
+def tracked_files(release_dir: Path, sha: str = "") -> set[str] | None:
+    """Paths of the release's commit (relative), or None when it is not a checkout.
+    From the commit's tree when ``sha`` is known, never from the index a build could
+    have added files to (``git update-index --add``)."""
+    listing = (
+        ["ls-tree", "-r", "-z", "--name-only", "--full-tree", sha] if sha else ["ls-files", "-z"]
+    )
     try:
         done = subprocess.run(
-            ["git", "-C", str(release_dir), "ls-files", "-z"],
+            ["git", "-C", str(release_dir), *listing],
             capture_output=True,
             timeout=60,
             check=False,
@@ -569,6 +575,31 @@ def _pycache_prefix(main: ProcInfo) -> str:
 IMPORTABLE = (".py", ".pyc", ".pyw", ".so", ".pth", ".zip", ".egg", ".whl")
 
 
+def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str] | None:
+    """Files (and nested repositories) in the release that Python could import, neither
+    tracked nor hashed by the build; None when git cannot list them. A directory git
+    will not look into (a nested repository: ``json/`` with its own ``.git``) is listed
+    whole: it can hold a package that shadows the standard library's."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(release_dir), "ls-files", "--others", "-z"],
+            capture_output=True, timeout=60, check=False,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_OPTIONAL_LOCKS": "0",
+                 "HOME": os.environ.get("HOME", "/")},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return sorted(
+        rel
+        for rel in (p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p)
+        if (rel.endswith("/") or rel.endswith(IMPORTABLE))
+        and "__pycache__" not in rel.split("/")
+        and rel not in artifacts
+    )
+
+
 def check_untracked(exp: Expectation, tracked: set[str] | None, report: Report) -> None:
     """Code in the release that git does not track and the build did not hash: an
     ``-m`` launch puts the release first on ``sys.path``, so an untracked ``mmap.py``
@@ -577,30 +608,17 @@ def check_untracked(exp: Expectation, tracked: set[str] | None, report: Report) 
     check against their tracked sources."""
     if tracked is None:
         return
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(exp.release_dir), "ls-files", "--others", "-z"],
-            capture_output=True, timeout=60, check=False,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_OPTIONAL_LOCKS": "0",
-                 "HOME": os.environ.get("HOME", "/")},
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
+    found = untracked_code(exp.release_dir, exp.artifact_hashes)
+    if found is None:
         report.weaker.append(f"untracked files of {exp.release_dir} not listed")
         return
-    found = sorted(
-        rel
-        for rel in (p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p)
-        if rel.endswith(IMPORTABLE)
-        and "__pycache__" not in rel.split("/")
-        and rel not in exp.artifact_hashes
-    )
     for rel in found[:20]:
         report.findings.append(
             Finding(
                 f"untracked code {rel}",
                 "a tracked file or a hashed build artifact (build.artifacts) of the release",
                 f"{exp.release_dir / rel}: Python can import it from the release, and git "
-                "does not track it",
+                "does not track it" + (" (a repository of its own)" if rel.endswith("/") else ""),
             )
         )
     if len(found) > 20:

@@ -77,6 +77,8 @@ class Expectation:
     anonymous_code: str = "record"
     #: the directory the service manager starts the process in (the launch's ``cwd``)
     launch_cwd: Path | None = None
+    #: the release's commit: what "tracked" means (its tree, not the checkout's index)
+    sha: str = ""
 
 
 @dataclass(frozen=True)

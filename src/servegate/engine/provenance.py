@@ -62,10 +62,12 @@ __all__ = [
 ]
 
 RESOLVE_SCRIPT = """
-import importlib.util, json, sys
+import sys
+first = sys.path.pop(0) if sys.path and sys.path[0] in ("", ".") else None
+import importlib.util, json  # servegate's own imports never from the release's directory
 marker, path0 = sys.argv[1], sys.argv[2]
-if path0 != "-" and sys.path and sys.path[0] == "":
-    sys.path[0] = path0  # a script's own directory, as the service got it
+if first is not None:
+    sys.path.insert(0, path0 if path0 != "-" else first)  # as the service's start had it
 out = {}
 for name in sys.argv[3:]:
     try:
@@ -345,7 +347,7 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
     if not infos:
         report.findings.append(Finding("service process", f"pid {main_pid} running", "gone"))
         return report
-    tracked = tracked_files(exp.release_dir)
+    tracked = tracked_files(exp.release_dir, exp.sha)
     if tracked is None:
         report.weaker.append(
             f"{exp.release_dir} is not a git checkout: any file in it counts as the release's"

@@ -7,6 +7,7 @@ clone that is switched and fast-forwarded where it stands.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -292,10 +293,56 @@ def worktree_head(path: Path) -> str:
     return head_of(open_repo(path))
 
 
-def dirty_files(path: Path) -> list[str]:
-    """``git status --porcelain --untracked-files=no``, one entry a line."""
+def dirty_files(path: Path, rev: str = "HEAD") -> list[str]:
+    """Tracked files that are not what commit ``rev`` holds, one ``XY path`` a line:
+    ``git status`` (the index's view) and, because a build can rewrite the index
+    (``update-index --skip-worktree`` or ``--assume-unchanged`` hide an edit from
+    ``status``), every file of ``rev``'s tree hashed from disk as a Git blob, with no
+    filters and no index (:func:`tree_changes`)."""
     out = open_repo(path).git.status("--porcelain", "--untracked-files=no")
-    return [line for line in str(out).splitlines() if line.strip()]
+    lines = [line for line in str(out).splitlines() if line.strip()]
+    seen = {line[3:] for line in lines}
+    return lines + [line for line in tree_changes(path, rev) if line[3:] not in seen]
+
+
+def tree_changes(path: Path, rev: str = "HEAD") -> list[str]:
+    """Files of ``rev``'s tree whose content, kind or executable bit on disk differs:
+    `` M path`` (content or mode), `` D path`` (missing), `` T path`` (a link for a
+    file or the other way). Hashed here, not asked of git's index or its stat cache."""
+    repo = open_repo(path)
+    fmt = str(repo.git.rev_parse("--show-object-format")).strip() or "sha1"
+    listing = str(repo.git.ls_tree("-r", "-z", "--full-tree", rev))
+    root = Path(str(repo.git.rev_parse("--show-toplevel")).strip())
+    changes: list[str] = []
+    for entry in listing.split("\0"):
+        if not entry:
+            continue
+        meta, _, rel = entry.partition("\t")
+        mode, kind, oid = meta.split()
+        if kind != "blob":
+            continue  # a submodule's commit
+        full = root / rel
+        try:
+            if mode == "120000":
+                if not full.is_symlink():
+                    changes.append(f" T {rel}")
+                    continue
+                data = os.fsencode(os.readlink(full))
+            else:
+                if full.is_symlink() or not full.is_file():
+                    changes.append(f" {'T' if full.exists() else 'D'} {rel}")
+                    continue
+                data = full.read_bytes()
+                if (mode == "100755") != bool(full.stat().st_mode & 0o100):
+                    changes.append(f" M {rel}")
+                    continue
+        except OSError:
+            changes.append(f" D {rel}")
+            continue
+        blob = hashlib.new(fmt, b"blob %d\0" % len(data) + data).hexdigest()
+        if blob != oid:
+            changes.append(f" M {rel}")
+    return changes
 
 
 class InPlaceCheckout(StackRepo):

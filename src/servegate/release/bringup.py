@@ -166,7 +166,7 @@ def check_checkout(release_dir: Path, sha: str, report: provenance.Report) -> No
     head = worktree_head(release_dir)
     if head != sha:
         report.findings.append(provenance.Finding("checkout HEAD", sha, head))
-    dirty = dirty_files(release_dir)
+    dirty = dirty_files(release_dir, sha)
     if dirty:
         shown = "; ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
         report.findings.append(provenance.Finding("tracked tree clean", "no changes", shown))

@@ -140,6 +140,7 @@ class Context:
         return provenance.Expectation(
             release_dir=Path(os.path.realpath(spec.cwd)),
             launch_cwd=Path(spec.cwd),
+            sha=spec.sha,
             interpreter=self.cfg.provenance.interpreter.replace("{release}", str(spec.cwd))
             or spec.argv[0],
             env={k: spec.env.get(k, "") for k in names},

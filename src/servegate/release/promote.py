@@ -13,6 +13,7 @@ from typing import Any
 from git import GitCommandError
 
 from servegate import hostpaths
+from servegate.engine import codeorigin
 from servegate.engine.launch import placeholders, stale_caches
 from servegate.errors import (
     BuildFailed,
@@ -24,7 +25,7 @@ from servegate.errors import (
 )
 from servegate.kernels.build import BuildResult, run_build
 from servegate.pipeline import redact
-from servegate.pipeline.git import dirty_files
+from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import bringup
@@ -94,9 +95,9 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
     return sha
 
 
-def require_clean_after_build(release_dir: Path) -> None:
+def require_clean_after_build(release_dir: Path, sha: str) -> None:
     """The build may add untracked files (build/), never change tracked ones."""
-    dirty = dirty_files(release_dir)
+    dirty = dirty_files(release_dir, sha)
     if dirty:
         raise BuildFailed(
             "the build changed tracked files: " + "; ".join(d.strip() for d in dirty[:10]),
@@ -111,12 +112,21 @@ def require_live_intact(ctx: Context, sha: str) -> None:
     live = ctx.state.current
     if live is None or live.sha == sha or ctx.deployer.rebuilds_on_restore:
         return
+    where = Path(live.release_dir)
     why = restore_problem(ctx, live)
+    if not why and worktree_head(where) != live.sha:
+        why = f"its checkout is no longer at {live.sha[:12]}"
     if not why:
-        dirty = dirty_files(Path(live.release_dir))
-        if not dirty:
+        dirty = dirty_files(where, live.sha)
+        planted = codeorigin.untracked_code(where, live.artifacts) or []
+        if not dirty and not planted:
             return
-        why = "tracked files changed: " + "; ".join(d.strip() for d in dirty[:10])
+        why = "; ".join(
+            [
+                *(f"tracked {d.strip()}" for d in dirty[:5]),
+                *(f"untracked code {p}" for p in planted[:5]),
+            ]
+        )
     raise BuildFailed(
         f"the build of {sha[:12]} changed the files of the live release {live.sha[:12]} "
         f"({why}): a rollback to it could no longer start",
@@ -150,7 +160,7 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
             ctx.log_path(sha, "build"),
             ctx.build_cache,
         )
-        require_clean_after_build(release_dir)
+        require_clean_after_build(release_dir, sha)
         require_live_intact(ctx, sha)
         archs = f", code for {', '.join(ctx.cfg.build.archs)}" if ctx.cfg.build.archs else ""
         cached = [t["name"] for t in built.targets if t["cached"]]
