@@ -88,7 +88,14 @@ def load(path: str | Path) -> dict[str, str]:
 
 def parse(text: str, where: str = "service.env_file") -> dict[str, str]:
     out: dict[str, str] = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    odd = sorted({c for c in text if c != "\n" and c != "\t" and not c.isprintable()})
+    if odd:  # Python's splitlines() and a shell or systemd would split it differently
+        raise ConfigError(
+            f"{where}: holds control or line-separator characters "
+            f"({', '.join(repr(c) for c in odd[:3])}), which tools read differently",
+            hint="one NAME=value a line, ended by a plain newline",
+        )
+    for number, line in enumerate(text.split("\n"), 1):
         body = line.strip()
         if not body or body.startswith("#"):
             continue

@@ -269,3 +269,32 @@ def test_the_resolver_never_imports_its_own_modules_from_the_release(
     assert not marker.exists()
     assert report.modules["stackpkg"] == str(release / "stackpkg" / "__init__.py")
     assert "untracked code json/__init__.py" in checks(report)
+
+
+def test_bytecode_differing_only_in_a_qualified_name_is_found(
+    release: Path, services: list[Service]
+) -> None:
+    """Code objects compare equal without their qualified names (what a frame shows):
+    bytecode that renames a function is still not its source."""
+    import importlib.util
+    import marshal
+    import types
+
+    source = release / "stackpkg" / "server.py"
+    code = compile(source.read_bytes(), str(source), "exec", dont_inherit=True)
+    consts = tuple(
+        c.replace(co_qualname="Elsewhere.main")
+        if isinstance(c, types.CodeType) and c.co_name == "main" else c
+        for c in code.co_consts
+    )  # fmt: skip
+    renamed = code.replace(co_consts=consts)
+    assert renamed == code  # what plain equality would let through
+    st = source.stat()
+    header = (0).to_bytes(4, "little") + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+    header += (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    pyc = Path(importlib.util.cache_from_source(str(source)))
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(importlib.util.MAGIC_NUMBER + header + marshal.dumps(renamed))
+    s = serve(services, release)
+    report = verify(s.pid, expect(release))
+    assert "bytecode of stackpkg/server.py" in checks(report)

@@ -294,3 +294,9 @@ def test_an_api_key_a_header_cannot_carry_is_named_never_printed(
     err = capsys.readouterr().err
     assert "does not answer /v1/models (ConnectError" in err
     assert "sk-plain-1234" not in err
+
+
+def test_an_env_file_with_line_separators_other_tools_split_differently_is_refused() -> None:
+    for odd in ("A=1\r\nB=2\n", "A=x\u2028B=y\n", "A=x\x1cB=y\n"):
+        with pytest.raises(ConfigError, match="line-separator"):
+            envfile.parse(odd)

@@ -492,6 +492,15 @@ import importlib.util, json, marshal, os, sys
 root, prefix = sys.argv[1], sys.argv[2]
 if prefix:
     sys.pycache_prefix = prefix
+def same(a, b):
+    # code equality leaves out the qualified name and the stack size: compare them too
+    if a != b or a.co_stacksize != b.co_stacksize:
+        return False
+    if getattr(a, "co_qualname", None) != getattr(b, "co_qualname", None):
+        return False
+    inner = [c for c in a.co_consts if hasattr(c, "co_code")]
+    other = [c for c in b.co_consts if hasattr(c, "co_code")]
+    return len(inner) == len(other) and all(same(x, y) for x, y in zip(inner, other))
 bad = []
 for rel in json.loads(sys.stdin.read()):
     src = os.path.join(root, rel)
@@ -510,7 +519,7 @@ for rel in json.loads(sys.stdin.read()):
         except Exception as exc:
             bad.append([rel, pyc, f"unreadable: {exc!r}"[:200]])
             continue
-        if code != ref:
+        if not same(code, ref):
             kind = int.from_bytes(data[4:8], "little")
             how = {0: "timestamp", 1: "unchecked hash", 3: "checked hash"}.get(kind, kind)
             bad.append([rel, pyc, f"compiled from other source ({how} bytecode)"])
