@@ -1,0 +1,267 @@
+"""The gate's power on quiet hardware: the box's noise, then 10 gates of an identical
+release and 10 of a slower one, on a real GPU server.
+
+    python3 benchmarks/gpu_gate_power.py --out DIR [--runs 10] [--tier 16k]
+        [--max-tokens 128] [--slow "--attn-implementation eager"]
+
+Run on a machine with a CUDA GPU and a Python that has torch, transformers and the
+``transformers serve`` extras; servegate on ``PYTHONPATH``. It makes the random-weight
+Llama of ``gpu_transformers_bench.py`` (larger by default: hidden 1024, 16 layers, so the
+GPU's work, not the server's Python, sets the pace) and serves it three times with ``transformers
+serve``: A (the live release), A' (an identical release) and B (the same with the
+``--slow`` launch options: a change a team could plausibly make). Then:
+
+1. **Noise**, exactly as ``servegate bench noise`` measures it: A is measured over
+   ``--starts`` service starts (killed and started again between them), and
+   :func:`servegate.bench.noise.measure` estimates the within-start CV and the restart
+   offset per case and metric; :func:`servegate.release.bench_gate.plan` says what
+   repetitions the gate needs to resolve 5 %.
+2. **B's margin**, measured first: A and B side by side, the ratio of their medians.
+3. **Gates**: ``--runs`` rounds, each measuring A afresh as the baseline (a result file
+   the gate reads through ``gate.baseline``), then running the release gate's own bench
+   check (:func:`servegate.release.bench_gate.run`: planned repetitions, sequential looks
+   up to the cap, restarts between starts when the offset needs them) on A' and on B,
+   with 5 % tolerance on client prefill and decode. The order alternates per round.
+
+Prints and writes ``gate-power.json``: the noise, the plan, B's margin, and per gate
+its verdict, the repetitions it chose and its rows. The random model's text is noise,
+so the content rules of a trial's validity are off (``max_dominant_ratio = 1``);
+timing validity stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_transformers_bench import free_port, serve_command, wait_up
+
+from servegate import config as config_mod
+from servegate.bench import noise, results
+from servegate.bench.cases import spec_from_config
+from servegate.bench.runner import Bench
+from servegate.engine import adapters
+from servegate.engine.openai import Endpoint
+from servegate.pipeline.stages import ConsoleReporter
+from servegate.release import bench_gate
+
+METRICS = ("prefill_tps", "generation_tps")
+
+
+@dataclass
+class Server:
+    name: str
+    model: Path
+    extra: list[str]
+    work: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {**os.environ, "HF_HUB_CACHE": str(self.work / "hub"), "HF_HUB_OFFLINE": "1"}
+        (self.work / "hub").mkdir(parents=True, exist_ok=True)
+        log = (self.work / f"{self.name.replace(chr(39), '2')}.log").open("ab")
+        argv = [*serve_command(self.model, self.port), *self.extra]
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_up(self.url, self.proc, 300)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> dict[str, Any]:
+        self.stop()
+        self.start()
+        return {"restarted": self.name}
+
+
+def config_text(root: Path, model: Path, tier: str, max_tokens: int, baseline: str) -> str:
+    return f"""
+[stack]
+remote = "/nonexistent"
+[host]
+root = "{root}"
+id = "gpu-gate-power"
+[service]
+port = 1
+engine = "transformers"
+command = ["transformers", "serve"]
+[bench]
+profiles = ["regular"]
+tiers = ["{tier}"]
+repetitions = 3
+max_repetitions = 10
+max_starts = 3
+max_tokens = {max_tokens}
+seed = -1
+tokenizer = "{model}"
+tokenizer_python = "{sys.executable}"
+reference = false
+# random weights: noise text; the content rules are off, the timing rules stay
+max_dominant_ratio = 1.0
+min_unique_ratio = 0.0
+min_zlib_ratio = 0.0
+min_text_tokens = 1
+[gate]
+checks = ["bench"]
+baseline = "{baseline}"
+[[gate.rules]]
+metric = "prefill_tps"
+tolerance = 0.05
+[[gate.rules]]
+metric = "generation_tps"
+tolerance = 0.05
+"""
+
+
+def load_cfg(work: Path, model: Path, args: argparse.Namespace, baseline: str) -> Any:
+    path = work / "servegate.toml"
+    path.write_text(config_text(work / "host", model, args.tier, args.max_tokens, baseline))
+    (work / "host").mkdir(exist_ok=True)
+    return config_mod.load(path, {})
+
+
+def measure(cfg: Any, server: Server, reps: int, out: Path, starts: int = 1) -> results.Samples:
+    """One side's samples with the gate's bench settings, over ``starts`` service starts."""
+    ep = Endpoint(server.url, "", adapters.TRANSFORMERS)
+    spec = spec_from_config(cfg.bench, ep, str(server.model), "", "gpu-gate-power")
+    bench = Bench(spec, out, ConsoleReporter(prefix=f"{server.name}: "), environ=os.environ)
+    bench.prepare()
+    bench.warm_up()
+    for chunk, count in enumerate(bench_gate.spread(reps, starts)):
+        if chunk:
+            server.restart()
+            bench.restarted()
+            bench.warm_up()
+        for case in spec.cases:
+            bench.measure(case, count)
+    return results.from_result(bench.finish(), str(out))
+
+
+def medians(s: results.Samples) -> dict[str, float]:
+    out = {}
+    for cid, cs in s.cases.items():
+        for m in METRICS:
+            values = cs.metrics.get(m, [])
+            if values:
+                out[f"{cid}:{m}"] = statistics.median(values)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--tier", default="16k")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--starts", type=int, default=3, help="service starts for the noise")
+    parser.add_argument("--noise-reps", type=int, default=4)
+    parser.add_argument("--slow", default="--attn-implementation eager")
+    parser.add_argument("--hidden", type=int, default=1024, help="the model's hidden size")
+    parser.add_argument("--layers", type=int, default=16, help="the model's layers")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="sg-gpu-power-"))
+    model = work / "model"
+    maker = resources.files("servegate.demo") / "make_model.py"
+    shape = ["--hidden", str(args.hidden), "--layers", str(args.layers),
+             "--max-positions", "140000", "--no-eos"]  # fmt: skip
+    subprocess.run([sys.executable, "-c", maker.read_text(), str(model), *shape], check=True)
+    servers = {
+        "A": Server("A", model, [], work),
+        "A'": Server("A'", model, [], work),
+        "B": Server("B", model, args.slow.split(), work),
+    }
+    report: dict[str, Any] = {"tier": args.tier, "max_tokens": args.max_tokens,
+                              "slow": args.slow, "gates": []}  # fmt: skip
+    started = time.monotonic()
+    try:
+        for s in servers.values():
+            s.start()
+        print(f"servers up in {time.monotonic() - started:.0f} s", flush=True)
+        cfg = load_cfg(work, model, args, "live")
+        # 1. the noise, as `servegate bench noise` measures it: A over several starts
+        noise_starts = []
+        for i in range(args.starts):
+            if i:
+                servers["A"].restart()
+            noise_starts.append(
+                measure(cfg, servers["A"], args.noise_reps, work / f"noise-{i}.json")
+            )
+        found = noise.measure(noise_starts, METRICS)
+        fingerprint = noise_starts[-1].fingerprint
+        noise.save(cfg.host_root, found, fingerprint, "A", "gpu", [])
+        planned = bench_gate.plan(cfg, found)
+        report["noise"] = {k: v.as_dict() for k, v in found.items()}
+        report["plan"] = planned
+        print("noise:", json.dumps(report["noise"]), "\nplan:", json.dumps(planned), flush=True)
+        # 2. B's margin, measured first
+        a = medians(measure(cfg, servers["A"], 5, work / "margin-A.json"))
+        b = medians(measure(cfg, servers["B"], 5, work / "margin-B.json"))
+        report["slow_margin"] = {k: round(b[k] / a[k], 4) for k in a if k in b}
+        print("B / A medians:", json.dumps(report["slow_margin"]), flush=True)
+        # 3. the gates: a fresh baseline each round, A' and B judged by the release gate
+        for i in range(args.runs):
+            base = work / f"base-{i:02d}.json"
+            measure(cfg, servers["A"], 5, base)
+            gcfg = load_cfg(work, model, args, str(base))
+            order = ["A'", "B"] if i % 2 == 0 else ["B", "A'"]
+            for name in order:
+                srv = servers[name]
+                ep = Endpoint(srv.url, "", adapters.TRANSFORMERS)
+                ev = bench_gate.run(gcfg, ep, str(model), f"{name}-{i}", None, None,
+                                    ConsoleReporter(prefix=f"{name} gate: "), os.environ,
+                                    restart=srv.restart)  # fmt: skip
+                keys = ("case", "metric", "verdict", "ratio", "interval")
+                row = {
+                    "round": i + 1,
+                    "release": name,
+                    "verdict": ev["verdict"],
+                    "repetitions": ev.get("repetitions"),
+                    "starts": ev.get("starts"),
+                    "rows": [{k: r.get(k) for k in keys} for r in ev["rows"]],
+                }
+                report["gates"].append(row)
+                ratios = "; ".join(f"{r['metric']} {r.get('ratio')}" for r in row["rows"])
+                print(f"round {i + 1}: {name} {ev['verdict']} reps {ev.get('repetitions')} "
+                      f"starts {ev.get('starts')} — {ratios}", flush=True)  # fmt: skip
+                (args.out / "gate-power.json").write_text(json.dumps(report, indent=2))
+    finally:
+        for s in servers.values():
+            s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    same = [g["verdict"] for g in report["gates"] if g["release"] == "A'"]
+    slow = [g["verdict"] for g in report["gates"] if g["release"] == "B"]
+    report["summary"] = {
+        "identical_false_alarms": sum(v != "PASS" for v in same), "identical_gates": len(same),
+        "slow_caught": sum(v != "PASS" for v in slow), "slow_gates": len(slow),
+    }  # fmt: skip
+    (args.out / "gate-power.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
