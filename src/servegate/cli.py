@@ -331,6 +331,12 @@ def servegate_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--keep-running", action="store_true", help="leave the demo service running at the end"
     )
+    demo.add_argument(
+        "--stack-only",
+        action="store_true",
+        help="only make the demo stack (origin, clone with launch.sh and build.sh, model); "
+        "promote nothing (the walkthrough in docs/box-setup.md)",
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     demo.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
     return parser
@@ -349,7 +355,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "demo":
         from servegate.commands import demo
 
-        return demo.run(out, args.workdir, keep_running=args.keep_running)
+        return demo.run(out, args.workdir, args.keep_running, args.stack_only)
     if args.command == "lease":
         from servegate.commands import lease
 

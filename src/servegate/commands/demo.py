@@ -55,11 +55,13 @@ def _row(step: str, outcome: Outcome, subject: str) -> list[str]:
     ]
 
 
-def run(out: Output, workdir: Path, keep_running: bool) -> int:
+def run(out: Output, workdir: Path, keep_running: bool, stack_only: bool = False) -> int:
     environ = dict(os.environ)
     reporter = out.reporter()
     vllm_env.require_hipcc(environ)
     python = vllm_env.ensure(environ, reporter)
+    if stack_only:
+        return _stack_only(out, workdir, python)
     reporter.note(f"building the sandbox in {workdir} (bare origin, host root, tiny model) …")
     sb = sandbox.create(workdir, python)
     cfg = config_mod.load(sb.config, environ)
@@ -110,3 +112,20 @@ def run(out: Output, workdir: Path, keep_running: bool) -> int:
         )
     out.line(f"history: `release history --config {sb.config}`")
     return exit_code
+
+
+def _stack_only(out: Output, workdir: Path, python: Path) -> int:
+    """The demo stack, a model and an origin — no config, nothing promoted: the
+    walkthrough in docs/box-setup.md starts here, as a team with its own stack would."""
+    sb = sandbox.create(workdir, python, config=False)
+    sha = sandbox.stack_only(sb)
+    doc = {"stack": str(sb.work), "origin": str(sb.origin), "model": str(sb.model),
+           "host_root": str(sb.host_root), "commit": sha}  # fmt: skip
+    if out.json_mode:
+        return out.emit(doc)
+    out.line(f"the demo stack is in {sb.work} (origin {sb.origin}), at {sha[:12]}")
+    out.line("it starts with launch.sh and builds with build.sh, as a team's stack would; next:")
+    out.line(f"  cd {sb.work}")
+    out.line(f'  servegate init --from-command launch.sh --build "bash build.sh" '
+             f"--host-root {sb.host_root} --gate smoke")  # fmt: skip
+    return 0

@@ -148,7 +148,7 @@ def _stop_earlier_demo(root: Path) -> None:
         Supervisor(config_mod.load(path, {})).shutdown_daemon()
 
 
-def create(root: Path, python: Path) -> Sandbox:
+def create(root: Path, python: Path, config: bool = True) -> Sandbox:
     """A fresh sandbox at ``root`` (an earlier demo sandbox there is replaced)."""
     if root.exists():
         if not (root / MARKER).exists():
@@ -164,7 +164,8 @@ def create(root: Path, python: Path) -> Sandbox:
     init_repo(sb.origin, bare=True)
     init_repo(sb.work).create_remote("origin", str(sb.origin))
     _copy_tree(STACK, sb.work)
-    sb.config.write_text(config_text(sb))
+    if config:
+        sb.config.write_text(config_text(sb))
     maker = resources.files("servegate.demo") / "make_model.py"
     proc.run(
         [str(python), "-c", maker.read_text(), str(sb.model)],
@@ -183,5 +184,46 @@ def commit(sb: Sandbox, message: str, edits: list[tuple[str, str, str]] | None =
             raise ValueError(f"{rel} does not contain {old!r}")
         path.write_text(text.replace(old, new, 1))
     sha = commit_all(sb.work, message, AUTHOR)
+    push_branch(sb.work)
+    return sha
+
+
+#: the demo stack's build, as a team's own script would run it (``demo --stack-only``)
+BUILD_SH = """#!/usr/bin/env bash
+# Build the stack's kernel library for the V620 (gfx1030).
+set -euo pipefail
+mkdir -p build
+HIP_PLATFORM=amd hipcc --offload-arch=gfx1030 -fPIC -shared -O2 kernels/demo_kernels.hip \\
+  -o build/libdemo_kernels.so
+"""
+
+
+def launch_script(sb: Sandbox) -> str:
+    """How a team starts the demo stack's server by hand today (``demo --stack-only``):
+    from its checkout, with vLLM's CPU build and the local model."""
+    work, q = str(sb.work), json.dumps
+    return f"""#!/usr/bin/env bash
+# Start the demo stack's server: its launcher loads the stack's kernels, then runs vLLM.
+set -euo pipefail
+cd {q(work)}
+export PYTHONPATH={q(work)}
+export HF_HUB_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
+export VLLM_CPU_KVCACHE_SPACE=1
+export TOKENIZERS_PARALLELISM=false
+exec {q(str(sb.python))} -m demo_stack.serve --model {q(str(sb.model))} \\
+  --served-model-name demo --host 127.0.0.1 --port {sb.port} --max-model-len 10240 \\
+  --dtype float32 --gpu-memory-utilization 0.3
+"""
+
+
+def stack_only(sb: Sandbox) -> str:
+    """The demo stack as a team would have it before servegate: a clone with its launch
+    and build scripts, committed and pushed to its origin. Returns the commit."""
+    (sb.work / "launch.sh").write_text(launch_script(sb))
+    (sb.work / "build.sh").write_text(BUILD_SH)
+    for script in ("launch.sh", "build.sh"):
+        (sb.work / script).chmod(0o755)
+    sha = commit_all(sb.work, "demo stack with its launch and build scripts", AUTHOR)
     push_branch(sb.work)
     return sha
