@@ -247,7 +247,7 @@ class Bench:
 
     def warm_up(self) -> None:
         """One ~1,024-token prompt, 512 output tokens (``ignore_eos`` where accepted),
-        then one short request at each measured prompt length."""
+        then one request at each measured prompt and output length."""
         if not self.spec.warmup:
             self.result["warmup"] = {"skipped": True}
             return
@@ -272,16 +272,17 @@ class Bench:
         self._warm_shapes()
 
     def _warm_shapes(self) -> None:
-        """One request at each measured prompt (a few output tokens): the first request
-        of a new length pays for allocations and kernels picked for that shape (on an
-        H200 the first 16k trial after a start ran at a third of the prefill and a tenth
-        of the decode speed of the rest), which would otherwise land in the first group."""
+        """One request at each measured prompt and output length, not measured: the first
+        request of a new shape pays for allocations and kernels picked for it, which
+        would otherwise land in the first group."""
         shapes = []
         for key, text in self.prompts.items():
             self.reporter.progress(f"warm-up at the measured length: {key}")
             tag = f"{self.scope}-warmup-{key}"
             profile = key.rsplit("-", 1)[0]
-            body = self.payload(self.messages(profile, text, tag), 32, True, tag)
+            # the measured output length too: a server may size its cache by it
+            body = self.payload(self.messages(profile, text, tag), self.spec.max_tokens,
+                                self.spec.ignore_eos, tag)  # fmt: skip
             stream = client.stream_chat(self.spec.endpoint, body, self.spec.timeout, self.http)
             took = round((stream.done_at or now()) - stream.started, 3)
             shapes.append(
