@@ -4,6 +4,7 @@ scrubbed text still says."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_a_secret_that_is_a_common_word_leaves_servegates_own_fields_alone() -> 
     into a redaction (the record would be unreadable to recover, status and history, and
     the redaction's place would name the secret)."""
     scrub = redact.Scrubber({"released", "main"}, "salt")
-    record = {"verdict": "released", "branch": "main", "sha": "a" * 40,
+    record: dict[str, Any] = {"verdict": "released", "branch": "main", "sha": "a" * 40,
               "reason": "the main server released its port",
               "stages": [{"name": "gate", "status": "ok", "detail": "main: released"}]}  # fmt: skip
     scrub.inplace(record)
