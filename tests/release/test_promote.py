@@ -508,7 +508,10 @@ def test_status_is_a_check_that_fails_when_the_live_release_is_down(
 
 @pytest.mark.parametrize(
     ("mode", "said"),
-    [("build-clobbers-others", "build/libtiny.so of "), ("build-edits-others", "tracked files")],
+    [
+        ("build-clobbers-others", "build/libtiny.so of "),
+        ("build-edits-others", "tracked M tinystack/server.py"),
+    ],
 )
 def test_a_build_that_damages_the_live_release_stops_before_the_switch(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str], mode: str, said: str
