@@ -73,9 +73,16 @@ def tracked_files(release_dir: Path, sha: str = "") -> set[str] | None:
     listing = (
         ["ls-tree", "-r", "-z", "--name-only", "--full-tree", sha] if sha else ["ls-files", "-z"]
     )
+    out = _git_lines(release_dir, *listing)
+    return None if out is None else set(out)
+
+
+def _git_lines(release_dir: Path, *args: str) -> list[str] | None:
+    """``git -C release_dir ARGS`` (``-z`` output) as names; None when git cannot answer.
+    No optional locks and a minimal environment: a check must not change the checkout."""
     try:
         done = subprocess.run(
-            ["git", "-C", str(release_dir), *listing],
+            ["git", "-C", str(release_dir), *args],
             capture_output=True,
             timeout=60,
             check=False,
@@ -89,7 +96,7 @@ def tracked_files(release_dir: Path, sha: str = "") -> set[str] | None:
         return None
     if done.returncode != 0:
         return None
-    return {p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p}
+    return [p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p]
 
 
 #: below a runtime root (a venv, a prefix's lib): where Python code lies
@@ -589,20 +596,12 @@ def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str]
     tracked nor hashed by the build; None when git cannot list them. A directory git
     will not look into (a nested repository: ``json/`` with its own ``.git``) is listed
     whole: it can hold a package that shadows the standard library's."""
-    try:
-        done = subprocess.run(
-            ["git", "-C", str(release_dir), "ls-files", "--others", "-z"],
-            capture_output=True, timeout=60, check=False,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_OPTIONAL_LOCKS": "0",
-                 "HOME": os.environ.get("HOME", "/")},
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
+    others = _git_lines(release_dir, "ls-files", "--others", "-z")
+    if others is None:
         return None
     return sorted(
         rel
-        for rel in (p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p)
+        for rel in others
         if (rel.endswith("/") or rel.endswith(IMPORTABLE))
         and "__pycache__" not in rel.split("/")
         and rel not in artifacts
