@@ -16,12 +16,16 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servegate import config as config_mod
 from servegate.about import version_line
 from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ConfigError, ServegateError
 from servegate.output import Output
 from servegate.pipeline.gitenv import scrub_git_env
+
+if TYPE_CHECKING:
+    from servegate.bench.load import LoadSpec
 
 
 class _Version(argparse.Action):
@@ -110,6 +114,32 @@ def _bench_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _load_command(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lo = bsub.add_parser(
+        "load", help="a load sweep: open-loop rates or closed-loop concurrencies, to the knee"
+    )
+    how = lo.add_mutually_exclusive_group(required=True)
+    how.add_argument("--rates", metavar="LIST", help="requests a second, e.g. 0.5,1,2,4")
+    how.add_argument("--concurrencies", metavar="LIST", help="clients, e.g. 1,2,4,8")
+    lo.add_argument("--duration", type=float, default=30.0, help="seconds a point (30)")
+    lo.add_argument(
+        "--burstiness", type=float, default=1.0,
+        help="gamma shape of the arrival gaps: 1 Poisson, <1 burstier (1)",
+    )  # fmt: skip
+    lo.add_argument("--load-seed", type=int, default=0, help="arrivals and prompt draws (0)")
+    lo.add_argument("--goodput", default="", metavar="SLOS", help="e.g. ttft:2s,itl:80ms")
+    lo.add_argument("--workload", choices=("cold", "shared-prefix"), default="cold")
+    lo.add_argument(
+        "--prefix-share", type=float, default=0.0,
+        help="shared-prefix: the share of every prompt that is common (e.g. 0.8)",
+    )  # fmt: skip
+    lo.add_argument(
+        "--no-stop", action="store_true", help="run every point, past the first saturated one"
+    )
+    _bench_run_options(lo)
+    _common(lo)
+
+
 def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b = sub.add_parser(
         "bench",
@@ -125,7 +155,9 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     b.add_argument("--baseline", type=Path, help="judge this run against a result file")
     b.add_argument("--lenient", action="store_true", help="allow another harness's baseline")
     _common(b)
-    bsub = b.add_subparsers(dest="bench_command", required=False, metavar="[compare|gate|noise]")
+    bsub = b.add_subparsers(
+        dest="bench_command", required=False, metavar="[compare|gate|noise|load|export]"
+    )
     cmp_ = bsub.add_parser("compare", help="A/B: two result files, or two live servers (ABAB…)")
     cmp_.add_argument("files", nargs="*", type=Path, metavar="FILE", help="A.json B.json")
     cmp_.add_argument("--a-url", help="live server A")
@@ -146,6 +178,14 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     noi.add_argument("--restarts", type=int, default=2, help="service restarts (default 2)")
     noi.add_argument("--repetitions", type=int, default=5, help="groups a start (default 5)")
     _common(noi)
+    _load_command(bsub)
+    exp = bsub.add_parser(
+        "export", help="a result file (bench or load) as PyTorch benchmark JSON lines or CSV"
+    )
+    exp.add_argument("file", type=Path, metavar="FILE", help="a servegate result file")
+    exp.add_argument("--format", choices=("pytorch", "csv"), default="pytorch")
+    exp.add_argument("--out", type=Path, help="where to write (default: beside FILE)")
+    _common(exp)
     rep = sub.add_parser("report", help="bench history of the stack as a PNG and an HTML page")
     rep.add_argument("--out", type=Path, default=Path("servegate-report"), help="output directory")
     rep.add_argument("files", nargs="*", type=Path, metavar="FILE", help="extra result files")
@@ -480,6 +520,8 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
         return noise.run(args.config, out, args.restarts, args.repetitions)
     if sub == "gate":
         return bench.gate_files(args.config, out, args.baseline, args.candidate, args.lenient)
+    if sub == "export":
+        return bench.export(out, args.file, args.format, args.out)
     opts = bench.Options(
         url=args.url,
         model=args.model,
@@ -505,6 +547,8 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
         tokenizer=args.tokenizer or "",
         tokenizer_python=args.tokenizer_python or "",
     )
+    if sub == "load":
+        return bench.load_sweep(args.config, out, opts, _load_spec(args))
     if sub == "compare":
         if args.a_url and args.b_url:
             return bench.compare_live(
@@ -517,6 +561,32 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
             )
         return bench.compare_files(out, args.files[0], args.files[1], args.lenient, args.confidence)
     return bench.run(args.config, out, opts)
+
+
+def _load_spec(args: argparse.Namespace) -> LoadSpec:
+    from servegate.bench import load
+
+    text = args.rates or args.concurrencies
+    try:
+        points = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{'--rates' if args.rates else '--concurrencies'} {text!r}: give numbers",
+            hint="e.g. --rates 0.5,1,2,4",
+        ) from None
+    spec = load.LoadSpec(
+        mode="rate" if args.rates else "concurrency",
+        points=points,
+        duration_s=args.duration,
+        burstiness=args.burstiness,
+        seed=args.load_seed,
+        slo=load.parse_goodput(args.goodput),
+        workload=args.workload,
+        prefix_share=args.prefix_share,
+        stop_at_saturation=not args.no_stop,
+    )
+    spec.check()
+    return spec
 
 
 def _crash_log(command: str) -> Path:

@@ -289,3 +289,74 @@ def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_p
     page = (tmp_path / "rep" / "bench-history.html").read_text()
     assert "regular-1k" in page
     assert "data:image/png;base64," in page
+
+
+def _percentiles_ordered(p: dict[str, float] | None) -> None:
+    assert p is not None
+    assert p["p50"] <= p["p90"] <= p["p99"] <= p["max"]
+
+
+def test_load_sweep_finds_the_knee_of_a_real_server(server: Server, tmp_path: Path) -> None:
+    """Open-loop Poisson arrivals at a light rate and at one two CPUs cannot serve:
+    the light point holds, the heavy one saturates (its queue grows), the knee is the
+    light one; every figure comes from the requests, and the file exports."""
+    out = tmp_path / "load.json"
+    code, doc, err = bench(
+        "--url", server.url, "--rates", "0.5,12", "--duration", "8", "--profiles", "regular",
+        "--tiers", "1k,2k", "--max-tokens", "32", "--seed", "-1", "--goodput", "ttft:2s",
+        "--output", str(out),
+        cwd=tmp_path, sub="load",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    result = json.loads(out.read_text())
+    assert result["kind"] == "servegate.load"
+    assert result["status"] == "complete"
+    assert result["telemetry"]["source"] is None  # a CPU server: said so
+    assert "a CPU server" in result["telemetry"]["why"]
+    light, heavy = result["points"]
+    assert not light["saturated"], light["why"]
+    assert light["failed"] == 0
+    assert light["completed"] == light["requests"] > 0
+    for p in (light, heavy):
+        for key in ("ttft_s", "itl_ms", "tpot_ms", "e2el_s"):
+            _percentiles_ordered(p[key])
+        assert p["prefix_hit_rate"] == 0  # cold: every prompt starts with its own tag
+        detail = p["requests_detail"]
+        assert {r["prompt"] for r in detail} <= {"regular-1k", "regular-2k"}
+        assert all(r["completion_tokens"] == 32 for r in detail if r["ok"])  # ignore_eos
+    assert {r["prompt"] for r in heavy["requests_detail"]} == {"regular-1k", "regular-2k"}
+    assert heavy["saturated"], heavy
+    assert heavy["server_queue"]["waiting_max"] > 0  # vLLM's own queue saw it too
+    assert heavy["ttft_s"]["p50"] > light["ttft_s"]["p50"]
+    assert result["knee"]["value"] == 0.5
+    assert result["knee"]["saturated_at"] == 12
+    # goodput: requests that met TTFT ≤ 2 s, never more than the completed ones
+    assert light["goodput_rps"] <= light["request_throughput"]
+    assert doc["knee"]["value"] == 0.5  # --json shows the same, without per-request rows
+    assert "requests_detail" not in doc["points"][0]
+
+    code, _, err = bench(str(out), "--format", "pytorch", cwd=tmp_path, sub="export")
+    assert code == 0, err
+    records = [json.loads(x) for x in out.with_suffix(".pytorch.jsonl").read_text().splitlines()]
+    p99 = [r for r in records if r["metric"]["name"] == "p99_ttft_ms"]
+    assert [r["metric"]["benchmark_values"][0] for r in p99] == [
+        pytest.approx(light["ttft_s"]["p99"] * 1000),
+        pytest.approx(heavy["ttft_s"]["p99"] * 1000),
+    ]
+
+
+def test_shared_prefix_load_reports_the_engines_prefix_hit_rate(
+    server: Server, tmp_path: Path
+) -> None:
+    out = tmp_path / "warm.json"
+    code, _, err = bench(
+        "--url", server.url, "--rates", "1", "--duration", "8", "--profiles", "regular",
+        "--tiers", "1k", "--max-tokens", "16", "--seed", "-1", "--workload", "shared-prefix",
+        "--prefix-share", "0.8", "--output", str(out),
+        cwd=tmp_path, sub="load",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    (point,) = json.loads(out.read_text())["points"]
+    assert point["requests"] >= 3
+    # the first request fills the cache; the others hit about 80 % of their prompt
+    assert 0.4 < point["prefix_hit_rate"] < 0.85, point["prefix_hit_rate"]

@@ -37,11 +37,16 @@ def stream_chat(
     ``http``: the run's pooled client; without it a client is made first (outside the
     measured time). ``live``: the stream is added to it as soon as it exists, so a
     progress line can read it while it runs."""
-    body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+    body = streaming(payload)
     with contextlib.ExitStack() as stack:
         if http is None:
             http = stack.enter_context(endpoint.client(timeout))
         return _stream(http, endpoint, body, timeout, live)
+
+
+def streaming(payload: dict[str, Any]) -> dict[str, Any]:
+    """The request body asking for a stream that ends with its usage."""
+    return {**payload, "stream": True, "stream_options": {"include_usage": True}}
 
 
 def _stream(
@@ -69,10 +74,16 @@ def _stream(
         stream.error = f"cannot connect to {endpoint.shown_url}: {exc}"
     except httpx.HTTPError as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
-    ended = stream.saw_done or (
+    return ended(stream, endpoint)
+
+
+def ended(stream: Stream, endpoint: Endpoint) -> Stream:
+    """A stream that stopped before its end (``[DONE]``, or on an engine that sends none
+    its finish reason and usage) gets that as its error."""
+    whole = stream.saw_done or (
         not endpoint.adapter.sends_done and bool(stream.finish_reason) and bool(stream.usage)
     )
-    if not stream.error and not ended:
+    if not stream.error and not whole:
         stream.error = (
             "the stream was cut off before [DONE]"
             if endpoint.adapter.sends_done

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from servegate.bench import client, document, fixtures, measure, prom, reference, sizing
+from servegate.bench import client, document, fixtures, measure, prom, reference, sizing, telemetry
 from servegate.bench.cases import Case, Spec
 from servegate.bench.schema import Case as CaseDoc
 from servegate.bench.schema import Group, Result, ServerMetrics, Trial
@@ -84,6 +84,8 @@ class Bench:
         self._client: httpx.Client | None = None
         #: which service start the next groups measure (0: the first; see :meth:`restarted`)
         self.start = 0
+        #: the GPU's vendor tool, read beside every group (None: a CPU server)
+        self.telemetry = telemetry.find()
 
     def restarted(self) -> None:
         """The service was restarted: new groups belong to the next start, and the pooled
@@ -154,6 +156,7 @@ class Bench:
         self.spec = s = replace(s, endpoint=replace(s.endpoint, engine=engine))
         self.close()  # the pool speaks to the identified engine from here on
         has_metrics = bool(prom.parse(client.metrics_text(s.endpoint, http=self.http)))
+        self.result["telemetry"] = telemetry.describe(self.telemetry)
         local = (
             sizing.LocalTokenizer(Path(s.tokenizer), s.tokenizer_python or sys.executable)
             if s.tokenizer
@@ -388,6 +391,7 @@ class Bench:
         box_before = reference.rate() if s.reference else None
         before = prom.parse(client.metrics_text(s.endpoint, http=self.http))
         mark = self.log.mark() if self.log else 0
+        sampler = telemetry.Sampler(self.telemetry).start()
         started = now()
         with self._ticker(f"{case.id} #{n}", live, started):
             threads = [threading.Thread(target=one, args=(i,)) for i in range(case.concurrency)]
@@ -395,6 +399,7 @@ class Bench:
                 th.start()
             for th in threads:
                 th.join()
+        gpu = sampler.stop()
         after = self._settled_metrics(before, case.concurrency)
         box_after = reference.rate() if s.reference else None
         done = [st if st is not None else Stream(started, error="worker died") for st in streams]
@@ -418,6 +423,7 @@ class Bench:
             "totals": totals,
             "server_metrics": self._metric_deltas(before, after),
             "reference": document.group_reference(box_before, box_after),
+            "telemetry": gpu,
         }
 
     def _cross_checks(

@@ -97,6 +97,9 @@ class Group(TypedDict):
     totals: GroupTotals
     server_metrics: ServerMetrics
     reference: GroupReference | None
+    #: GPU clocks, power, temperature, memory, use while the group ran (None: no GPU
+    #: tool; see ``servegate.bench.telemetry``)
+    telemetry: NotRequired[dict[str, Any] | None]
 
 
 class Case(TypedDict):
@@ -142,6 +145,8 @@ class Result(TypedDict):
     #: the gate's decision table, when a gate judged this run
     gate: NotRequired[dict[str, Any]]
     probes: NotRequired[list[dict[str, Any]]]
+    #: which GPU tool was read beside the groups, or why none
+    telemetry: NotRequired[dict[str, Any]]
 
 
 def metric_of(trial: Trial, name: str) -> float | None:

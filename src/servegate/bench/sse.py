@@ -29,6 +29,8 @@ class Stream:
     saw_done: bool = False
     error: str = ""
     http_status: int = 0
+    #: the time of every text chunk, when asked for (the load bench's inter-token gaps)
+    stamps: list[float] | None = None
 
     @property
     def content(self) -> str:
@@ -38,42 +40,52 @@ class Stream:
 def parse_lines(lines: Iterable[str], stream: Stream, clock: Callable[[], float]) -> Stream:
     """Feed SSE lines (without their line ends) into ``stream``."""
     for line in lines:
-        if not line.startswith("data:"):
-            if line.startswith("{") and not stream.events:  # an error body, not SSE
-                stream.error = _error_text(line)
-                break
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            stream.saw_done = True
-            stream.done_at = clock()
+        if feed(line, stream, clock):
             break
-        try:
-            event = json.loads(payload)
-        except ValueError:
-            stream.error = f"malformed stream event: {payload[:120]}"
-            break
-        stream.events += 1
-        if "error" in event:
-            stream.error = _error_text(payload)
-            break
-        for choice in event.get("choices") or ():
-            delta = choice.get("delta") or {}
-            piece = delta.get("content") or delta.get("reasoning_content") or ""
-            if piece:
-                now = clock()
-                if stream.first_text_at is None:
-                    stream.first_text_at = now
-                stream.last_text_at = now
-                stream.text_chunks += 1
-                stream.text.append(piece)
-            if choice.get("finish_reason"):
-                stream.finish_reason = choice["finish_reason"]
-        if event.get("usage"):
-            stream.usage = event["usage"]
-        if event.get("timings"):
-            stream.timings = event["timings"]
     return stream
+
+
+def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
+    """One SSE line (without its line end) into ``stream``; True: the stream has ended
+    (``[DONE]``, an error event, or a body that is not SSE)."""
+    if not line.startswith("data:"):
+        if line.startswith("{") and not stream.events:  # an error body, not SSE
+            stream.error = _error_text(line)
+            return True
+        return False
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        stream.saw_done = True
+        stream.done_at = clock()
+        return True
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        stream.error = f"malformed stream event: {payload[:120]}"
+        return True
+    stream.events += 1
+    if "error" in event:
+        stream.error = _error_text(payload)
+        return True
+    for choice in event.get("choices") or ():
+        delta = choice.get("delta") or {}
+        piece = delta.get("content") or delta.get("reasoning_content") or ""
+        if piece:
+            now = clock()
+            if stream.first_text_at is None:
+                stream.first_text_at = now
+            stream.last_text_at = now
+            stream.text_chunks += 1
+            stream.text.append(piece)
+            if stream.stamps is not None:
+                stream.stamps.append(now)
+        if choice.get("finish_reason"):
+            stream.finish_reason = choice["finish_reason"]
+    if event.get("usage"):
+        stream.usage = event["usage"]
+    if event.get("timings"):
+        stream.timings = event["timings"]
+    return False
 
 
 def _error_text(payload: str) -> str:

@@ -15,7 +15,7 @@ import httpx
 
 from servegate import config as config_mod
 from servegate import envfile, hostpaths
-from servegate.bench import cases, document, probes, results, runner, verdict
+from servegate.bench import cases, document, load, probes, results, runner, verdict
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
@@ -453,3 +453,80 @@ def compare_live(
     return _print_compare(
         out, rows, a_url, b_url, confidence, {"results": str(outdir), "order": "ABAB"}
     )
+
+
+def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> int:
+    """``servegate bench load``: a sweep of rates or concurrencies to the knee."""
+    environ = os.environ
+    cfg = load_config(cfg_path, environ, need=o.url is None)
+    b = bench_settings(cfg, o)
+    endpoint = endpoint_of(cfg, o, environ)
+    model = o.model or (cfg.service.model if cfg else "") or served_model(endpoint)
+    bspec = cases.spec_from_config(b, endpoint, model, o.server_command, o.system)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+    where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
+    output = o.output or where / f"{stamp}-{model.replace('/', '_')}-load.json"
+    unit = "req/s" if spec.mode == "rate" else "clients"
+    out.err.print(
+        f"bench load: {', '.join(f'{p:g}' for p in spec.points)} {unit}, {spec.duration_s:g}s "
+        f"each, {spec.workload} prompts of {', '.join(c.id for c in bspec.cases)} at "
+        f"{endpoint.shown_url} ({model}); results: {output}",
+        markup=False,
+    )
+    bench = runner.Bench(bspec, None, out.reporter(), None, environ)
+    with _maybe_lease(o.lease, f"servegate bench load {endpoint.shown_url}", cfg):
+        result = load.run(bench, spec, output, out.reporter())
+    points = result["points"]
+    code = BenchFailed.exit_code if points and points[0]["completed"] == 0 else 0
+    if out.json_mode:
+        shown = {**result, "points": [
+            {k: v for k, v in p.items() if k != "requests_detail"} for p in points
+        ]}  # fmt: skip
+        return out.emit(shown, code)
+    (head_load, rows_load), (head_lat, rows_lat) = load.tables(points)
+    out.table(f"LOAD — {spec.mode} sweep, {spec.workload} prompts", head_load, rows_load)
+    out.table(
+        "LATENCY — percentiles over each point's requests (ITL: their inter-chunk gaps)",
+        head_lat,
+        rows_lat,
+    )
+    k = result["knee"]
+    if k:
+        out.line(f"knee: {k['what']} — {k['why']}")
+    else:
+        out.line("knee: not reached — no point saturated the server (add heavier points)")
+    for p in points:
+        if p.get("prefix_hit_rate") is not None and spec.workload == "shared-prefix":
+            out.line(
+                f"prefix-cache hit rate at {p['value']:g}: {p['prefix_hit_rate']:.0%} "
+                f"(target {spec.prefix_share:.0%})"
+            )
+    tele = result["telemetry"]
+    out.line(
+        f"telemetry: {tele.get('source') or 'none'}"
+        + (f" — {tele['why']}" if tele.get("why") else "")
+    )
+    out.line(f"result file: {output}")
+    if code:
+        out.err.print(
+            f"bench load failed: every request of the lightest point failed "
+            f"({'; '.join(points[0]['errors'][:2])})",
+            markup=False,
+        )
+    return code
+
+
+def export(out: Output, path: Path, fmt: str, dest: Path | None) -> int:
+    """``servegate bench export``: a result file as PyTorch benchmark JSON lines or CSV."""
+    from servegate.bench import export as export_mod
+
+    doc = export_mod.read(path)
+    text = export_mod.pytorch(doc) if fmt == "pytorch" else export_mod.to_csv(doc)
+    target = dest or export_mod.default_path(path, fmt)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    lines = text.count("\n")
+    if out.json_mode:
+        return out.emit({"file": str(target), "format": fmt, "lines": lines})
+    out.line(f"wrote {target} ({fmt}, {lines} line(s))")
+    return 0

@@ -38,10 +38,23 @@ class Endpoint:
         """The named engine, or vLLM's paths and names for a server not yet identified."""
         return self.engine or VLLM
 
+    @property
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
     def client(self, timeout: float, connections: int = 10) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        return httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, limits=limits)
+        return httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers=self._headers, limits=limits
+        )
+
+    def async_client(self, timeout: float, connections: int | None) -> httpx.AsyncClient:
+        """The same, for an event loop (the load bench's arrivals); ``None``: as many
+        connections as requests in flight (an open loop never waits for a free one)."""
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, headers=self._headers, limits=limits
+        )
 
 
 def health(endpoint: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:

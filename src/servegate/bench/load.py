@@ -1,0 +1,673 @@
+"""``servegate bench load``: how a release behaves under load, up to where it saturates.
+
+A load point is a request rate (open loop: arrivals drawn from a Poisson process, or
+from a gamma process when ``burstiness`` is not 1, as ``vllm bench serve`` draws them,
+whatever the server does) or a concurrency (closed loop: N clients, each sending its
+next request when its last one ended). Every request's prompt is drawn at random from
+the run's sized prompts (every profile x tier given: mixed lengths). In the ``cold``
+workload each prompt starts with its own tag, so no request reuses another's prefix; in
+the ``shared-prefix`` workload the first ``prefix_share`` of every prompt is the same
+text and the tag follows it, so a prefix cache can serve that share (the hit rate the
+engine counted is reported beside the target). The cold figures stay what the gate uses.
+
+Per point: p50/p90/p99/max of TTFT, inter-token latency (the gaps between text chunks,
+pooled over the point's requests), time per output token and end-to-end latency;
+request and token throughput; goodput (requests a second that met every SLO given);
+the client's scheduling lag; the requests in flight; vLLM's queue gauges; GPU telemetry.
+
+A sweep runs its points from the lightest and stops at the first one where the server
+saturated (:func:`saturation`): the queue grew through the point, TTFT exploded against
+the first point, requests failed, or (closed loop) more clients no longer bought more
+throughput. The knee is the last point before that.
+
+Why an event loop (asyncio with ``httpx.AsyncClient``) and not the bench's threads: an
+open-loop arrival must leave when it is due, whatever the streams in flight are doing;
+a thread a request pays its start and waits on the interpreter lock. Each request
+records its lag (sent - due), and the result reports it: a lag that is not small means
+the client, not the server, set the load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+import json
+import math
+import random
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from servegate.bench import cases, client, fixtures, prom, sse, telemetry
+from servegate.bench.runner import Bench
+from servegate.errors import BenchFailed, ConfigError
+from servegate.pipeline.atomic import write_text
+from servegate.pipeline.stages import QuietReporter, Reporter
+
+KIND = "servegate.load"
+WORKLOADS = ("cold", "shared-prefix")
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives a request must meet to count towards goodput."""
+
+    ttft_s: float | None = None
+    itl_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_s: float | None = None
+
+    def given(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def met(self, r: Mapping[str, Any]) -> bool:
+        """Every SLO given holds for request ``r`` (a failed request meets none)."""
+        if not r["ok"]:
+            return False
+        checks = (
+            (self.ttft_s, r["ttft_s"]),
+            (self.itl_ms, r["itl_ms"]),
+            (self.tpot_ms, r["tpot_ms"]),
+            (self.e2el_s, r["e2el_s"]),
+        )
+        return all(limit is None or (v is not None and v <= limit) for limit, v in checks)
+
+
+_SLO = re.compile(r"^(ttft|itl|tpot|e2el):(\d+(?:\.\d+)?)(ms|s)?$")
+
+
+def parse_goodput(text: str) -> Slo:
+    """``ttft:2s,itl:80ms`` → :class:`Slo`. Keys: ttft, itl (the request's mean
+    inter-token latency), tpot, e2el; a value without a unit is in milliseconds, as
+    ``vllm bench serve --goodput`` reads it."""
+    values: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        m = _SLO.match(part)
+        if not m:
+            raise ConfigError(
+                f"--goodput {part!r}: not KEY:VALUE",
+                hint="e.g. --goodput ttft:2s,itl:80ms (keys ttft, itl, tpot, e2el; "
+                "units s or ms, ms when none)",
+            )
+        key, number, unit = m.group(1), float(m.group(2)), m.group(3) or "ms"
+        seconds = number if unit == "s" else number / 1000
+        if key in ("ttft", "e2el"):
+            values[f"{key}_s"] = seconds
+        else:
+            values[f"{key}_ms"] = seconds * 1000
+    return Slo(**values)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """A sweep: the points, how long each runs, what the requests are."""
+
+    #: "rate" (open loop, requests a second) or "concurrency" (closed loop, clients)
+    mode: str
+    points: tuple[float, ...]
+    duration_s: float = 30.0
+    burstiness: float = 1.0
+    seed: int = 0
+    slo: Slo = field(default_factory=Slo)
+    workload: str = "cold"
+    #: the share of every prompt that is common to all (the shared-prefix workload)
+    prefix_share: float = 0.0
+    #: stop at the first saturated point (False: run every point)
+    stop_at_saturation: bool = True
+    #: saturation: TTFT p50 this many times the first point's
+    ttft_growth: float = 5.0
+    #: saturation (closed loop): throughput gained over the previous point below this
+    min_gain: float = 0.10
+    #: seconds to wait for the requests in flight after the last arrival
+    drain_s: float = 600.0
+
+    def check(self) -> None:
+        if self.mode not in ("rate", "concurrency"):
+            raise ConfigError(f"load mode {self.mode!r}", hint="give --rates or --concurrencies")
+        if not self.points or any(p <= 0 for p in self.points):
+            raise ConfigError(
+                "a load sweep needs positive points",
+                hint="e.g. --rates 0.5,1,2,4 or --concurrencies 1,2,4,8",
+            )
+        if self.mode == "concurrency" and any(p != int(p) for p in self.points):
+            raise ConfigError("--concurrencies takes whole numbers", hint="e.g. 1,2,4,8")
+        if self.duration_s <= 0 or self.burstiness <= 0:
+            raise ConfigError(
+                "--duration and --burstiness must be positive",
+                hint="e.g. --duration 30 --burstiness 1 (Poisson)",
+            )
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"workload {self.workload!r}", hint=f"one of {', '.join(WORKLOADS)}")
+        if self.workload == "shared-prefix" and not 0 < self.prefix_share < 1:
+            raise ConfigError(
+                "the shared-prefix workload needs --prefix-share between 0 and 1",
+                hint="e.g. --workload shared-prefix --prefix-share 0.8",
+            )
+
+
+def arrivals(rate: float, duration: float, burstiness: float, rng: random.Random) -> list[float]:
+    """Offsets (seconds from the start) of the arrivals in ``duration``: gamma-distributed
+    gaps of mean ``1/rate`` and shape ``burstiness`` (1: exponential, a Poisson process;
+    below 1 burstier, above 1 more even)."""
+    out: list[float] = []
+    t = 0.0
+    scale = 1.0 / (rate * burstiness)
+    while True:
+        t += rng.gammavariate(burstiness, scale)
+        if t >= duration:
+            return out
+        out.append(t)
+
+
+def percentiles(values: Sequence[float], digits: int = 4) -> dict[str, float] | None:
+    """p50/p90/p99 (linear between the closest ranks, as numpy's default), max and
+    mean; None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+
+    def at(p: float) -> float:
+        k = (len(s) - 1) * p / 100
+        lo, hi = math.floor(k), math.ceil(k)
+        return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+    out = {f"p{p}": round(at(p), digits) for p in PERCENTILES}
+    out["max"] = round(s[-1], digits)
+    out["mean"] = round(sum(s) / len(s), digits)
+    return out
+
+
+@dataclass
+class _Sent:
+    """One request of a point: its prompt, when it was due, its stream."""
+
+    key: str
+    due: float
+    stream: sse.Stream
+    in_flight: int = 0
+
+
+async def _send(http: httpx.AsyncClient, bench: Bench, body: dict[str, Any], sent: _Sent) -> None:
+    """One streamed chat completion on the event loop (the bench's sync client, async)."""
+    endpoint = bench.spec.endpoint
+    stream = sent.stream
+    request = http.build_request("POST", "/v1/chat/completions", json=client.streaming(body))
+    stream.started = sse.now()
+    try:
+        resp = await http.send(request, stream=True)
+        try:
+            stream.http_status = resp.status_code
+            if resp.status_code != 200:
+                await resp.aread()
+                stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                return
+            async for line in resp.aiter_lines():
+                if sse.feed(line, stream, sse.now):
+                    break
+        finally:
+            await resp.aclose()
+    except httpx.TimeoutException:
+        stream.error = f"no answer within {bench.spec.timeout:g}s"
+    except httpx.ConnectError as exc:
+        stream.error = f"cannot connect to {endpoint.shown_url}: {exc}"
+    except httpx.HTTPError as exc:
+        stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
+    client.ended(stream, endpoint)
+
+
+async def _until(due: float) -> None:
+    """Sleep until ``due`` (``sse.now`` clock); the last 2 ms by yielding to the loop, as
+    the selector's timeouts are whole milliseconds."""
+    wait = due - sse.now()
+    if wait > 0.002:
+        await asyncio.sleep(wait - 0.002)
+    while sse.now() < due:
+        await asyncio.sleep(0)
+
+
+_GAUGES = re.compile(r"^[\w:]*num_requests_(?:waiting|running)\b.*$", re.MULTILINE)
+
+
+class _Queue:
+    """vLLM's waiting/running gauges, read every second in a thread during a point."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.bench = bench
+        self.samples: list[tuple[float, float | None, float | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="load-queue")
+
+    def _loop(self) -> None:
+        names = self.bench.spec.endpoint.adapter.metrics
+        if not names.waiting:
+            return
+        with self.bench.spec.endpoint.client(10.0) as http:
+            while not self._stop.wait(1.0):
+                text = client.metrics_text(self.bench.spec.endpoint, http=http)
+                # the two gauges alone, found at C speed: this thread shares the
+                # interpreter with the event loop that sends the arrivals
+                sample = prom.parse("\n".join(_GAUGES.findall(text)))
+                waiting = prom.first(sample, names.waiting)
+                self.samples.append((sse.now(), waiting, prom.first(sample, names.running)))
+
+    def __enter__(self) -> _Queue:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any] | None:
+        waiting = [w for _, w, _ in self.samples if w is not None]
+        running = [r for _, _, r in self.samples if r is not None]
+        if not waiting:
+            return None
+        return {
+            "samples": len(waiting),
+            "waiting_mean": round(sum(waiting) / len(waiting), 2),
+            "waiting_max": max(waiting),
+            "running_max": max(running) if running else None,
+        }
+
+
+class Load:
+    """A load sweep on a prepared :class:`Bench` (prompts sized, model warmed up)."""
+
+    def __init__(
+        self,
+        bench: Bench,
+        load: LoadSpec,
+        output: Path | None,
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.bench = bench
+        self.load = load
+        self.output = output
+        self.reporter = reporter or QuietReporter()
+        self.rng = random.Random(load.seed)
+        self.source = telemetry.find()
+        self.result: dict[str, Any] = {
+            "schema": cases.SCHEMA,
+            "kind": KIND,
+            "status": "running",
+            "harness": bench.result["harness"],
+            "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "finished_at": None,
+            "error": "",
+            "run": {
+                **bench.result["run"],
+                "mode": load.mode,
+                "points": list(load.points),
+                "duration_s": load.duration_s,
+                "burstiness": load.burstiness,
+                "seed": load.seed,
+                "workload": load.workload,
+                "prefix_share": load.prefix_share,
+                "slo": load.slo.given(),
+                "prompts": sorted(bench.prompts),
+            },
+            "engine": bench.result["engine"],
+            "sizing": bench.result["sizing"],
+            "warmup": bench.result["warmup"],
+            "telemetry": telemetry.describe(self.source),
+            "points": [],
+            "knee": None,
+        }
+
+    def save(self) -> None:
+        if self.output is not None:
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            write_text(self.output, json.dumps(self.result, indent=1) + "\n")
+
+    # -- one request -----------------------------------------------------------------
+
+    def _body(self, key: str, tag: str) -> dict[str, Any]:
+        b = self.bench
+        profile = key.rsplit("-", 1)[0]
+        text = b.prompts[key]
+        if self.load.workload == "shared-prefix":
+            cut = int(len(text) * self.load.prefix_share)
+            messages = [
+                {"role": "system", "content": "You are a careful, thorough assistant."},
+                {"role": "user", "content": f"{text[:cut]}\n\n[{tag}]\n\n{text[cut:]}\n\n"
+                                            f"{fixtures.INSTRUCTIONS[profile]}"},
+            ]  # fmt: skip
+        else:
+            messages = b.messages(profile, text, tag)
+        body = b.payload(messages, b.spec.max_tokens, True, tag)
+        if self.load.workload == "shared-prefix" and "cache_salt" in body:
+            # one salt for the run: its requests share the prefix cache, no other run's do
+            body["cache_salt"] = f"{b.scope}-shared"
+        return body
+
+    def _record(self, sent: _Sent) -> tuple[dict[str, Any], list[float]]:
+        st = sent.stream
+        usage = st.usage
+        completion = usage.get("completion_tokens")
+        completion = completion if isinstance(completion, int) else None
+        done = st.done_at or st.last_text_at
+        ttft = st.first_text_at - st.started if st.first_text_at is not None else None
+        e2el = done - st.started if done is not None else None
+        tpot = None
+        if ttft is not None and e2el is not None and completion and completion > 1:
+            tpot = (e2el - ttft) * 1000 / (completion - 1)
+        itl = None
+        first, last = st.first_text_at, st.last_text_at
+        multi = completion is not None and completion > 1 and st.text_chunks > 1
+        if first is not None and last is not None and completion and multi:
+            itl = (last - first) * 1000 / (completion - 1)
+        stamps = st.stamps or []
+        gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+        ok = not st.error
+        rec = {
+            "prompt": sent.key,
+            "ok": ok,
+            "error": st.error,
+            "due_s": round(sent.due, 6),
+            "lag_ms": round((st.started - sent.due) * 1000, 4),
+            "in_flight_at_send": sent.in_flight,
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": completion,
+            "full_length": completion == self.bench.spec.max_tokens,
+            "ttft_s": round(ttft, 6) if ok and ttft is not None else None,
+            "itl_ms": round(itl, 4) if ok and itl is not None else None,
+            "tpot_ms": round(tpot, 4) if ok and tpot is not None else None,
+            "e2el_s": round(e2el, 6) if ok and e2el is not None else None,
+            "ended_s": round(done, 6) if done is not None else None,
+        }
+        return rec, gaps if ok else []
+
+    # -- one point -------------------------------------------------------------------
+
+    async def _open_loop(self, rate: float, sent: list[_Sent]) -> None:
+        offsets = arrivals(rate, self.load.duration_s, self.load.burstiness, self.rng)
+        keys = sorted(self.bench.prompts)
+        tasks: set[asyncio.Task[None]] = set()
+        async with self.bench.spec.endpoint.async_client(self.bench.spec.timeout, None) as http:
+            start = sse.now() + 0.05
+            for i, offset in enumerate(offsets):
+                key = self.rng.choice(keys)
+                body = self._body(key, f"{self.bench.scope}-load-r{rate:g}-{i:05d}")
+                one = _Sent(key, start + offset, sse.Stream(started=0.0, stamps=[]))
+                sent.append(one)
+                await _until(one.due)
+                one.in_flight = len(tasks)
+                task = asyncio.create_task(_send(http, self.bench, body, one))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks), timeout=self.load.drain_s)
+            left = list(tasks)
+            for task in left:  # past the drain: cut off, counted as failed
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+    async def _closed_loop(self, clients: int, sent: list[_Sent]) -> None:
+        keys = sorted(self.bench.prompts)
+        in_flight = [0]
+        async with self.bench.spec.endpoint.async_client(
+            self.bench.spec.timeout, clients + 4
+        ) as http:
+            start = sse.now()
+            stop = start + self.load.duration_s
+
+            async def worker(w: int) -> None:
+                n = 0
+                while sse.now() < stop:
+                    key = self.rng.choice(keys)
+                    body = self._body(key, f"{self.bench.scope}-load-c{clients}-{w}-{n:05d}")
+                    one = _Sent(key, sse.now(), sse.Stream(started=0.0, stamps=[]), in_flight[0])
+                    sent.append(one)
+                    in_flight[0] += 1
+                    try:
+                        await _send(http, self.bench, body, one)
+                    finally:
+                        in_flight[0] -= 1
+                    n += 1
+
+            await asyncio.wait_for(
+                asyncio.gather(*(worker(w) for w in range(clients))),
+                self.load.duration_s + self.load.drain_s,
+            )
+
+    def point(self, value: float) -> dict[str, Any]:
+        """Run one load point; its summary (also appended to the result)."""
+        b, spec = self.bench, self.load
+        what = f"{value:g} req/s" if spec.mode == "rate" else f"{value:g} client(s)"
+        self.reporter.progress(f"load {what} for {spec.duration_s:g}s")
+        names = b.spec.endpoint.adapter.metrics
+        before = prom.parse(client.metrics_text(b.spec.endpoint))
+        sampler = telemetry.Sampler(self.source).start()
+        sent: list[_Sent] = []
+        started = sse.now()
+        with _Queue(b) as queue:
+            run = (
+                self._open_loop(value, sent)
+                if spec.mode == "rate"
+                else self._closed_loop(int(value), sent)
+            )
+            with contextlib.suppress(TimeoutError):  # the closed loop's drain ran out
+                asyncio.run(run)
+        ended = sse.now()
+        for one in sent:  # a request cut off past the drain failed
+            client.ended(one.stream, b.spec.endpoint)
+        tele = sampler.stop()
+        after = prom.parse(client.metrics_text(b.spec.endpoint))
+        records, gaps = [], []
+        for one in sent:
+            rec, g = self._record(one)
+            rec["due_s"] = round(one.due - started, 6)
+            if rec["ended_s"] is not None:
+                rec["ended_s"] = round(rec["ended_s"] - started, 6)
+            records.append(rec)
+            gaps.extend(g)
+        hits = prom.delta(before, after, names.prefix_hits)
+        queries = prom.delta(before, after, names.prefix_queries)
+        summary = summarize(records, gaps, spec, value, ended - started)
+        summary.update(
+            server_queue=queue.summary(),
+            prefix_hit_rate=round(hits / queries, 4) if hits is not None and queries else None,
+            telemetry=tele,
+            requests_detail=records,
+        )
+        return summary
+
+    def sweep(self) -> dict[str, Any]:
+        points: list[dict[str, Any]] = self.result["points"]
+        for value in self.load.points:
+            p = self.point(value)
+            why = saturation(p, points[0] if points else None, points[-1] if points else None,
+                             self.load)  # fmt: skip
+            p["saturated"], p["why"] = bool(why), why
+            points.append(p)
+            self.save()
+            self.reporter.note(line(p))
+            if why and self.load.stop_at_saturation:
+                break
+        self.result["knee"] = knee(points)
+        self.result["status"] = "complete"
+        self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.save()
+        return self.result
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    gaps: Sequence[float],
+    spec: LoadSpec,
+    value: float,
+    wall: float,
+) -> dict[str, Any]:
+    """One point's figures from its requests."""
+    ok = [r for r in records if r["ok"]]
+    ends = [r["ended_s"] for r in ok if r["ended_s"] is not None]
+    span = max(ends) if ends else wall
+    out_tokens = sum(r["completion_tokens"] or 0 for r in ok)
+    in_tokens = sum(r["prompt_tokens"] or 0 for r in ok if isinstance(r["prompt_tokens"], int))
+    good = [r for r in ok if spec.slo.met(r)]
+    thirds = max(1, len(records) // 3)
+    first = [r["in_flight_at_send"] for r in records[:thirds]]
+    last = [r["in_flight_at_send"] for r in records[-thirds:]]
+    return {
+        "mode": spec.mode,
+        "value": value,
+        "offered_rps": value if spec.mode == "rate" else None,
+        "requests": len(records),
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "short": sum(1 for r in ok if not r["full_length"]),
+        "errors": sorted({r["error"] for r in records if r["error"]})[:5],
+        "duration_s": round(span, 4),
+        "request_throughput": round(len(ok) / span, 4) if span > 0 else None,
+        "output_throughput": round(out_tokens / span, 3) if span > 0 else None,
+        "input_throughput": round(in_tokens / span, 3) if span > 0 else None,
+        "ttft_s": percentiles([r["ttft_s"] for r in ok if r["ttft_s"] is not None], 6),
+        "itl_ms": percentiles(list(gaps)),
+        "request_itl_ms": percentiles([r["itl_ms"] for r in ok if r["itl_ms"] is not None]),
+        "tpot_ms": percentiles([r["tpot_ms"] for r in ok if r["tpot_ms"] is not None]),
+        "e2el_s": percentiles([r["e2el_s"] for r in ok if r["e2el_s"] is not None], 6),
+        "slo": spec.slo.given(),
+        "goodput_rps": round(len(good) / span, 4) if spec.slo.given() and span > 0 else None,
+        "good_requests": len(good) if spec.slo.given() else None,
+        "lag_ms": percentiles([r["lag_ms"] for r in records]) if spec.mode == "rate" else None,
+        "in_flight": {
+            "first_third_mean": round(sum(first) / len(first), 2) if first else 0.0,
+            "last_third_mean": round(sum(last) / len(last), 2) if last else 0.0,
+            "max": max((r["in_flight_at_send"] for r in records), default=0),
+        },
+    }
+
+
+def saturation(
+    p: Mapping[str, Any],
+    first: Mapping[str, Any] | None,
+    previous: Mapping[str, Any] | None,
+    spec: LoadSpec,
+) -> str:
+    """Why the point ``p`` saturated the server ("" : it did not)."""
+    if p["requests"] == 0:
+        return ""
+    if p["failed"]:
+        return f"{p['failed']} of {p['requests']} request(s) failed: {'; '.join(p['errors'][:2])}"
+    flight = p["in_flight"]
+    if spec.mode == "rate" and flight["last_third_mean"] >= 2 * flight["first_third_mean"] + 1:
+        return (
+            f"the queue grew through the point: {flight['first_third_mean']:g} request(s) in "
+            f"flight at arrival in its first third, {flight['last_third_mean']:g} in its last"
+        )
+    ttft, ttft0 = p["ttft_s"], first["ttft_s"] if first else None
+    if ttft and ttft0 and ttft["p50"] >= spec.ttft_growth * ttft0["p50"]:
+        return (
+            f"TTFT p50 {ttft['p50']:.3g}s is {ttft['p50'] / ttft0['p50']:.1f}x the first "
+            f"point's {ttft0['p50']:.3g}s"
+        )
+    if spec.mode == "concurrency" and previous and previous["request_throughput"]:
+        now, was = p["request_throughput"] or 0.0, previous["request_throughput"]
+        if now < was * (1 + spec.min_gain):
+            return (
+                f"{p['value']:g} clients bought {now / was - 1:+.0%} throughput over "
+                f"{previous['value']:g} ({now:.3g} vs {was:.3g} req/s)"
+            )
+    return ""
+
+
+def knee(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The last point before the first saturated one (None: the first saturated, or
+    none did and the sweep may not have reached it)."""
+    for i, p in enumerate(points):
+        if p["saturated"]:
+            if i == 0:
+                return {"value": None, "saturated_at": p["value"], "why": p["why"],
+                        "what": "the lightest point already saturated the server"}  # fmt: skip
+            before = points[i - 1]
+            return {
+                "value": before["value"],
+                "request_throughput": before["request_throughput"],
+                "saturated_at": p["value"],
+                "why": p["why"],
+                "what": f"the server took {before['value']:g} and saturated at {p['value']:g}",
+            }
+    return None
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def _p(d: Mapping[str, float] | None, key: str, digits: int = 2) -> str:
+    return "-" if not d else _f(d.get(key), digits)
+
+
+def line(p: Mapping[str, Any]) -> str:
+    """One point in a progress line."""
+    unit = "req/s" if p["mode"] == "rate" else "clients"
+    state = f"SATURATED — {p['why']}" if p.get("saturated") else "ok"
+    return (
+        f"load {p['value']:g} {unit}: {p['completed']}/{p['requests']} done, "
+        f"{_f(p['request_throughput'])} req/s, TTFT p50 {_p(p['ttft_s'], 'p50', 3)}s "
+        f"p99 {_p(p['ttft_s'], 'p99', 3)}s — {state}"
+    )
+
+
+def tables(points: Sequence[Mapping[str, Any]]) -> list[tuple[list[str], list[list[str]]]]:
+    """Two tables: what the load got (throughput, goodput, lag), what a request felt
+    (latency percentiles)."""
+    load_rows, latency_rows = [], []
+    for p in points:
+        flight = p["in_flight"]
+        load_rows.append([
+            f"{p['value']:g}", f"{p['completed']}/{p['requests']}",
+            _f(p["request_throughput"]), _f(p["output_throughput"], 1), _f(p["goodput_rps"]),
+            f"{flight['max']}", _p(p["lag_ms"], "p99", 3),
+            f"SATURATED: {p['why']}" if p.get("saturated") else "ok",
+        ])  # fmt: skip
+        latency_rows.append([
+            f"{p['value']:g}",
+            _p(p["ttft_s"], "p50", 3), _p(p["ttft_s"], "p90", 3), _p(p["ttft_s"], "p99", 3),
+            _p(p["itl_ms"], "p50", 1), _p(p["itl_ms"], "p99", 1),
+            _p(p["tpot_ms"], "p50", 1), _p(p["tpot_ms"], "p99", 1),
+            _p(p["e2el_s"], "p50", 2), _p(p["e2el_s"], "p99", 2), _p(p["e2el_s"], "max", 2),
+        ])  # fmt: skip
+    return [
+        (["load", "done", "req/s", "out tok/s", "goodput req/s", "in flight max",
+          "lag p99 ms", "state"], load_rows),
+        (["load", "TTFT p50 s", "p90", "p99", "ITL p50 ms", "p99", "TPOT p50 ms", "p99",
+          "E2E p50 s", "p99", "max"], latency_rows),
+    ]  # fmt: skip
+
+
+def run(
+    bench: Bench,
+    load: LoadSpec,
+    output: Path | None,
+    reporter: Reporter | None = None,
+    prepared: Callable[[Bench], None] | None = None,
+) -> dict[str, Any]:
+    """Size the prompts, warm up, sweep; the result file keeps what finished."""
+    load.check()
+    bench.prepare()
+    bench.warm_up()
+    if prepared:
+        prepared(bench)
+    sweep = Load(bench, load, output, reporter)
+    try:
+        return sweep.sweep()
+    except KeyboardInterrupt:
+        sweep.result.update(status="interrupted", error="interrupted")
+        sweep.save()
+        raise
+    except Exception as exc:
+        sweep.result.update(status="failed", error=repr(exc))
+        sweep.save()
+        raise BenchFailed(
+            f"the load sweep failed: {exc!r}", hint=f"what finished is in {output}"
+        ) from exc

@@ -1,0 +1,258 @@
+"""The load sweep's arithmetic: arrivals, percentiles, goodput, saturation, the knee, and
+the exports; GPU telemetry parsing. The real-server sweep is in test_bench_vllm.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servegate.bench import export, load, telemetry
+from servegate.errors import ConfigError, ResultFileError
+
+
+def test_poisson_arrivals_have_the_rate_and_the_spread_of_a_poisson_process() -> None:
+    rng = random.Random(7)
+    offsets = load.arrivals(20.0, 500.0, 1.0, rng)
+    gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
+    assert 9500 < len(offsets) < 10500  # 20/s for 500 s
+    mean = statistics.fmean(gaps)
+    assert mean == pytest.approx(0.05, rel=0.05)
+    # exponential gaps: the coefficient of variation is 1
+    assert statistics.stdev(gaps) / mean == pytest.approx(1.0, rel=0.08)
+    assert offsets == sorted(offsets)
+    assert offsets[-1] < 500.0
+
+
+def test_burstiness_changes_the_spread_not_the_rate() -> None:
+    for shape, cv in ((0.25, 2.0), (4.0, 0.5)):
+        offsets = load.arrivals(10.0, 1000.0, shape, random.Random(3))
+        gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
+        assert statistics.fmean(gaps) == pytest.approx(0.1, rel=0.08)
+        assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.12)
+
+
+def test_the_same_seed_draws_the_same_arrivals() -> None:
+    a = load.arrivals(5.0, 60.0, 1.0, random.Random(11))
+    b = load.arrivals(5.0, 60.0, 1.0, random.Random(11))
+    assert a == b
+    assert a != load.arrivals(5.0, 60.0, 1.0, random.Random(12))
+
+
+def test_percentiles_match_numpys_linear_rule() -> None:
+    values = [float(v) for v in range(1, 101)]
+    p = load.percentiles(values)
+    assert p is not None
+    assert p["p50"] == pytest.approx(50.5)
+    assert p["p90"] == pytest.approx(90.1)
+    assert p["p99"] == pytest.approx(99.01)
+    assert p["max"] == 100.0
+    assert p["mean"] == pytest.approx(50.5)
+    assert load.percentiles([]) is None
+    one = load.percentiles([3.0])
+    assert one == {"p50": 3.0, "p90": 3.0, "p99": 3.0, "max": 3.0, "mean": 3.0}
+
+
+def test_goodput_slos_parse_with_units() -> None:
+    slo = load.parse_goodput("ttft:2s,itl:80ms,tpot:50,e2el:1500ms")
+    assert slo == load.Slo(ttft_s=2.0, itl_ms=80.0, tpot_ms=50.0, e2el_s=1.5)
+    assert load.parse_goodput("") == load.Slo()
+    for bad in ("ttft", "ttft:fast", "latency:2s", "ttft:2h"):
+        with pytest.raises(ConfigError, match="--goodput") as err:
+            load.parse_goodput(bad)
+        assert "ttft:2s,itl:80ms" in (err.value.hint or "")
+
+
+def _req(ok: bool = True, ttft: float = 0.5, itl: float | None = 40.0, **kw: Any) -> dict[str, Any]:
+    return {"ok": ok, "ttft_s": ttft, "itl_ms": itl, "tpot_ms": itl, "e2el_s": 2.0, **kw}
+
+
+def test_a_request_meets_the_slos_only_when_every_one_holds() -> None:
+    slo = load.parse_goodput("ttft:1s,itl:50ms")
+    assert slo.met(_req())
+    assert not slo.met(_req(ttft=1.2))
+    assert not slo.met(_req(itl=60.0))
+    assert not slo.met(_req(ok=False))
+    assert not slo.met(_req(itl=None))  # not measured is not met
+    assert load.Slo().met(_req())  # no SLO: every completed request
+
+
+def _record(
+    i: int, in_flight: int, ttft: float = 0.2, ok: bool = True, step: float = 0.5
+) -> dict[str, Any]:
+    return {
+        "ok": ok, "error": "" if ok else "HTTP 503: busy", "ttft_s": ttft if ok else None,
+        "itl_ms": 30.0, "tpot_ms": 31.0, "e2el_s": 1.0, "lag_ms": 0.1 * (i % 7),
+        "in_flight_at_send": in_flight, "completion_tokens": 32, "prompt_tokens": 1024,
+        "full_length": True, "ended_s": 1.0 + i * step,
+    }  # fmt: skip
+
+
+def _point(spec: load.LoadSpec, value: float, records: list[dict[str, Any]]) -> dict[str, Any]:
+    return load.summarize(records, [30.0] * 10, spec, value, 20.0)
+
+
+def test_point_summary_counts_goodput_throughput_and_lag() -> None:
+    spec = load.LoadSpec("rate", (2.0,), slo=load.parse_goodput("ttft:0.3s"))
+    records = [_record(i, 1, ttft=0.2 if i % 4 else 0.5) for i in range(40)]
+    p = _point(spec, 2.0, records)
+    assert p["requests"] == p["completed"] == 40
+    assert p["duration_s"] == pytest.approx(20.5)  # to the last request's end
+    assert p["request_throughput"] == pytest.approx(40 / 20.5, rel=1e-3)
+    assert p["output_throughput"] == pytest.approx(40 * 32 / 20.5, rel=1e-3)
+    assert p["good_requests"] == 30  # every fourth missed its TTFT
+    assert p["goodput_rps"] == pytest.approx(30 / 20.5, rel=1e-3)
+    assert p["lag_ms"]["max"] == pytest.approx(0.6)
+    assert p["ttft_s"]["max"] == 0.5
+
+
+def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures() -> None:
+    spec = load.LoadSpec("rate", (1.0, 2.0, 4.0))
+    calm = _point(spec, 1.0, [_record(i, i % 2) for i in range(30)])
+    assert load.saturation(calm, None, None, spec) == ""
+    growing = _point(spec, 4.0, [_record(i, i // 3) for i in range(30)])
+    why = load.saturation(growing, calm, calm, spec)
+    assert "the queue grew through the point" in why
+    slow = _point(spec, 2.0, [_record(i, 1, ttft=1.5) for i in range(30)])
+    assert "TTFT p50" in load.saturation(slow, calm, calm, spec)
+    failing = _point(spec, 2.0, [_record(i, 1, ok=i % 5 != 0) for i in range(30)])
+    assert "request(s) failed: HTTP 503" in load.saturation(failing, calm, calm, spec)
+
+
+def test_closed_loop_saturation_is_no_more_throughput_for_more_clients() -> None:
+    spec = load.LoadSpec("concurrency", (1, 2, 4))
+    one = _point(spec, 1, [_record(i, 1) for i in range(20)])
+    two = _point(spec, 2, [_record(i, 2, step=0.25) for i in range(40)])
+    assert load.saturation(two, one, one, spec) == ""
+    four = _point(spec, 4, [_record(i, 4, step=0.25) for i in range(41)])
+    assert "4 clients bought" in load.saturation(four, one, two, spec)
+
+
+def test_the_knee_is_the_last_point_before_the_first_saturated_one() -> None:
+    points = [{"value": v, "saturated": s, "why": "w" if s else "", "request_throughput": v}
+              for v, s in ((1, False), (2, False), (4, True))]  # fmt: skip
+    k = load.knee(points)
+    assert k is not None
+    assert k["value"] == 2
+    assert k["saturated_at"] == 4
+    assert load.knee(points[:2]) is None  # not reached
+    first = load.knee(points[2:])
+    assert first is not None
+    assert first["value"] is None
+
+
+def test_a_sweep_spec_that_cannot_run_is_refused_before_anything_is_sent() -> None:
+    bad = (
+        load.LoadSpec("rate", ()),
+        load.LoadSpec("rate", (0.0,)),
+        load.LoadSpec("concurrency", (1.5,)),
+        load.LoadSpec("rate", (1.0,), duration_s=0),
+        load.LoadSpec("rate", (1.0,), workload="shared-prefix", prefix_share=1.2),
+    )
+    for spec in bad:
+        with pytest.raises(ConfigError):
+            spec.check()
+
+
+def _load_doc() -> dict[str, Any]:
+    spec = load.LoadSpec("rate", (1.0, 2.0), slo=load.parse_goodput("ttft:1s"))
+    points = []
+    for v in (1.0, 2.0):
+        p = _point(spec, v, [_record(i, 1) for i in range(10)])
+        p.update(saturated=v == 2.0, why="x" if v == 2.0 else "", prefix_hit_rate=0.0)
+        points.append(p)
+    return {"kind": load.KIND, "run": {"model": "demo", "workload": "cold", "burstiness": 1.0},
+            "harness": {"name": "servegate-bench/1"}, "points": points}  # fmt: skip
+
+
+def test_pytorch_export_of_a_load_file_is_one_metric_a_record_a_line() -> None:
+    text = export.pytorch(_load_doc())
+    records = [json.loads(line) for line in text.splitlines()]
+    names = {r["metric"]["name"] for r in records}
+    assert {"median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms", "median_e2el_ms",
+            "request_throughput", "output_throughput", "request_goodput"} <= names  # fmt: skip
+    for r in records:
+        assert set(r) == {"benchmark", "model", "metric"}
+        assert r["model"]["name"] == "demo"
+        assert isinstance(r["metric"]["benchmark_values"], list)
+        assert r["metric"]["extra_info"]["load"] in (1.0, 2.0)
+    ttft = [r for r in records if r["metric"]["name"] == "median_ttft_ms"]
+    assert [r["metric"]["benchmark_values"] for r in ttft] == [[200.0], [200.0]]
+
+
+def test_csv_export_of_a_load_file_is_one_row_a_point(tmp_path: Path) -> None:
+    rows = list(csv.DictReader(io.StringIO(export.to_csv(_load_doc()))))
+    assert [r["load"] for r in rows] == ["1.0", "2.0"]
+    assert rows[1]["saturated"] == "True"
+    assert float(rows[0]["median_ttft_ms"]) == 200.0
+    bad = tmp_path / "x.json"
+    bad.write_text('{"kind": "something"}')
+    with pytest.raises(ResultFileError, match="not a servegate result file"):
+        export.read(bad)
+
+
+NVIDIA_SMI = "0, NVIDIA H200, 1980, 3201, 118.52, 34, 1024, 143771, 7\n"
+ROCM_SMI = json.dumps({
+    "card0": {"Temperature (Sensor edge) (C)": "52.0", "Temperature (Sensor junction) (C)": "55.0",
+              "Average Graphics Package Power (W)": "37.0", "GPU use (%)": "3",
+              "GPU Memory Allocated (VRAM%)": "12", "sclk clock speed:": "(500Mhz)",
+              "mclk clock speed:": "(96Mhz)", "Card series": "Radeon PRO V620"},
+    "system": {"Driver version": "6.8.5"},
+})  # fmt: skip
+
+
+def test_vendor_tool_output_parses_into_one_reading_a_gpu() -> None:
+    (nv,) = telemetry.parse_nvidia(NVIDIA_SMI + "garbage line\n")
+    assert nv == {"gpu": "0", "name": "NVIDIA H200", "sm_clock_mhz": 1980.0,
+                  "mem_clock_mhz": 3201.0, "power_w": 118.52, "temperature_c": 34.0,
+                  "memory_used_mib": 1024.0, "memory_total_mib": 143771.0,
+                  "utilization_pct": 7.0}  # fmt: skip
+    (na,) = telemetry.parse_nvidia("0, X, [N/A], 3201, [Not Supported], 34, 1, 2, 3\n")
+    assert na["sm_clock_mhz"] is None
+    assert na["power_w"] is None
+    (amd,) = telemetry.parse_rocm(ROCM_SMI)
+    assert amd["name"] == "Radeon PRO V620"
+    assert (amd["sm_clock_mhz"], amd["mem_clock_mhz"], amd["power_w"]) == (500.0, 96.0, 37.0)
+    assert (amd["temperature_c"], amd["utilization_pct"], amd["memory_used_pct"]) == (
+        52.0, 3.0, 12.0,
+    )  # fmt: skip
+
+
+def test_no_vendor_tool_says_so_and_a_sampler_records_nothing() -> None:
+    assert telemetry.find(lambda _: None) is None
+    said = telemetry.describe(None)
+    assert said["source"] is None
+    assert "a CPU server" in said["why"]
+    sampler = telemetry.Sampler(None).start()
+    assert sampler.stop() is None
+
+
+def test_a_sampler_reads_a_real_tool_and_keeps_its_error(tmp_path: Path) -> None:
+    """A real executable on PATH answers like nvidia-smi, then fails: the readings made
+    stay, and the error is recorded."""
+    tool = tmp_path / "nvidia-smi"
+    count = tmp_path / "count"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}\n'
+        f'[ "$n" -ge 3 ] && {{ echo "driver gone" >&2; exit 9; }}\n'
+        f"echo '{NVIDIA_SMI.strip()}'\n"
+    )
+    tool.chmod(0o755)
+    source = telemetry.find(lambda name: str(tool) if name == "nvidia-smi" else None)
+    assert source is not None
+    sampler = telemetry.Sampler(source, interval=0.05).start()
+    import time
+
+    time.sleep(0.5)
+    got = sampler.stop()
+    assert got is not None
+    assert got["readings"] == 3
+    assert "exited 9: driver gone" in got["error"]
+    assert got["gpus"]["0"]["power_w"] == {"min": 118.52, "mean": 118.52, "max": 118.52}
