@@ -80,6 +80,11 @@ def main() -> int:
     parser.add_argument("--profiles", default="regular,coding")
     parser.add_argument("--repetitions", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument(
+        "--load-rates", default="", help="also a load sweep at these rates (e.g. 1,4,16)"
+    )
+    parser.add_argument("--load-tiers", default="1k,4k", help="the load sweep's prompts")
+    parser.add_argument("--load-duration", default="20", help="seconds a load point")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="sg-gpu-"))
@@ -158,6 +163,17 @@ def main() -> int:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         (args.out / "bench.json").write_text(done.stdout)
         (args.out / "bench.stderr").write_text(done.stderr)
+        if args.load_rates:
+            load_cmd = [
+                *command[:4], "load", "--config", str(cfg), "--url", url,
+                "--engine", "transformers", "--model", served, "--rates", args.load_rates,
+                "--duration", args.load_duration, "--tiers", args.load_tiers,
+                "--profiles", "regular", "--max-tokens", "64", "--seed", "-1", "--no-lease",
+                "--goodput", "ttft:1s,itl:50ms", "--output", str(args.out / "load.json"),
+            ]  # fmt: skip
+            swept = subprocess.run(load_cmd, capture_output=True, text=True, check=False)
+            (args.out / "load.txt").write_text(swept.stdout + swept.stderr)
+            print(swept.stdout[-6000:], flush=True)
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, check=False)
         (args.out / "nvidia-smi.txt").write_text(smi.stdout)
         result = json.loads((args.out / "result.json").read_text())

@@ -240,7 +240,7 @@ def test_a_sampler_reads_a_real_tool_and_keeps_its_error(tmp_path: Path) -> None
     count = tmp_path / "count"
     tool.write_text(
         "#!/bin/sh\n"
-        f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}\n'
+        f"n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}\n"
         f'[ "$n" -ge 3 ] && {{ echo "driver gone" >&2; exit 9; }}\n'
         f"echo '{NVIDIA_SMI.strip()}'\n"
     )
