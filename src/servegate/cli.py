@@ -566,16 +566,17 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
 def _load_spec(args: argparse.Namespace) -> LoadSpec:
     from servegate.bench import load
 
-    text = args.rates or args.concurrencies
+    rates = args.rates is not None
+    text = args.rates if rates else args.concurrencies
     try:
         points = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ConfigError(
-            f"{'--rates' if args.rates else '--concurrencies'} {text!r}: give numbers",
+            f"{'--rates' if rates else '--concurrencies'} {text!r}: give numbers",
             hint="e.g. --rates 0.5,1,2,4",
         ) from None
     spec = load.LoadSpec(
-        mode="rate" if args.rates else "concurrency",
+        mode="rate" if rates else "concurrency",
         points=points,
         duration_s=args.duration,
         burstiness=args.burstiness,

@@ -90,7 +90,7 @@ def _record(
         "ok": ok, "error": "" if ok else "HTTP 503: busy", "ttft_s": ttft if ok else None,
         "itl_ms": 30.0, "tpot_ms": 31.0, "e2el_s": 1.0, "lag_ms": 0.1 * (i % 7),
         "in_flight_at_send": in_flight, "completion_tokens": 32, "prompt_tokens": 1024,
-        "full_length": True, "ended_s": 1.0 + i * step,
+        "full_length": True, "ended_s": 1.0 + i * step, "due_s": i * step,
     }  # fmt: skip
 
 
@@ -125,6 +125,29 @@ def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures()
     assert "request(s) failed: HTTP 503" in load.saturation(failing, calm, calm, spec)
 
 
+def test_the_ramp_of_a_long_request_is_not_a_growing_queue() -> None:
+    """A server with room to spare and 15 s requests at 0.5 req/s: the requests in flight
+    rise from none to 7 over the first 15 s and stay there. Not saturated."""
+    spec = load.LoadSpec("rate", (0.5,), duration_s=60)
+    records = []
+    for i in range(30):
+        r = _record(i, min(i, 7), step=2.0)
+        r["e2el_s"] = 15.0
+        records.append(r)
+    p = _point(spec, 0.5, records)
+    assert p["in_flight"]["steady_from_s"] == 15.0
+    assert load.saturation(p, None, None, spec) == ""
+    # the same arrivals whose queue keeps growing after the ramp: saturated
+    for i, r in enumerate(records):
+        r["in_flight_at_send"] = i
+    grown = _point(spec, 0.5, records)
+    assert "the queue grew" in load.saturation(grown, None, None, spec)
+    # too few arrivals after the ramp to tell: the rule says nothing
+    short = _point(spec, 0.5, records[:10])
+    assert short["in_flight"]["steady_arrivals"] < load.MIN_STEADY
+    assert load.saturation(short, None, None, spec) == ""
+
+
 def test_closed_loop_saturation_is_no_more_throughput_for_more_clients() -> None:
     spec = load.LoadSpec("concurrency", (1, 2, 4))
     one = _point(spec, 1, [_record(i, 1) for i in range(20)])
@@ -154,6 +177,14 @@ def test_a_sweep_spec_that_cannot_run_is_refused_before_anything_is_sent() -> No
         load.LoadSpec("concurrency", (1.5,)),
         load.LoadSpec("rate", (1.0,), duration_s=0),
         load.LoadSpec("rate", (1.0,), workload="shared-prefix", prefix_share=1.2),
+        load.LoadSpec("rate", (float("nan"),)),
+        load.LoadSpec("rate", (1.0, float("inf"))),
+        load.LoadSpec("concurrency", (float("inf"),)),
+        load.LoadSpec("rate", (1.0,), duration_s=float("nan")),
+        load.LoadSpec("rate", (1.0,), burstiness=float("inf")),
+        load.LoadSpec("rate", (8.0, 4.0, 2.0)),  # the knee would be read backwards
+        load.LoadSpec("concurrency", (4, 4)),
+        load.LoadSpec("rate", (0.05,), duration_s=10),  # no arrival expected
     )
     for spec in bad:
         with pytest.raises(ConfigError):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import gc
 import itertools
 import json
 import math
@@ -54,6 +55,10 @@ from servegate.pipeline.stages import QuietReporter, Reporter
 KIND = "servegate.load"
 WORKLOADS = ("cold", "shared-prefix")
 PERCENTILES = (50, 90, 99)
+#: the fewest expected arrivals a rate point may have (rate x duration)
+MIN_ARRIVALS = 5
+#: the fewest steady-state arrivals the queue-growth rule needs
+MIN_STEADY = 6
 
 
 @dataclass(frozen=True)
@@ -132,17 +137,31 @@ class LoadSpec:
     def check(self) -> None:
         if self.mode not in ("rate", "concurrency"):
             raise ConfigError(f"load mode {self.mode!r}", hint="give --rates or --concurrencies")
-        if not self.points or any(p <= 0 for p in self.points):
+        if not self.points or any(not (math.isfinite(p) and p > 0) for p in self.points):
             raise ConfigError(
-                "a load sweep needs positive points",
+                "a load sweep needs positive, finite points",
                 hint="e.g. --rates 0.5,1,2,4 or --concurrencies 1,2,4,8",
+            )
+        if list(self.points) != sorted(set(self.points)):
+            raise ConfigError(
+                "load points must rise, each once: the sweep stops at the first that "
+                "saturates and the knee is the one before it",
+                hint="e.g. --rates 0.5,1,2,4",
             )
         if self.mode == "concurrency" and any(p != int(p) for p in self.points):
             raise ConfigError("--concurrencies takes whole numbers", hint="e.g. 1,2,4,8")
-        if self.duration_s <= 0 or self.burstiness <= 0:
+        finite = math.isfinite(self.duration_s) and math.isfinite(self.burstiness)
+        if not finite or self.duration_s <= 0 or self.burstiness <= 0:
             raise ConfigError(
                 "--duration and --burstiness must be positive",
                 hint="e.g. --duration 30 --burstiness 1 (Poisson)",
+            )
+        if self.mode == "rate" and self.points[0] * self.duration_s < MIN_ARRIVALS:
+            raise ConfigError(
+                f"{self.points[0]:g} req/s for {self.duration_s:g}s is fewer than "
+                f"{MIN_ARRIVALS} expected arrivals: too few to say anything about a load",
+                hint=f"a longer --duration (at least {MIN_ARRIVALS / self.points[0]:g}s) "
+                "or a higher first rate",
             )
         if self.workload not in WORKLOADS:
             raise ConfigError(f"workload {self.workload!r}", hint=f"one of {', '.join(WORKLOADS)}")
@@ -195,11 +214,11 @@ class _Sent:
     in_flight: int = 0
 
 
-async def _send(http: httpx.AsyncClient, bench: Bench, body: dict[str, Any], sent: _Sent) -> None:
-    """One streamed chat completion on the event loop (the bench's sync client, async)."""
+async def _send(http: httpx.AsyncClient, bench: Bench, request: httpx.Request, sent: _Sent) -> None:
+    """One streamed chat completion on the event loop (the bench's sync client, async).
+    The request is built (its body encoded) before it is due."""
     endpoint = bench.spec.endpoint
     stream = sent.stream
-    request = http.build_request("POST", "/v1/chat/completions", json=client.streaming(body))
     stream.started = sse.now()
     try:
         resp = await http.send(request, stream=True)
@@ -221,6 +240,10 @@ async def _send(http: httpx.AsyncClient, bench: Bench, body: dict[str, Any], sen
     except httpx.HTTPError as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
     client.ended(stream, endpoint)
+
+
+def _request(http: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Request:
+    return http.build_request("POST", "/v1/chat/completions", json=client.streaming(body))
 
 
 async def _until(due: float) -> None:
@@ -367,6 +390,8 @@ class Load:
             itl = (last - first) * 1000 / (completion - 1)
         stamps = st.stamps or []
         gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
+        if not st.error and (st.first_text_at is None or not completion):
+            st.error = "the stream carried no text (0 output tokens)"
         ok = not st.error
         rec = {
             "prompt": sent.key,
@@ -397,13 +422,15 @@ class Load:
             for i, offset in enumerate(offsets):
                 key = self.rng.choice(keys)
                 body = self._body(key, f"{self.bench.scope}-load-r{rate:g}-{i:05d}")
+                request = _request(http, body)
                 one = _Sent(key, start + offset, sse.Stream(started=0.0, stamps=[]))
                 sent.append(one)
                 await _until(one.due)
                 one.in_flight = len(tasks)
-                task = asyncio.create_task(_send(http, self.bench, body, one))
+                task = asyncio.create_task(_send(http, self.bench, request, one))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                await asyncio.sleep(0)  # the request leaves now, before the next is built
             if tasks:
                 await asyncio.wait(set(tasks), timeout=self.load.drain_s)
             left = list(tasks)
@@ -429,7 +456,7 @@ class Load:
                     sent.append(one)
                     in_flight[0] += 1
                     try:
-                        await _send(http, self.bench, body, one)
+                        await _send(http, self.bench, _request(http, body), one)
                     finally:
                         in_flight[0] -= 1
                     n += 1
@@ -455,8 +482,15 @@ class Load:
                 if spec.mode == "rate"
                 else self._closed_loop(int(value), sent)
             )
-            with contextlib.suppress(TimeoutError):  # the closed loop's drain ran out
-                asyncio.run(run)
+            # no collector pauses while arrivals are due (a full collection over a point's
+            # streams takes milliseconds); one collection after
+            gc.disable()
+            try:
+                with contextlib.suppress(TimeoutError):  # the closed loop's drain ran out
+                    asyncio.run(run)
+            finally:
+                gc.enable()
+                gc.collect()
         ended = sse.now()
         for one in sent:  # a request cut off past the drain failed
             client.ended(one.stream, b.spec.endpoint)
@@ -485,8 +519,8 @@ class Load:
         points: list[dict[str, Any]] = self.result["points"]
         for value in self.load.points:
             p = self.point(value)
-            why = saturation(p, points[0] if points else None, points[-1] if points else None,
-                             self.load)  # fmt: skip
+            base = next((q for q in points if q["ttft_s"]), None)
+            why = saturation(p, base, points[-1] if points else None, self.load)
             p["saturated"], p["why"] = bool(why), why
             points.append(p)
             self.save()
@@ -514,9 +548,14 @@ def summarize(
     out_tokens = sum(r["completion_tokens"] or 0 for r in ok)
     in_tokens = sum(r["prompt_tokens"] or 0 for r in ok if isinstance(r["prompt_tokens"], int))
     good = [r for r in ok if spec.slo.met(r)]
-    thirds = max(1, len(records) // 3)
-    first = [r["in_flight_at_send"] for r in records[:thirds]]
-    last = [r["in_flight_at_send"] for r in records[-thirds:]]
+    # the requests in flight ramp up from none over the first E2E of every point, even on
+    # a server with room to spare: only arrivals after that ramp show whether it grew
+    e2els = sorted(r["e2el_s"] for r in ok if r["e2el_s"] is not None)
+    ramp = e2els[len(e2els) // 2] if e2els else 0.0
+    steady = [r for r in records if r["due_s"] >= ramp]
+    thirds = max(1, len(steady) // 3)
+    first = [r["in_flight_at_send"] for r in steady[:thirds]]
+    last = [r["in_flight_at_send"] for r in steady[-thirds:]]
     return {
         "mode": spec.mode,
         "value": value,
@@ -543,6 +582,8 @@ def summarize(
             "first_third_mean": round(sum(first) / len(first), 2) if first else 0.0,
             "last_third_mean": round(sum(last) / len(last), 2) if last else 0.0,
             "max": max((r["in_flight_at_send"] for r in records), default=0),
+            "steady_from_s": round(ramp, 3),
+            "steady_arrivals": len(steady),
         },
     }
 
@@ -559,10 +600,16 @@ def saturation(
     if p["failed"]:
         return f"{p['failed']} of {p['requests']} request(s) failed: {'; '.join(p['errors'][:2])}"
     flight = p["in_flight"]
-    if spec.mode == "rate" and flight["last_third_mean"] >= 2 * flight["first_third_mean"] + 1:
+    steady = flight.get("steady_arrivals", p["requests"]) >= MIN_STEADY
+    if (
+        spec.mode == "rate"
+        and steady
+        and flight["last_third_mean"] >= 2 * flight["first_third_mean"] + 1
+    ):
         return (
             f"the queue grew through the point: {flight['first_third_mean']:g} request(s) in "
-            f"flight at arrival in its first third, {flight['last_third_mean']:g} in its last"
+            f"flight at arrival in the first third after the ramp, "
+            f"{flight['last_third_mean']:g} in the last"
         )
     ttft, ttft0 = p["ttft_s"], first["ttft_s"] if first else None
     if ttft and ttft0 and ttft["p50"] >= spec.ttft_growth * ttft0["p50"]:

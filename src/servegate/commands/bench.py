@@ -477,7 +477,8 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
     with _maybe_lease(o.lease, f"servegate bench load {endpoint.shown_url}", cfg):
         result = load.run(bench, spec, output, out.reporter())
     points = result["points"]
-    code = BenchFailed.exit_code if points and points[0]["completed"] == 0 else 0
+    lightest_failed = bool(points) and points[0]["requests"] > 0 and points[0]["completed"] == 0
+    code = BenchFailed.exit_code if lightest_failed else 0
     if out.json_mode:
         shown = {**result, "points": [
             {k: v for k, v in p.items() if k != "requests_detail"} for p in points
