@@ -302,7 +302,7 @@ def test_load_sweep_finds_the_knee_of_a_real_server(server: Server, tmp_path: Pa
     light one; every figure comes from the requests, and the file exports."""
     out = tmp_path / "load.json"
     code, doc, err = bench(
-        "--url", server.url, "--rates", "0.5,12", "--duration", "8", "--profiles", "regular",
+        "--url", server.url, "--rates", "0.5,12", "--duration", "10", "--profiles", "regular",
         "--tiers", "1k,2k", "--max-tokens", "32", "--seed", "-1", "--goodput", "ttft:2s",
         "--output", str(out),
         cwd=tmp_path, sub="load",
