@@ -287,3 +287,38 @@ def test_a_sampler_reads_a_real_tool_and_keeps_its_error(tmp_path: Path) -> None
     assert got["readings"] == 3
     assert "exited 9: driver gone" in got["error"]
     assert got["gpus"]["0"]["power_w"] == {"min": 118.52, "mean": 118.52, "max": 118.52}
+
+
+def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: Path) -> None:
+    """Two releases' sweeps through `servegate report`: a PNG of the curves and a page
+    whose table has every point, the saturated one and the knee named."""
+    import subprocess
+    import sys
+
+    files = []
+    for sha, slow in (("a" * 40, 1.0), ("b" * 40, 3.0)):
+        doc = _load_doc()
+        doc["run"]["release"] = sha
+        doc["started_at"] = "2026-12-03T18:00:00+00:00"
+        for p in doc["points"]:
+            p["ttft_s"] = {k: v * slow for k, v in p["ttft_s"].items()}
+        doc["knee"] = load.knee(doc["points"])
+        path = tmp_path / f"{sha[:4]}-load.json"
+        path.write_text(json.dumps(doc))
+        files.append(str(path))
+    run = subprocess.run(
+        [sys.executable, "-m", "servegate", "report", *files, "--out", str(tmp_path / "rep"),
+         "--json", "--config", str(tmp_path / "none.toml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    said = json.loads(run.stdout)["result"]
+    assert said["load_curves"] == 2
+    assert said["points"] == 0
+    assert Path(said["load_png"]).read_bytes()[:4] == b"\x89PNG"
+    page = Path(said["load_html"]).read_text()
+    assert "aaaaaaaaaaaa" in page
+    assert "bbbbbbbbbbbb" in page
+    assert page.count("<td>saturated</td>") == 2
+    assert page.count("<td>knee</td>") == 2
+    assert "<td>0.600</td>" in page  # release b's TTFT p99 in seconds: 0.2 s x 3

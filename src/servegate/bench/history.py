@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import html
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from servegate.bench.results import Samples
 from servegate.errors import ConfigError
@@ -43,7 +44,7 @@ def points_from(samples: Samples, label: str, at: str, verdict: str, outcome: st
     return out
 
 
-def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Path]:
+def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -57,6 +58,11 @@ def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Path]:
+    plt = _pyplot()
     outdir.mkdir(parents=True, exist_ok=True)
     labels: list[str] = []
     for p in points:
@@ -114,3 +120,91 @@ def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Pat
 
 def _n(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f}"
+
+
+@dataclass(frozen=True)
+class LoadCurve:
+    """One load sweep (a release, or a result file): its points as a curve."""
+
+    label: str
+    at: str
+    mode: str
+    workload: str
+    #: (load, request throughput, TTFT p50 s, TTFT p99 s, ITL p99 ms, E2E p99 s, saturated)
+    points: tuple[tuple[float, float, float, float, float, float, bool], ...]
+    knee: float | None
+
+
+def curve_from(doc: Mapping[str, Any], fallback: str) -> LoadCurve | None:
+    """A load result document → its curve (None: no point finished any request)."""
+    run = doc.get("run") or {}
+    rows = []
+    for p in doc.get("points") or []:
+        ttft, itl, e2el = p.get("ttft_s") or {}, p.get("itl_ms") or {}, p.get("e2el_s") or {}
+        if not p.get("request_throughput") or not ttft:
+            continue
+        rows.append((float(p["value"]), float(p["request_throughput"]), float(ttft["p50"]),
+                     float(ttft["p99"]), float(itl.get("p99") or 0.0),
+                     float(e2el.get("p99") or 0.0), bool(p.get("saturated"))))  # fmt: skip
+    if not rows:
+        return None
+    release = str(run.get("release") or "")
+    knee = (doc.get("knee") or {}).get("value")
+    return LoadCurve(release[:12] or fallback, str(doc.get("started_at") or ""),
+                     str(run.get("mode", "")), str(run.get("workload", "")), tuple(rows),
+                     float(knee) if isinstance(knee, int | float) else None)  # fmt: skip
+
+
+def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[Path, Path]:
+    """Latency against throughput, one curve a release: TTFT p50 and p99, ITL p99 and
+    E2E p99 against the request throughput each load point achieved; saturated points
+    hollow, the knee ringed."""
+    plt = _pyplot()
+    outdir.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    panels = ((axes[0][0], 2, "TTFT p50 (s)"), (axes[0][1], 3, "TTFT p99 (s)"),
+              (axes[1][0], 4, "ITL p99 (ms)"), (axes[1][1], 5, "E2E p99 (s)"))  # fmt: skip
+    for ax, index, name in panels:
+        for curve in curves:
+            xs = [row[1] for row in curve.points]
+            ys = [row[index] for row in curve.points]
+            (line,) = ax.plot(xs, ys, "-", linewidth=1.2, label=f"{curve.label} ({curve.workload})")
+            for row in curve.points:
+                face = "none" if row[6] else line.get_color()
+                ax.scatter([row[1]], [row[index]], facecolors=face, edgecolors=line.get_color(),
+                           s=40, zorder=3)  # fmt: skip
+                if curve.knee is not None and row[0] == curve.knee:
+                    ax.scatter([row[1]], [row[index]], facecolors="none", edgecolors="black",
+                               s=160, zorder=4)  # fmt: skip
+        ax.set_xlabel("achieved requests/s")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="best")
+    fig.suptitle(f"{title}\n(hollow: the point saturated the server; ringed: the knee)",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    png = outdir / "load-curves.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    page = outdir / "load-curves.html"
+    rows = "\n".join(
+        f"<tr><td>{html.escape(c.label)}</td><td>{html.escape(c.workload)}</td>"
+        f"<td>{row[0]:g}</td><td>{row[1]:.3f}</td><td>{row[2]:.3f}</td><td>{row[3]:.3f}</td>"
+        f"<td>{row[4]:.1f}</td><td>{row[5]:.2f}</td>"
+        f"<td>{'saturated' if row[6] else ('knee' if row[0] == c.knee else 'ok')}</td></tr>"
+        for c in curves
+        for row in c.points
+    )
+    image = base64.b64encode(png.read_bytes()).decode()
+    page.write_text(
+        "<!doctype html><meta charset='utf-8'>"
+        f"<title>servegate load curves — {html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
+        f"<h1>Latency against throughput</h1><p>{html.escape(title)}</p>"
+        f"<img alt='latency against throughput per release' src='data:image/png;base64,{image}'>"
+        "<table><tr><th>release</th><th>workload</th><th>load</th><th>req/s</th>"
+        "<th>TTFT p50 s</th><th>TTFT p99 s</th><th>ITL p99 ms</th><th>E2E p99 s</th>"
+        f"<th>state</th></tr>{rows}</table>\n"
+    )
+    return png, page

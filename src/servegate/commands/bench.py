@@ -20,7 +20,7 @@ from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
 from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
-from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError
+from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError, ServegateError
 from servegate.output import Output
 from servegate.pipeline import redact
 from servegate.pipeline.lease import gpu_lease, lease_path
@@ -474,8 +474,13 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
         markup=False,
     )
     bench = runner.Bench(bspec, None, out.reporter(), None, environ)
+    release = _live_release(cfg) if o.url is None else ""
+
+    def label(b: runner.Bench) -> None:
+        b.result["run"]["release"] = release  # the live release the sweep measured
+
     with _maybe_lease(o.lease, f"servegate bench load {endpoint.shown_url}", cfg):
-        result = load.run(bench, spec, output, out.reporter())
+        result = load.run(bench, spec, output, out.reporter(), label)
     points = result["points"]
     lightest_failed = bool(points) and points[0]["requests"] > 0 and points[0]["completed"] == 0
     code = BenchFailed.exit_code if lightest_failed else 0
@@ -515,6 +520,22 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
             markup=False,
         )
     return code
+
+
+def _live_release(cfg: Config | None) -> str:
+    """The commit the configured host serves ("" : none recorded)."""
+    if cfg is None or not cfg.host.root:
+        return ""
+    path = hostpaths.of(cfg).state
+    if not path.exists():
+        return ""
+    from servegate.release.state import HostState
+
+    try:
+        current = HostState.load(path).current
+    except ServegateError:
+        return ""
+    return current.sha if current else ""
 
 
 def export(out: Output, path: Path, fmt: str, dest: Path | None) -> int:

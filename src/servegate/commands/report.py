@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from servegate import config as config_mod
 from servegate import hostpaths
-from servegate.bench import history, results
+from servegate.bench import export, history, load, results
 from servegate.config import Config
 from servegate.errors import NothingToDo, ServegateError
 from servegate.output import Output
@@ -47,17 +48,57 @@ def collect(cfg: Config | None, files: list[Path]) -> list[history.Point]:
     return points
 
 
+def _kind(path: Path) -> str:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(doc.get("kind", "")) if isinstance(doc, dict) else ""
+
+
+def load_curves(cfg: Config | None, files: list[Path]) -> list[history.LoadCurve]:
+    """The load sweeps of the host's results directory (oldest first), then the given
+    files: one curve each."""
+    paths: list[Path] = []
+    if cfg is not None:
+        where = bench_gate.results_dir(cfg)
+        if where.is_dir():
+            paths += sorted(p for p in where.glob("*.json") if _kind(p) == load.KIND)
+    paths += [p for p in files if p not in paths]
+    curves = []
+    for path in paths:
+        curve = history.curve_from(export.read(path), path.stem)
+        if curve is not None:
+            curves.append(curve)
+    return curves
+
+
 def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
     # a config without [host] (e.g. bench settings alone) still reads the given files
     cfg = config_mod.load(cfg_path, os.environ, build_only=True) if cfg_path.exists() else None
-    points = collect(cfg, files)
-    if not points:
+    sweeps = [p for p in files if _kind(p) == load.KIND]
+    points = collect(cfg, [p for p in files if p not in sweeps])
+    curves = load_curves(cfg, sweeps)
+    if not points and not curves:
         raise NothingToDo(
             "no bench measurements found: no release record with bench samples, no result files",
-            hint="add 'bench' to gate.checks and promote, or pass result files",
+            hint="add 'bench' to gate.checks and promote, or pass result files "
+            "(servegate bench or servegate bench load)",
         )
-    png, page = history.render(points, outdir, (cfg.stack.remote if cfg else "") or "bench history")
+    title = (cfg.stack.remote if cfg else "") or "bench history"
+    written: dict[str, str] = {}
+    if points:
+        png, page = history.render(points, outdir, title)
+        written.update(png=str(png), html=str(page))
+    if curves:
+        lpng, lpage = history.render_load(
+            curves, outdir, (cfg.stack.remote if cfg else "") or "load sweeps"
+        )
+        written.update(load_png=str(lpng), load_html=str(lpage))
     if out.json_mode:
-        return out.emit({"png": str(png), "html": str(page), "points": len(points)})
-    out.line(f"{len(points)} point(s) → {png} and {page}")
+        return out.emit({**written, "points": len(points), "load_curves": len(curves)})
+    if points:
+        out.line(f"{len(points)} point(s) → {written['png']} and {written['html']}")
+    if curves:
+        out.line(f"{len(curves)} load sweep(s) → {written['load_png']} and {written['load_html']}")
     return 0
