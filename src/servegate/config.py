@@ -280,6 +280,42 @@ class GateRule:
 
 
 @dataclass(frozen=True)
+class LoadRule:
+    """One judged figure of a load point (a ``[[load.rules]]`` table)."""
+
+    #: ``ttft_s``, ``itl_ms``, ``tpot_ms`` or ``e2el_s`` with ``.p50``, ``.p90`` or
+    #: ``.p99``; or ``goodput_rps`` or ``request_throughput``
+    metric: str
+    #: the load point it is read at (one of ``load.rates`` or ``load.concurrencies``)
+    point: float
+    #: the loss that matters, as a fraction (0.10: 10 % slower or fewer)
+    tolerance: float = 0.10
+    #: a required row decides the gate; otherwise it is reported only
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Load:
+    """The ``load`` gate check's sweep: ``servegate bench load`` with these settings."""
+
+    #: open-loop request rates, or (exclusive) closed-loop concurrencies
+    rates: tuple[float, ...] = ()
+    concurrencies: tuple[int, ...] = ()
+    #: seconds a point
+    duration: float = 30.0
+    burstiness: float = 1.0
+    seed: int = 0
+    #: SLOs for goodput, e.g. "ttft:2s,itl:80ms"
+    goodput: str = ""
+    workload: Literal["cold", "shared-prefix"] = "cold"
+    prefix_share: float = 0.0
+    #: the prompts' tiers (empty: bench.tiers) and output length (0: bench.max_tokens)
+    tiers: tuple[str, ...] = ()
+    max_tokens: int = 0
+    rules: tuple[LoadRule, ...] = ()
+
+
+@dataclass(frozen=True)
 class Gate:
     #: gate checks run after provenance, in order: ``smoke``, ``bench``, ``correctness``,
     #: ``prefix_reuse``, ``vision``, ``spec_decode``
@@ -409,6 +445,7 @@ class Config:
     probes: Probes = field(default_factory=Probes)
     bench: Bench = field(default_factory=Bench)
     gate: Gate = field(default_factory=Gate)
+    load: Load = field(default_factory=Load)
     lint: Lint = field(default_factory=Lint)
     ssh: Ssh = field(default_factory=Ssh)
     fleet: Fleet = field(default_factory=Fleet)
@@ -461,6 +498,12 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be an array of tables, e.g. [[{where}]]")
         return tuple(_convert(item, v, f"{where}[{i}]", environ) for i, v in enumerate(value))
+    if origin is tuple and typing.get_args(tp)[0] is float:
+        if not isinstance(value, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(f"{where} must be a list of numbers, e.g. [0.5, 1, 2]")
+        return tuple(float(v) for v in value)
     if origin is tuple and typing.get_args(tp)[0] is int:
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value

@@ -363,3 +363,51 @@ def test_shared_prefix_load_reports_the_engines_prefix_hit_rate(
     assert point["requests"] >= 3
     # the first request fills the cache; the others hit about 80 % of their prompt
     assert 0.4 < point["prefix_hit_rate"] < 0.85, point["prefix_hit_rate"]
+
+
+def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
+    server: Server, tmp_path: Path
+) -> None:
+    """The `load` gate check twice on one server: the first release has no baseline (its
+    required row passes only by the explicit first-release policy), the second is judged
+    against the first's recorded sweep, request by request, and is never a FAIL."""
+    from servegate import config
+    from servegate.pipeline.stages import QuietReporter
+    from servegate.release import load_gate
+    from servegate.release.record import host_id
+
+    cfg = config.parse(
+        f'[stack]\nremote = "x"\n[host]\nroot = "{tmp_path}"\n[service]\nport = 1\n'
+        'command = ["x"]\nmodel = "demo"\n'
+        '[gate]\nchecks = ["smoke", "load"]\nno_baseline = "first-release"\n'
+        '[bench]\nseed = -1\n'
+        '[load]\nrates = [1]\nduration = 10\ntiers = ["1k"]\nmax_tokens = 16\n'
+        'goodput = "ttft:5s"\n'
+        '[[load.rules]]\nmetric = "ttft_s.p50"\npoint = 1\nrequired = true\ntolerance = 0.5\n'
+        '[[load.rules]]\nmetric = "goodput_rps"\npoint = 1\n',
+        environ={},
+    )  # fmt: skip
+    endpoint = Endpoint(server.url)
+    first = load_gate.run(cfg, endpoint, "demo", "a" * 40, None, QuietReporter(), os.environ,
+                          first_release=True)  # fmt: skip
+    assert first["verdict"] == "PASS", first["why"]
+    assert first["baseline"] == "no live release recorded"
+    assert [r["verdict"] for r in first["rows"]] == ["PASS", "REPORT"]
+    assert "first release" in first["rows"][0]["why"]
+    (swept,) = first["sweep"]["points"]
+    assert swept["kept"] == swept["requests"] >= 5
+    assert len(swept["ttft_s"]) == sum(swept["ok"])
+    assert Path(first["result_file"]).exists()
+    assert json.loads(Path(first["result_file"]).read_text())["run"]["release"] == "a" * 40
+
+    record = {"sha": "a" * 40, "host_id": host_id(cfg),
+              "gate": {"checks": [{"name": "load", "evidence": first}]}}  # fmt: skip
+    second = load_gate.run(cfg, endpoint, "demo", "b" * 40, record, QuietReporter(), os.environ)
+    assert second["baseline"] == f"live release {'a' * 12}"
+    row, reported = second["rows"]
+    assert row["baseline"] == pytest.approx(load_gate.figure(swept, "ttft_s.p50"))
+    assert row["interval"][0] <= row["ratio"] <= row["interval"][1]
+    # the same server: no evidence of a loss (a busy box may leave it undecided)
+    assert second["verdict"] in ("PASS", "INCONCLUSIVE"), second["rows"]
+    assert reported["verdict"] == "REPORT"
+    assert reported["candidate"] > 0  # every request met TTFT <= 5 s

@@ -20,7 +20,7 @@ from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import openai
 from servegate.errors import ConfigError
 from servegate.pipeline.stages import QuietReporter, Reporter
-from servegate.release import bench_gate
+from servegate.release import bench_gate, load_gate
 
 
 class Verdict(enum.StrEnum):
@@ -162,7 +162,32 @@ class BenchCheck:
         )
 
 
+class LoadCheck:
+    """A load sweep of the candidate against the live release's sweep (see load_gate);
+    its rows are reported only unless ``[[load.rules]]`` makes them required."""
+
+    name = load_gate.CHECK
+
+    def __init__(self, cfg: Config) -> None:
+        load_gate.check_config(cfg)  # refused before anything is deployed
+
+    def run(self, ctx: GateContext) -> CheckResult:
+        start = time.monotonic()
+        evidence = load_gate.run(
+            ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.reporter,
+            ctx.environ, command=ctx.command, first_release=ctx.first_release,
+        )  # fmt: skip
+        return CheckResult(
+            self.name,
+            Verdict(evidence["verdict"]),
+            evidence["why"],
+            time.monotonic() - start,
+            evidence,
+        )
+
+
 _REGISTRY: dict[str, Callable[[Config], GateCheck]] = {
+    "load": LoadCheck,
     "smoke": lambda cfg: SmokeCheck(),
     "bench": lambda cfg: BenchCheck(),
     "correctness": lambda cfg: CorrectnessCheck(),
