@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = resources.files("servegate.runners") / "workflows"
 FILES = [
     ROOT / ".github/workflows/ci.yml",
-    *(Path(str(TEMPLATES)) / n for n in ("pull-request.yml", "release.yml")),
+    *(Path(str(TEMPLATES)) / n for n in ("pull-request.yml", "release.yml", "release-fleet.yml")),
 ]
 
 
@@ -168,3 +169,166 @@ def test_release_step_runs_promote_with_the_boxs_config(tmp_path: Path, configur
     bad = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True)
     assert bad.returncode == 2
     assert "full 40-character" in bad.stdout
+
+
+# -- the fleet workflow: its job graph under GitHub's rules --------------------------------
+
+_TOKEN = re.compile(r"\s*(\(|\)|&&|\|\||!=|==|!|'[^']*'|[A-Za-z_][\w.\-]*\(\)|[A-Za-z_][\w.\-]*)")
+
+
+def job_if(expr: str, needs: dict[str, str], ancestors: list[str], results: dict[str, str]) -> bool:
+    """A job's ``if`` as GitHub evaluates it (the subset the shipped workflows use):
+    ``always()``, ``success()`` (every ancestor job succeeded), ``failure()`` (one
+    failed), ``cancelled()``; ``needs.<job>.result``; string literals; ``==``, ``!=``,
+    ``!``, ``&&``, ``||``, parentheses. Without a status function GitHub puts
+    ``success() &&`` in front; anything else is refused."""
+    expr = expr.strip().removeprefix("${{").removesuffix("}}").strip()
+    if not re.search(r"\b(always|success|failure|cancelled)\(\)", expr):
+        expr = f"success() && ({expr})"
+    tokens, pos = [], 0
+    while pos < len(expr):
+        m = _TOKEN.match(expr, pos)
+        if not m:
+            raise ValueError(f"outside the evaluator's subset: {expr[pos:]!r}")
+        tokens.append(m.group(1))
+        pos = m.end()
+    funcs = {
+        "always()": True,
+        "success()": all(results[a] == "success" for a in ancestors),
+        "failure()": any(results[a] == "failure" for a in ancestors),
+        "cancelled()": False,
+    }
+
+    def atom(i: int) -> tuple[Any, int]:
+        t = tokens[i]
+        if t == "(":
+            v, i = alt(i + 1)
+            assert tokens[i] == ")"
+            return v, i + 1
+        if t == "!":
+            v, i = cmp(i + 1)
+            return not v, i
+        if t.startswith("'"):
+            return t.strip("'"), i + 1
+        if t in funcs:
+            return funcs[t], i + 1
+        parts = t.split(".")
+        if len(parts) == 3 and parts[0] == "needs" and parts[2] == "result":
+            return needs[parts[1]], i + 1
+        raise ValueError(f"outside the evaluator's subset: {t!r}")
+
+    def cmp(i: int) -> tuple[Any, int]:
+        v, i = atom(i)
+        if i < len(tokens) and tokens[i] in ("==", "!="):
+            w, j = atom(i + 1)
+            return (v == w) if tokens[i] == "==" else (v != w), j
+        return v, i
+
+    def conj(i: int) -> tuple[Any, int]:
+        v, i = cmp(i)
+        while i < len(tokens) and tokens[i] == "&&":
+            w, i = cmp(i + 1)
+            v = bool(v) and bool(w)
+        return v, i
+
+    def alt(i: int) -> tuple[Any, int]:
+        v, i = conj(i)
+        while i < len(tokens) and tokens[i] == "||":
+            w, i = conj(i + 1)
+            v = bool(v) or bool(w)
+        return v, i
+
+    value, end = alt(0)
+    assert end == len(tokens), expr
+    return bool(value)
+
+
+def run_graph(wf: dict[str, Any], failing: set[str]) -> dict[str, str]:
+    """Every job's result when the jobs in ``failing`` fail (a matrix job fails when one
+    of its runs does): ``success``, ``failure`` or ``skipped``."""
+    jobs = wf["jobs"]
+    results: dict[str, str] = {}
+    while len(results) < len(jobs):
+        for name, job in jobs.items():
+            needs = job.get("needs", [])
+            needs = [needs] if isinstance(needs, str) else list(needs)
+            if name in results or any(n not in results for n in needs):
+                continue
+            ancestors, todo = [], list(needs)
+            while todo:
+                a = todo.pop()
+                if a not in ancestors:
+                    ancestors.append(a)
+                    up = jobs[a].get("needs", [])
+                    todo += [up] if isinstance(up, str) else list(up)
+            runs = job_if(str(job.get("if", "success()")), {n: results[n] for n in needs},
+                          ancestors, results)  # fmt: skip
+            results[name] = ("failure" if name in failing else "success") if runs else "skipped"
+    return results
+
+
+def test_the_evaluator_refuses_what_it_does_not_cover() -> None:
+    for expr in ("contains(a, 'b')", "github.ref == 'x'", "needs.a.outputs.x == '1'"):
+        with pytest.raises(ValueError, match="outside the evaluator's subset"):
+            job_if(expr, {"a": "success"}, ["a"], {"a": "success"})
+
+
+def test_fleet_release_canary_then_waves_then_rollback_on_any_failure() -> None:
+    wf = load("release-fleet.yml")
+    ran = run_graph(wf, set())
+    assert ran == {"canary": "success", "waves": "success", "rollback": "skipped"}
+    canary_failed = run_graph(wf, {"canary"})
+    assert canary_failed == {"canary": "failure", "waves": "skipped", "rollback": "success"}
+    wave_failed = run_graph(wf, {"waves"})
+    assert wave_failed == {"canary": "success", "waves": "failure", "rollback": "success"}
+    both = run_graph(wf, {"waves", "rollback"})  # a rollback that fails is a failed run
+    assert both["rollback"] == "failure"
+
+
+def test_fleet_release_jobs_run_on_each_boxs_own_runner_in_waves() -> None:
+    wf = load("release-fleet.yml")
+    on = wf[True] if True in wf else wf["on"]
+    assert list(on) == ["workflow_dispatch"]
+    assert wf["permissions"] == {}
+    jobs = wf["jobs"]
+    assert jobs["canary"]["environment"] == "production"  # one approval, before anything
+    assert jobs["canary"]["runs-on"][-1] == "${{ vars.SERVEGATE_CANARY }}"
+    waves = jobs["waves"]
+    assert waves["needs"] == "canary"
+    assert waves["runs-on"][-1] == "${{ matrix.host }}"
+    assert waves["strategy"]["fail-fast"] is True  # the first failure stops the rest
+    assert waves["strategy"]["max-parallel"] == "${{ fromJSON(vars.SERVEGATE_WAVE) }}"
+    back = jobs["rollback"]
+    assert back["strategy"]["fail-fast"] is False  # every box is rolled back
+    assert back["strategy"]["matrix"]["include"] == [{"host": "${{ vars.SERVEGATE_CANARY }}"}]
+    for job in jobs.values():
+        assert job["permissions"] == {}
+        assert "${{" not in job["steps"][0]["run"]  # inputs reach the shell through env
+    assert jobs["canary"]["steps"][0]["run"] == waves["steps"][0]["run"]
+
+
+@pytest.mark.parametrize(("live", "rolled"), [("a" * 40, True), ("b" * 40, False), ("", False)])
+def test_fleet_rollback_step_rolls_back_only_a_box_serving_the_new_sha(
+    tmp_path: Path, live: str, rolled: bool
+) -> None:
+    script = load("release-fleet.yml")["jobs"]["rollback"]["steps"][0]["run"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    status = {"result": {"current": {"sha": live} if live else None}}
+    (bin_dir / "status.json").write_text(json.dumps(status))  # what the box answers
+    (bin_dir / "release").write_text(
+        '#!/bin/sh\necho "release $*" >> "$CALLS"\n'
+        f'[ "$1" = status ] && cat {bin_dir}/status.json\nexit 0\n'
+    )
+    (bin_dir / "servegate").write_text('#!/bin/sh\necho "servegate $*" >> "$CALLS"\n')
+    for f in (bin_dir / "release", bin_dir / "servegate"):
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SHA": "a" * 40,
+           "RUNNER_TEMP": str(tmp_path), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+           "CALLS": str(tmp_path / "calls"), "SERVEGATE_CONFIG": ""}  # fmt: skip
+    subprocess.run(["bash", "-e", "-c", script], env=env, check=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls[0] == f"release status --config {tmp_path}/servegate.toml --json"
+    assert (f"release rollback --config {tmp_path}/servegate.toml --json" in calls) is rolled
+    if not rolled:
+        assert "nothing to roll back" in (tmp_path / "summary").read_text()
