@@ -341,6 +341,30 @@ def servegate_parser() -> argparse.ArgumentParser:
     )
     inst.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     inst.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
+    srv = rsub2.add_parser(
+        "serve", help="keep one fresh just-in-time runner ready (one runner a job, forever)"
+    )
+    srv.add_argument("--url", required=True, help="https://github.com/OWNER/REPO (or /ORG)")
+    srv.add_argument("--labels", default="self-hosted,linux,gfx1030", help="comma-separated")
+    srv.add_argument("--name", help="runner name prefix (default: the host name)")
+    srv.add_argument(
+        "--dir", type=Path, default=Path.home() / "actions-runner",
+        help="where the Actions runner is unpacked (default: ~/actions-runner)",
+    )  # fmt: skip
+    srv.add_argument("--api-url", default="https://api.github.com", help="the REST API's URL")
+    srv.add_argument("--runner-group", type=int, default=1, help="runner group id (1: Default)")
+    srv.add_argument("--token-env", default="GITHUB_TOKEN", help="variable holding a token")
+    srv.add_argument("--token-file", default="", help="a file (mode 0600) holding a token")
+    srv.add_argument("--app-id", default="", help="a GitHub App's id (with the two below)")
+    srv.add_argument("--installation-id", default="", help="the App's installation id")
+    srv.add_argument("--app-key", default="", help="the App's private key file (PEM, 0600)")
+    srv.add_argument("--turns", type=int, default=0, help="stop after N jobs (0: never)")
+    srv.add_argument(
+        "--write-unit", action="store_true",
+        help="write (and enable) the systemd user unit that keeps this manager running",
+    )  # fmt: skip
+    srv.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    srv.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
     hook = rsub2.add_parser("hook", help="a job hook (the runner calls it)")
     hook.add_argument("event", choices=["started", "completed"])
     hook.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
@@ -405,6 +429,8 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
 
         if args.runner_command == "hook":
             return runner.run_hook(args.event)
+        if args.runner_command == "serve":
+            return runner.run_serve(out, args, sys.argv[1:])
         return runner.run_install(
             out,
             args.url,

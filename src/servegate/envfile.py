@@ -40,6 +40,13 @@ def environ_with(path: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 def load(path: str | Path) -> dict[str, str]:
     """The file's names and values, checked (mode, owner, format)."""
+    return parse(read_private(path, "service.env_file"), str(path))
+
+
+def read_private(path: str | Path, what: str, fix: str = "") -> str:
+    """The text of a secret file, refused unless it is a regular file (not a link, not
+    a FIFO), owned by this user or root, readable by nobody else and small; ``what``
+    names it in the errors (``service.env_file``, ``--token-file``)."""
     where = str(path)
     try:
         # non-blocking: a FIFO planted at the path must not hang the open (it is refused
@@ -47,43 +54,42 @@ def load(path: str | Path) -> dict[str, str]:
         fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError(
-            f"service.env_file {where} does not exist",
-            hint=f"create it with one NAME=value a line, then: chmod 600 {where}",
+            f"{what} {where} does not exist",
+            hint=fix or f"create it with one NAME=value a line, then: chmod 600 {where}",
         ) from None
     except OSError as exc:
         raise ConfigError(
-            f"service.env_file {where} cannot be opened: {exc.strerror}"
+            f"{what} {where} cannot be opened: {exc.strerror}"
             + (" (a symbolic link is refused)" if os.path.islink(where) else ""),
-            hint="point service.env_file at the file itself, owned by this user, mode 0600",
+            hint=f"point {what} at the file itself, owned by this user, mode 0600",
         ) from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"service.env_file {where} is not a regular file")
+            raise ConfigError(f"{what} {where} is not a regular file")
         if st.st_uid not in (os.geteuid(), 0):
             raise ConfigError(
-                f"service.env_file {where} belongs to uid {st.st_uid}, not to the user "
+                f"{what} {where} belongs to uid {st.st_uid}, not to the user "
                 f"servegate runs as (uid {os.geteuid()})",
                 hint=f"chown {os.geteuid()} {where}",
             )
         if st.st_mode & 0o077:
             raise ConfigError(
-                f"service.env_file {where} is readable or writable by others "
+                f"{what} {where} is readable or writable by others "
                 f"(mode {stat.S_IMODE(st.st_mode):04o}): its secrets are not secret",
                 hint=f"chmod 600 {where}",
             )
         if st.st_size > MAX_BYTES:
             raise ConfigError(
-                f"service.env_file {where} is {st.st_size} bytes: more than a file of "
-                f"variables ({MAX_BYTES} bytes at most)",
-                hint="point service.env_file at the file of NAME=value lines",
+                f"{what} {where} is {st.st_size} bytes: more than a file of "
+                f"secrets ({MAX_BYTES} bytes at most)",
+                hint=f"point {what} at the right file",
             )
         raw = fh.read(MAX_BYTES + 1)
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(f"service.env_file {where} is not UTF-8 text") from None
-    return parse(text, where)
+        raise ConfigError(f"{what} {where} is not UTF-8 text") from None
 
 
 def parse(text: str, where: str = "service.env_file") -> dict[str, str]:

@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
+from servegate.engine.managers.systemd import unit_dir
+from servegate.errors import ConfigError
 from servegate.output import Output
-from servegate.runners import hooks
+from servegate.pipeline import proc
+from servegate.runners import hooks, manager
 from servegate.runners.install import RunnerSpec, default_name, install, plan
 
 
@@ -48,3 +53,44 @@ def run_install(
 
 def run_hook(event: str) -> int:
     return hooks.job_started(os.environ) if event == "started" else hooks.job_completed(os.environ)
+
+
+def run_serve(out: Output, args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``servegate runner serve``: the just-in-time runner loop, or its unit."""
+    spec = manager.ManagerSpec(
+        url=args.url,
+        name=args.name or default_name(),
+        labels=tuple(label for label in args.labels.split(",") if label),
+        directory=args.dir.resolve(),
+        api_url=args.api_url,
+        runner_group_id=args.runner_group,
+    )
+    manager.Scope.from_url(spec.url)  # a bad --url is refused before anything else
+    credentials = manager.Credentials.from_options(
+        os.environ, args.token_env, args.token_file, args.app_id, args.installation_id,
+        args.app_key,
+    )  # fmt: skip
+    if args.write_unit:
+        if credentials.token and not args.token_file:
+            raise ConfigError(
+                f"the unit cannot see {args.token_env} from this shell",
+                hint="give the unit a --token-file (mode 0600) or a GitHub App "
+                "(--app-id, --installation-id, --app-key)",
+            )
+        unit = unit_dir(dict(os.environ)) / manager.unit_name(spec)
+        unit.parent.mkdir(parents=True, exist_ok=True)
+        unit.write_text(manager.render_unit(spec, manager.unit_argv(argv)))
+        proc.run(["systemctl", "--user", "daemon-reload"], timeout=60)
+        proc.run(["systemctl", "--user", "enable", "--now", unit.name], timeout=60)
+        if out.json_mode:
+            return out.emit({"unit": str(unit)})
+        out.line(f"unit {unit} written, enabled and started")
+        return 0
+    api = manager.Api(spec, credentials)
+    try:
+        done = manager.serve(spec, api, os.environ, turns=args.turns)
+    finally:
+        api.close()
+    if out.json_mode:
+        return out.emit({"turns": [dataclasses.asdict(o) for o in done]})
+    return 0

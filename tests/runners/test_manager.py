@@ -1,0 +1,298 @@
+"""The runner manager against a local HTTP server that answers as GitHub's REST API
+documents it, and a real ``run.sh`` executable in the runner directory (the Actions
+runner's own program is the unit's edge: it would need GitHub to take a job).
+
+Documented shapes (docs.github.com/en/rest/actions/self-hosted-runners, API version
+2022-11-28):
+
+- ``POST /repos/{owner}/{repo}/actions/runners/generate-jitconfig`` with
+  ``{"name", "runner_group_id", "labels": [1..100], "work_folder"}`` → ``201
+  {"runner": {"id", "name", "os", "status", "busy", "labels": [...]}, "encoded_jit_config"}``;
+  a name already registered → 409, a bad token → 401, fields refused → 422.
+- ``POST /app/installations/{installation_id}/access_tokens`` authenticated by the App's
+  JWT (RS256; ``iat``, ``exp`` at most 10 minutes later, ``iss``) → ``201 {"token",
+  "expires_at"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from servegate.errors import ConfigError
+from servegate.runners import manager
+
+TOKEN = "github_pat_11AAAAtest"
+MINTED = "ghs_installationtoken"
+
+
+class GitHub:
+    """The two endpoints, with the checks GitHub makes, and a log of what was asked."""
+
+    def __init__(self, app_key: rsa.RSAPrivateKey) -> None:
+        self.public = app_key.public_key()
+        self.requests: list[dict[str, Any]] = []
+        self.names: set[str] = set()
+        self.next_id = 40
+        github = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(size) or b"{}")
+                seen = {"path": self.path, "headers": dict(self.headers), "body": body}
+                github.requests.append(seen)
+                status, answer = github.answer(self.path, self.headers, body)
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _jwt_ok(self, jwt: str) -> bool:
+        head, body, sig = jwt.split(".")
+        pad = "=" * (-len(sig) % 4)
+        try:
+            self.public.verify(base64.urlsafe_b64decode(sig + pad), f"{head}.{body}".encode(),
+                               padding.PKCS1v15(), hashes.SHA256())  # fmt: skip
+        except Exception:
+            return False
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        now = time.time()
+        return bool(claims["iat"] <= now and claims["exp"] - claims["iat"] <= 600
+                    and claims["exp"] > now and claims["iss"] == "1234")  # fmt: skip
+
+    def answer(self, path: str, headers: Any, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if headers.get("X-GitHub-Api-Version") != "2022-11-28":
+            return 400, {"message": "unsupported API version"}
+        if headers.get("Accept") != "application/vnd.github+json":
+            return 415, {"message": "Unsupported Media Type"}
+        auth = str(headers.get("Authorization", "")).removeprefix("Bearer ")
+        if path == "/app/installations/99/access_tokens":
+            if not self._jwt_ok(auth):
+                return 401, {"message": "A JSON web token could not be decoded"}
+            expires = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+            return 201, {"token": MINTED, "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        if path != "/repos/team/stack/actions/runners/generate-jitconfig":
+            return 404, {"message": "Not Found"}
+        if auth not in (TOKEN, MINTED):
+            return 401, {"message": "Bad credentials"}
+        labels = body.get("labels")
+        if (not isinstance(body.get("name"), str) or not isinstance(body.get("runner_group_id"), int)
+                or not isinstance(labels, list) or not 1 <= len(labels) <= 100):  # fmt: skip
+            return 422, {"message": "Invalid request."}
+        if body["name"] in self.names:
+            return 409, {"message": "Already exists - A runner with the same name already exists."}
+        self.names.add(body["name"])
+        self.next_id += 1
+        runner = {"id": self.next_id, "name": body["name"], "os": "unknown", "status": "offline",
+                  "busy": False, "labels": [{"id": 0, "name": n, "type": "read-only"}
+                                            for n in labels]}  # fmt: skip
+        encoded = base64.b64encode(json.dumps({"runner": self.next_id}).encode()).decode()
+        return 201, {"runner": runner, "encoded_jit_config": encoded}
+
+
+@pytest.fixture
+def app_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+@pytest.fixture
+def github(app_key: rsa.RSAPrivateKey) -> Iterator[GitHub]:
+    gh = GitHub(app_key)
+    thread = threading.Thread(target=gh.server.serve_forever, daemon=True)
+    thread.start()
+    yield gh
+    gh.server.shutdown()
+    gh.server.server_close()
+
+
+@pytest.fixture
+def runner_dir(tmp_path: Path) -> Path:
+    """An Actions runner directory whose run.sh takes its one job: it records what it
+    was given and leaves a process behind, as a sloppy job does."""
+    d = tmp_path / "actions-runner"
+    d.mkdir()
+    (d / "run.sh").write_text(
+        "#!/bin/sh\n"
+        f'echo "$* marker=$SERVEGATE_RUNNER" >> {d}/jobs.log\n'
+        f"sleep 300 &\necho $! >> {d}/children\n"
+        "exit 0\n"
+    )
+    (d / "run.sh").chmod(0o755)
+    return d
+
+
+def spec(github: GitHub, runner_dir: Path) -> manager.ManagerSpec:
+    return manager.ManagerSpec("https://github.com/team/stack", "box1",
+                               ("self-hosted", "linux", "box1"), runner_dir,
+                               api_url=github.url)  # fmt: skip
+
+
+def token_file(tmp_path: Path, mode: int = 0o600) -> str:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(mode)
+    return str(path)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.split(")")[-1].split()[0] != "Z"
+
+
+def test_a_fresh_runner_takes_each_job_and_what_it_left_is_ended(
+    github: GitHub, runner_dir: Path, tmp_path: Path
+) -> None:
+    creds = manager.Credentials.from_options({}, token_file=token_file(tmp_path))
+    s = spec(github, runner_dir)
+    api = manager.Api(s, creds)
+    lines: list[str] = []
+    try:
+        done = manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=2, log=lines.append)
+    finally:
+        api.close()
+    assert [o.exit_code for o in done] == [0, 0]
+    assert len({o.runner for o in done}) == 2  # a new runner (and name) a job
+    asked = [r for r in github.requests if r["path"].endswith("generate-jitconfig")]
+    assert len(asked) == 2
+    for r, outcome in zip(asked, done, strict=True):
+        assert r["headers"]["Authorization"] == f"Bearer {TOKEN}"
+        assert r["body"] == {"name": outcome.runner, "runner_group_id": 1,
+                             "labels": ["self-hosted", "linux", "box1"],
+                             "work_folder": "_work"}  # fmt: skip
+    jobs = (runner_dir / "jobs.log").read_text().splitlines()
+    encoded = [base64.b64encode(json.dumps({"runner": i}).encode()).decode() for i in (41, 42)]
+    assert jobs == [f"--jitconfig {e} marker=box1" for e in encoded]
+    # the process the job left behind was ended by the clean-up after it
+    for pid in map(int, (runner_dir / "children").read_text().split()):
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid), pid
+    assert not any(TOKEN in line or encoded[0] in line for line in lines)  # secrets unprinted
+
+
+def test_a_github_app_mints_one_installation_token_and_reuses_it(
+    github: GitHub, runner_dir: Path, tmp_path: Path, app_key: rsa.RSAPrivateKey
+) -> None:
+    pem = tmp_path / "app.pem"
+    pem.write_bytes(app_key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))  # fmt: skip
+    pem.chmod(0o600)
+    creds = manager.Credentials.from_options({}, app_id="1234", installation_id="99",
+                                             app_key=str(pem))  # fmt: skip
+    s = spec(github, runner_dir)
+    api = manager.Api(s, creds)
+    try:
+        done = manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=2, log=lambda _: None)
+    finally:
+        api.close()
+    assert [o.exit_code for o in done] == [0, 0]
+    paths = [r["path"] for r in github.requests]
+    assert paths.count("/app/installations/99/access_tokens") == 1
+    jit = [r for r in github.requests if r["path"].endswith("generate-jitconfig")]
+    assert all(r["headers"]["Authorization"] == f"Bearer {MINTED}" for r in jit)
+
+
+def test_a_forged_app_key_is_refused_by_github_and_no_runner_starts(
+    github: GitHub, runner_dir: Path, tmp_path: Path
+) -> None:
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = tmp_path / "other.pem"
+    pem.write_bytes(other.private_bytes(serialization.Encoding.PEM,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()))  # fmt: skip
+    pem.chmod(0o600)
+    creds = manager.Credentials.from_options({}, app_id="1234", installation_id="99",
+                                             app_key=str(pem))  # fmt: skip
+    s = spec(github, runner_dir)
+    api = manager.Api(s, creds)
+    lines: list[str] = []
+    try:
+        (done,) = manager.serve(s, api, {}, turns=1, pause=0, log=lines.append)
+    finally:
+        api.close()
+    assert "GitHub answered 401" in done.skipped
+    assert not (runner_dir / "jobs.log").exists()
+
+
+def test_a_bad_token_and_a_taken_name_say_what_to_do(
+    github: GitHub, runner_dir: Path, tmp_path: Path
+) -> None:
+    s = spec(github, runner_dir)
+    api = manager.Api(s, manager.Credentials(token="nope"))
+    try:
+        with pytest.raises(Exception, match="GitHub answered 401 Bad credentials") as err:
+            api.jitconfig("box1-x")
+        assert "wrong or expired" in str(getattr(err.value, "hint", ""))
+        api.credentials = manager.Credentials(token=TOKEN)
+        api.jitconfig("box1-y")
+        with pytest.raises(Exception, match="409") as err:
+            api.jitconfig("box1-y")
+        assert "already registered" in str(getattr(err.value, "hint", ""))
+    finally:
+        api.close()
+
+
+def test_secrets_come_from_private_files_or_the_environment_only(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="readable or writable by others"):
+        manager.Credentials.from_options({}, token_file=token_file(tmp_path, 0o644))
+    with pytest.raises(ConfigError, match="no token"):
+        manager.Credentials.from_options({})
+    assert manager.Credentials.from_options({"GH": " t \n"}, token_env="GH").token == "t"
+    with pytest.raises(ConfigError, match="together"):
+        manager.Credentials.from_options({}, app_id="1")
+    with pytest.raises(ConfigError, match="not https://HOST/OWNER/REPO"):
+        manager.Scope.from_url("team/stack")
+    assert manager.Scope.from_url("https://github.com/team").jit_path == (
+        "/orgs/team/actions/runners/generate-jitconfig"
+    )
+
+
+def test_the_unit_keeps_the_manager_running_and_carries_no_secret(
+    runner_dir: Path, tmp_path: Path
+) -> None:
+    s = manager.ManagerSpec("https://github.com/team/stack", "box1", ("x",), runner_dir)
+    argv = manager.unit_argv(["runner", "serve", "--url", s.url, "--token-file",
+                              "/home/u/.gh-token", "--write-unit"])  # fmt: skip
+    unit = manager.render_unit(s, argv)
+    assert "Restart=always" in unit
+    assert "--write-unit" not in unit
+    assert f'ExecStart="{sys.executable}" "-m" "servegate" "runner" "serve"' in unit
+    # the manager refuses to write a unit that could not see a token from this shell
+    run = subprocess.run(
+        [sys.executable, "-m", "servegate", "runner", "serve", "--url", s.url,
+         "--dir", str(runner_dir), "--token-env", "GH", "--write-unit"],
+        env={**os.environ, "GH": "secret", "XDG_CONFIG_HOME": str(tmp_path / "cfg")},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "cannot see GH" in run.stderr
+    assert not (tmp_path / "cfg").exists()
