@@ -1,0 +1,208 @@
+"""The Ansible collection (ansible/servegate/release): built with ansible-galaxy, installed,
+and its rolling playbook run by ansible-core against real sshd hosts in network
+namespaces (tests/sshlab.py), each running servegate itself: a good release across four
+hosts in batches, a failing canary, a failing second batch rolled back, an unreachable
+host. ansible-lint checks the collection."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from servegate import config as config_mod
+from servegate.engine.managers.supervisor import Supervisor
+from servegate.release.state import HostState
+from tests import sshlab
+from tests.conftest import Stack
+from tests.release.test_ssh import host_config
+
+ROOT = Path(__file__).resolve().parents[2]
+COLLECTION = ROOT / "ansible" / "ansible_collections" / "servegate" / "release"
+BIN = Path(sys.executable).parent
+WHY = sshlab.unavailable()
+
+
+def tool(name: str) -> str:
+    found = shutil.which(name, path=str(BIN))
+    if found is None:
+        pytest.skip(f"{name} is not installed (pip install '.[dev]')")
+    return found
+
+
+@pytest.fixture(scope="module")
+def collections(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The collection built into a tarball and installed from it, as a user would."""
+    work = tmp_path_factory.mktemp("galaxy")
+    galaxy = tool("ansible-galaxy")
+    subprocess.run([galaxy, "collection", "build", str(COLLECTION), "--output-path", str(work)],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    (tarball,) = work.glob("servegate-release-*.tar.gz")
+    target = work / "collections"
+    subprocess.run([galaxy, "collection", "install", "--offline", str(tarball), "-p",
+                    str(target)], check=True, capture_output=True, text=True)  # fmt: skip
+    assert (target / "ansible_collections/servegate/release/plugins/modules/release.py").exists()
+    return target
+
+
+def test_ansible_lint_reports_nothing(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [tool("ansible-lint"), "--offline", "--nocolor", "-q", str(COLLECTION)],
+        cwd=COLLECTION, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+             "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "ansible")},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+@pytest.fixture
+def lab(tmp_path: Path, stack: Stack) -> Iterator[sshlab.Lab]:
+    if WHY:
+        pytest.skip(f"no SSH lab here: {WHY}")
+    with sshlab.lab(tmp_path / "lab", 4) as the_lab:
+        for h in the_lab.hosts:
+            host_config(stack, h, tmp_path)
+        try:
+            yield the_lab
+        finally:
+            for h in the_lab.hosts:
+                Supervisor(config_mod.load(h.config, {})).shutdown_daemon()
+
+
+def inventory(lab: sshlab.Lab, tmp: Path) -> Path:
+    lines = ["[serving]"]
+    for h in lab.hosts:
+        lines.append(
+            f"box{h.index} ansible_host={h.address} ansible_user=root "
+            f"servegate_config={h.config} servegate_bin={sshlab.SERVEGATE}"
+        )
+    ssh_args = (f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
+                "-o ConnectTimeout=3")  # fmt: skip
+    lines += [
+        "[serving:vars]",
+        f"ansible_ssh_private_key_file={lab.client_key}",
+        f"ansible_ssh_common_args='{ssh_args}'",
+        f"ansible_python_interpreter={shutil.which('python3', path='/usr/bin:/bin')}",
+    ]
+    path = tmp / "inventory.ini"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def playbook(
+    collections: Path, lab: sshlab.Lab, tmp: Path, sha: str
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(collections),
+        "ANSIBLE_SHOW_CUSTOM_STATS": "true",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"),
+        "ANSIBLE_HOME": str(tmp / "ansible-home"),
+        "ANSIBLE_RETRY_FILES_ENABLED": "false",
+        # the lab's sshd has no sftp subsystem: modules travel through the session's pipe
+        "ANSIBLE_SSH_TRANSFER_METHOD": "piped",
+    }
+    run = subprocess.run(
+        [tool("ansible-playbook"), "servegate.release.rolling", "-i", str(inventory(lab, tmp)),
+         "-e", f"servegate_sha={sha}", "-e", "servegate_batch=2"],
+        env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    with (tmp / "ansible.log").open("a") as log:  # every run's output, for a failing test
+        log.write(f"== {sha}\n{run.stdout}\n{run.stderr}\n")
+    return run
+
+
+def live(h: sshlab.LabHost) -> str | None:
+    current = HostState.load(h.root / "state.json").current
+    return current.sha if current else None
+
+
+def recap(out: str) -> dict[str, dict[str, int]]:
+    rows = {}
+    for m in re.finditer(r"^(box\d)\s*:\s*(.*)$", out, re.MULTILINE):
+        rows[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    return rows
+
+
+def stats(out: str) -> dict[str, str]:
+    m = re.search(r"CUSTOM STATS: \*+\s*\n\s*RUN: (\{.*\})", out)
+    assert m, out[-3000:]
+    found: dict[str, str] = json.loads(m.group(1))["servegate"]
+    return found
+
+
+def test_a_good_release_goes_canary_first_then_in_batches(
+    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+) -> None:
+    good = stack.commit("ok", "good")
+    run = playbook(collections, lab, tmp_path, good)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
+    assert [live(h) for h in lab.hosts] == [good] * 4
+    # the canary alone, then two batches of two: three plays' worth of batches
+    assert run.stdout.count("PLAY [Canary first, then batches]") == 3
+    rows = recap(run.stdout)
+    assert all(rows[f"box{i}"]["changed"] == 1 for i in range(1, 5)), rows
+    assert stats(run.stdout) == {f"box{i}": "released, gate PASS" for i in range(1, 5)}
+
+
+def test_a_failing_canary_stops_before_any_other_host(
+    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+) -> None:
+    good = stack.commit("ok", "good")
+    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    bad = stack.commit("exit", "does not start")
+    run = playbook(collections, lab, tmp_path, bad)
+    assert run.returncode != 0
+    assert [live(h) for h in lab.hosts] == [good] * 4  # the canary rolled itself back
+    assert "servegate release promote exited 7" in run.stdout
+    assert run.stdout.count("PLAY [Canary first, then batches]") == 1
+    assert stats(run.stdout) == {"box1": "rolled_back (exit 7)"}
+
+
+def test_a_failing_second_batch_is_rolled_back_and_the_rest_untouched(
+    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+) -> None:
+    good = stack.commit("ok", "good")
+    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    third = lab.hosts[2]
+    third.config.write_text(  # its launch now fails lint: refused before its switch
+        third.config.read_text().replace(
+            'TINY_SECRET_TOKEN = "hunter2"',
+            'TINY_SECRET_TOKEN = "hunter2"\nPYTORCH_TUNABLEOP_ENABLED = "1"',
+        )
+    )
+    nxt = stack.commit("ok", "next")
+    run = playbook(collections, lab, tmp_path, nxt)
+    assert run.returncode != 0
+    # canary keeps the new release; box2 took it and went back with its batch; box3
+    # refused it; box4 (the next batch) was never asked
+    assert [live(h) for h in lab.hosts] == [nxt, good, good, good]
+    assert "servegate release promote exited 15" in run.stdout
+    assert "rolled back in this batch: ['box2']" in run.stdout
+    assert stats(run.stdout) == {
+        "box1": "released, gate PASS",
+        "box2": "released, then rolled back with its batch",
+        "box3": "failed (exit 15)",
+    }
+
+
+def test_an_unreachable_host_stops_the_rollout_before_anything_changes(
+    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+) -> None:
+    good = stack.commit("ok", "good")
+    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    lab.stop(lab.hosts[3])
+    nxt = stack.commit("ok", "next")
+    run = playbook(collections, lab, tmp_path, nxt)
+    assert run.returncode != 0
+    assert "UNREACHABLE" in run.stdout
+    assert [live(h) for h in lab.hosts] == [good] * 4  # the survey stopped it
+    assert "Promote the release on this host" not in run.stdout
