@@ -136,7 +136,8 @@ def runner_dir(tmp_path: Path) -> Path:
     d.mkdir()
     (d / "run.sh").write_text(
         "#!/bin/sh\n"
-        f'echo "$* marker=$SERVEGATE_RUNNER" >> {d}/jobs.log\n'
+        f'echo "args=$* jit=$ACTIONS_RUNNER_INPUT_JITCONFIG marker=$SERVEGATE_RUNNER" >> {d}/jobs.log\n'
+        f"cat /proc/$$/cmdline >> {d}/cmdlines\n"
         f"sleep 300 &\necho $! >> {d}/children\n"
         "exit 0\n"
     )
@@ -188,7 +189,10 @@ def test_a_fresh_runner_takes_each_job_and_what_it_left_is_ended(
                              "work_folder": "_work"}  # fmt: skip
     jobs = (runner_dir / "jobs.log").read_text().splitlines()
     encoded = [base64.b64encode(json.dumps({"runner": i}).encode()).decode() for i in (41, 42)]
-    assert jobs == [f"--jitconfig {e} marker=box1" for e in encoded]
+    assert jobs == [f"args= jit={e} marker=box1" for e in encoded]
+    # the configuration never sat on a command line another user of the box can read
+    assert encoded[0] not in (runner_dir / "cmdlines").read_text()
+    assert "ACTIONS_RUNNER_INPUT_JITCONFIG" not in os.environ
     # the process the job left behind was ended by the clean-up after it
     for pid in map(int, (runner_dir / "children").read_text().split()):
         deadline = time.monotonic() + 10

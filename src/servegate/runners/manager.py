@@ -5,7 +5,7 @@ it again. The manager closes that loop: before each job it runs the job-start ch
 (leftover processes of an earlier job ended, the GPUs idle: :mod:`runners.hooks`),
 asks GitHub for a just-in-time runner configuration (the REST API's
 ``generate-jitconfig``: a single-use registration for one runner and one job, nothing
-to deregister), starts ``run.sh --jitconfig`` for exactly that job, cleans up after it,
+to deregister), starts ``run.sh`` with it for exactly that job, cleans up after it,
 and starts over. A systemd user unit (``--write-unit``) keeps the manager itself
 running across crashes and reboots.
 
@@ -20,8 +20,10 @@ Authentication, from the environment or a file only this user can read:
   expires.
 
 The requests follow GitHub's documented shapes (``X-GitHub-Api-Version: 2022-11-28``);
-the JIT configuration is a secret: it reaches ``run.sh`` on its command line (the
-runner's only way to take it), and is never printed or written. The JWT is signed here
+the JIT configuration is a secret: it reaches ``run.sh`` in its environment
+(``ACTIONS_RUNNER_INPUT_JITCONFIG``, readable only by this user, where ``--jitconfig``
+on the command line would be readable by every user of the box), and is never printed
+or written. The JWT is signed here
 with ``cryptography`` (already a dependency through Paramiko) rather than PyJWT: three
 base64url fields and one RSA signature.
 """
@@ -47,6 +49,8 @@ from servegate.errors import ConfigError, PreflightFailed
 from servegate.runners import hooks
 
 API_VERSION = "2022-11-28"
+#: how the Actions runner takes a just-in-time configuration besides ``--jitconfig``
+JIT_VARIABLE = "ACTIONS_RUNNER_INPUT_JITCONFIG"
 REPO_URL = re.compile(r"^https://[^/]+/(?P<owner>[\w.-]+)(?:/(?P<repo>[\w.-]+))?/?$")
 
 
@@ -269,8 +273,11 @@ def one_turn(
         )
     runner_id, encoded = api.jitconfig(name)
     log(f"servegate: runner {name} (id {runner_id}) waits for one job")
+    # in the runner's environment (ACTIONS_RUNNER_INPUT_JITCONFIG, which the runner reads
+    # and clears), not on its command line: /proc/PID/cmdline is readable by every user on
+    # the box, /proc/PID/environ only by this one
     done = subprocess.run(
-        [str(run_sh), "--jitconfig", encoded], cwd=spec.directory, env=env, check=False
+        [str(run_sh)], cwd=spec.directory, env={**env, JIT_VARIABLE: encoded}, check=False
     )
     log(f"servegate: runner {name} exited {done.returncode}")
     after({**env, "GITHUB_WORKSPACE": str(spec.directory / spec.work_folder)})
