@@ -322,3 +322,63 @@ def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: P
     assert page.count("<td>saturated</td>") == 2
     assert page.count("<td>knee</td>") == 2
     assert "<td>0.600</td>" in page  # release b's TTFT p99 in seconds: 0.2 s x 3
+
+
+def _bench_at(url: str) -> Any:
+    from servegate.bench import cases, fixtures
+    from servegate.bench.runner import Bench
+    from servegate.engine import adapters
+    from servegate.engine.openai import Endpoint
+
+    spec = cases.Spec(Endpoint(url, "k3y", adapters.by_name("openai")), "m",
+                      cases.parse_cases(["regular"], ["1k"], [1]), max_tokens=8,
+                      warmup=False, timeout=5.0)  # fmt: skip
+    bench = Bench(spec, None)
+    bench.prompts = {"regular-1k": fixtures.load("regular").head(2000)}
+    return bench
+
+
+def test_a_server_that_refuses_or_errs_fails_every_request_it_got() -> None:
+    """Real sockets: a port nobody listens on, and a server answering 503 (whose body
+    must not be taken for a stream). Every request is failed with its reason; none is
+    counted as completed or good."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Busy(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"error": {"message": "overloaded"}}'
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    spec = load.LoadSpec("rate", (10.0,), duration_s=1.0, slo=load.parse_goodput("e2el:10s"))
+    try:
+        for url, why in ((f"http://127.0.0.1:{server.server_address[1]}", "HTTP 503"),
+                         (f"http://127.0.0.1:{closed}", "cannot connect")):  # fmt: skip
+            p = load.Load(_bench_at(url), spec, None).point(10.0)
+            assert p["requests"] > 0
+            assert p["completed"] == 0
+            assert p["failed"] == p["requests"]
+            assert p["good_requests"] == 0
+            assert any(why in e for e in p["errors"]), p["errors"]
+            assert "request(s) failed" in load.saturation(p, None, None, spec)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen
+    assert set(seen) == {"Bearer k3y"}  # the API key travels with every request

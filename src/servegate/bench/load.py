@@ -20,11 +20,14 @@ saturated (:func:`saturation`): the queue grew through the point, TTFT exploded 
 the first point, requests failed, or (closed loop) more clients no longer bought more
 throughput. The knee is the last point before that.
 
-Why an event loop (asyncio with ``httpx.AsyncClient``) and not the bench's threads: an
-open-loop arrival must leave when it is due, whatever the streams in flight are doing;
-a thread a request pays its start and waits on the interpreter lock. Each request
-records its lag (sent - due), and the result reports it: a lag that is not small means
-the client, not the server, set the load.
+Why an event loop (asyncio with aiohttp, the client ``vllm bench serve`` uses) and not
+the bench's threads and httpx: an open-loop arrival must leave when it is due, whatever
+the streams in flight are doing; a thread a request pays its start and waits on the
+interpreter lock, and httpx's async stack costs about three times aiohttp's CPU a
+request (``benchmarks/load_client_lag.py``: p99 lag 1.8 ms vs 1.1 ms at 100 req/s, and
+200 ms vs 1.6 ms at 200 req/s on two cores). Each request records its lag (sent -
+due), and the result reports it: a lag that is not small means the client, not the
+server, set the load.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from servegate.bench import cases, client, fixtures, prom, sse, telemetry
 from servegate.bench.runner import Bench
@@ -214,36 +217,46 @@ class _Sent:
     in_flight: int = 0
 
 
-async def _send(http: httpx.AsyncClient, bench: Bench, request: httpx.Request, sent: _Sent) -> None:
-    """One streamed chat completion on the event loop (the bench's sync client, async).
-    The request is built (its body encoded) before it is due."""
+async def _send(http: aiohttp.ClientSession, bench: Bench, payload: bytes, sent: _Sent) -> None:
+    """One streamed chat completion on the event loop. The body is encoded before the
+    request is due; the clock starts as it is sent."""
     endpoint = bench.spec.endpoint
     stream = sent.stream
     stream.started = sse.now()
     try:
-        resp = await http.send(request, stream=True)
-        try:
-            stream.http_status = resp.status_code
-            if resp.status_code != 200:
-                await resp.aread()
-                stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+        async with http.post(
+            f"{endpoint.base_url}/v1/chat/completions",
+            data=payload,
+            headers={**endpoint.headers, "Content-Type": "application/json"},
+        ) as resp:
+            stream.http_status = resp.status
+            if resp.status != 200:
+                text = await resp.text(errors="replace")
+                stream.error = f"HTTP {resp.status}: {text[:300]}"
                 return
-            async for line in resp.aiter_lines():
-                if sse.feed(line, stream, sse.now):
+            async for raw in resp.content:  # one line at a time
+                if sse.feed(raw.decode(errors="replace").rstrip("\r\n"), stream, sse.now):
                     break
-        finally:
-            await resp.aclose()
-    except httpx.TimeoutException:
+    except TimeoutError:
         stream.error = f"no answer within {bench.spec.timeout:g}s"
-    except httpx.ConnectError as exc:
-        stream.error = f"cannot connect to {endpoint.shown_url}: {exc}"
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientConnectorError as exc:
+        stream.error = f"cannot connect to {endpoint.shown_url}: {exc.os_error}"
+    except (aiohttp.ClientError, ValueError) as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
     client.ended(stream, endpoint)
 
 
-def _request(http: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Request:
-    return http.build_request("POST", "/v1/chat/completions", json=client.streaming(body))
+def _payload(body: dict[str, Any]) -> bytes:
+    return json.dumps(client.streaming(body)).encode()
+
+
+def _session(bench: Bench) -> aiohttp.ClientSession:
+    """Connections unbounded (an arrival never waits for a free one), the request's
+    whole time bounded by the bench's timeout."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=bench.spec.timeout),
+    )
 
 
 async def _until(due: float) -> None:
@@ -417,17 +430,17 @@ class Load:
         offsets = arrivals(rate, self.load.duration_s, self.load.burstiness, self.rng)
         keys = sorted(self.bench.prompts)
         tasks: set[asyncio.Task[None]] = set()
-        async with self.bench.spec.endpoint.async_client(self.bench.spec.timeout, None) as http:
+        async with _session(self.bench) as http:
             start = sse.now() + 0.05
             for i, offset in enumerate(offsets):
                 key = self.rng.choice(keys)
                 body = self._body(key, f"{self.bench.scope}-load-r{rate:g}-{i:05d}")
-                request = _request(http, body)
+                payload = _payload(body)
                 one = _Sent(key, start + offset, sse.Stream(started=0.0, stamps=[]))
                 sent.append(one)
                 await _until(one.due)
                 one.in_flight = len(tasks)
-                task = asyncio.create_task(_send(http, self.bench, request, one))
+                task = asyncio.create_task(_send(http, self.bench, payload, one))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
                 await asyncio.sleep(0)  # the request leaves now, before the next is built
@@ -441,9 +454,7 @@ class Load:
     async def _closed_loop(self, clients: int, sent: list[_Sent]) -> None:
         keys = sorted(self.bench.prompts)
         in_flight = [0]
-        async with self.bench.spec.endpoint.async_client(
-            self.bench.spec.timeout, clients + 4
-        ) as http:
+        async with _session(self.bench) as http:
             start = sse.now()
             stop = start + self.load.duration_s
 
@@ -456,7 +467,7 @@ class Load:
                     sent.append(one)
                     in_flight[0] += 1
                     try:
-                        await _send(http, self.bench, _request(http, body), one)
+                        await _send(http, self.bench, _payload(body), one)
                     finally:
                         in_flight[0] -= 1
                     n += 1

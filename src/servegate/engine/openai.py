@@ -39,21 +39,14 @@ class Endpoint:
         return self.engine or VLLM
 
     @property
-    def _headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
+        """What every request carries (the API key, when there is one)."""
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def client(self, timeout: float, connections: int = 10) -> httpx.Client:
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         return httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers=self._headers, limits=limits
-        )
-
-    def async_client(self, timeout: float, connections: int | None) -> httpx.AsyncClient:
-        """The same, for an event loop (the load bench's arrivals); ``None``: as many
-        connections as requests in flight (an open loop never waits for a free one)."""
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        return httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, headers=self._headers, limits=limits
+            base_url=self.base_url, timeout=timeout, headers=self.headers, limits=limits
         )
 
 
