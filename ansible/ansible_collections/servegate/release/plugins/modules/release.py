@@ -110,8 +110,11 @@ def _gate(result):
 def main():
     module = AnsibleModule(
         argument_spec={
-            "action": {"type": "str", "required": True,
-                       "choices": ["promote", "rollback", "status", "verify"]},
+            "action": {
+                "type": "str",
+                "required": True,
+                "choices": ["promote", "rollback", "status", "verify"],
+            },
             "sha": {"type": "str"},
             "to": {"type": "str"},
             "config": {"type": "path", "default": "~/servegate.toml"},
@@ -133,30 +136,54 @@ def main():
         argv += ["--to", p["to"]]
     argv += ["--config", p["config"], "--json"]
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=p["timeout"],
-                              check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=p["timeout"], check=False
+        )
     except FileNotFoundError:
-        module.fail_json(msg=f"{p['servegate']} not found on the host", exit_code=127,
-                         verdict="failed", servegate={}, cmd=argv)
+        module.fail_json(
+            msg=f"{p['servegate']} not found on the host",
+            exit_code=127,
+            verdict="failed",
+            servegate={},
+            cmd=argv,
+        )
     except subprocess.TimeoutExpired:
-        module.fail_json(msg=f"servegate release {action} ran past {p['timeout']} s",
-                         exit_code=124, verdict="failed", servegate={}, cmd=argv)
+        module.fail_json(
+            msg=f"servegate release {action} ran past {p['timeout']} s",
+            exit_code=124,
+            verdict="failed",
+            servegate={},
+            cmd=argv,
+        )
     code, out, err = done.returncode, done.stdout, done.stderr
     try:
         doc = json.loads(out)
     except ValueError:
-        module.fail_json(msg=f"servegate answered no JSON (exit {code}): {err.strip()[-800:]}",
-                         exit_code=code, verdict="failed", servegate={}, cmd=argv)
+        module.fail_json(
+            msg=f"servegate answered no JSON (exit {code}): {err.strip()[-800:]}",
+            exit_code=code,
+            verdict="failed",
+            servegate={},
+            cmd=argv,
+        )
     result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
     error = doc.get("error") if isinstance(doc.get("error"), dict) else {}
     verdict = result.get("verdict") or ("ok" if code == 0 else "failed")
-    answer = {"servegate": result, "exit_code": code, "verdict": verdict, "sha": _live(result),
-              "gate": _gate(result)}
+    answer = {
+        "servegate": result,
+        "exit_code": code,
+        "verdict": verdict,
+        "sha": _live(result),
+        "gate": _gate(result),
+    }
     if code != 0:
         reason = error.get("message") or result.get("reason") or err.strip()[-400:]
         hint = error.get("hint") or ""
-        module.fail_json(msg=f"servegate release {action} exited {code}: {reason}"
-                         + (f" ({hint})" if hint else ""), **answer)
+        module.fail_json(
+            msg=f"servegate release {action} exited {code}: {reason}"
+            + (f" ({hint})" if hint else ""),
+            **answer,
+        )
     changed = (action == "promote" and verdict == "released") or action == "rollback"
     module.exit_json(changed=changed, **answer)
 
