@@ -430,7 +430,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         if args.runner_command == "hook":
             return runner.run_hook(args.event)
         if args.runner_command == "serve":
-            return runner.run_serve(out, args, sys.argv[1:])
+            return runner.run_serve(out, args)
         return runner.run_install(
             out,
             args.url,

@@ -175,7 +175,8 @@ def test_a_fresh_runner_takes_each_job_and_what_it_left_is_ended(
     api = manager.Api(s, creds)
     lines: list[str] = []
     try:
-        done = manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=2, log=lines.append)
+        done = manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=2, log=lines.append,
+                             sleep=lambda _: None)  # a stand-in job ends at once  # fmt: skip
     finally:
         api.close()
     assert [o.exit_code for o in done] == [0, 0]
@@ -215,7 +216,8 @@ def test_a_github_app_mints_one_installation_token_and_reuses_it(
     s = spec(github, runner_dir)
     api = manager.Api(s, creds)
     try:
-        done = manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=2, log=lambda _: None)
+        done = manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=2,
+                             log=lambda _: None, sleep=lambda _: None)  # fmt: skip
     finally:
         api.close()
     assert [o.exit_code for o in done] == [0, 0]
@@ -284,12 +286,20 @@ def test_the_unit_keeps_the_manager_running_and_carries_no_secret(
     runner_dir: Path, tmp_path: Path
 ) -> None:
     s = manager.ManagerSpec("https://github.com/team/stack", "box1", ("x",), runner_dir)
-    argv = manager.unit_argv(["runner", "serve", "--url", s.url, "--token-file",
-                              "/home/u/.gh-token", "--write-unit"])  # fmt: skip
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:  # relative paths as typed become the unit's absolute ones
+        argv = manager.unit_argv(s, token_file="tok")
+        app = manager.unit_argv(s, app=("1", "2", "keys/app.pem"))
+    finally:
+        os.chdir(here)
     unit = manager.render_unit(s, argv)
     assert "Restart=always" in unit
     assert "--write-unit" not in unit
     assert f'ExecStart="{sys.executable}" "-m" "servegate" "runner" "serve"' in unit
+    assert argv[argv.index("--token-file") + 1] == str(tmp_path / "tok")
+    assert argv[argv.index("--dir") + 1] == str(runner_dir)
+    assert app[app.index("--app-key") + 1] == str(tmp_path / "keys/app.pem")
     # the manager refuses to write a unit that could not see a token from this shell
     run = subprocess.run(
         [sys.executable, "-m", "servegate", "runner", "serve", "--url", s.url,
@@ -300,3 +310,95 @@ def test_the_unit_keeps_the_manager_running_and_carries_no_secret(
     assert run.returncode == 2, run.stderr
     assert "cannot see GH" in run.stderr
     assert not (tmp_path / "cfg").exists()
+
+
+def test_a_runner_that_fails_at_once_backs_off_instead_of_registering_in_a_loop(
+    github: GitHub, runner_dir: Path
+) -> None:
+    (runner_dir / "run.sh").write_text("#!/bin/sh\nexit 1\n")
+    s = spec(github, runner_dir)
+    api = manager.Api(s, manager.Credentials(token=TOKEN))
+    waits: list[float] = []
+    try:
+        done = manager.serve(s, api, {}, turns=6, pause=1.0, log=lambda _: None,
+                             sleep=waits.append)  # fmt: skip
+    finally:
+        api.close()
+    assert [o.exit_code for o in done] == [1] * 6
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0]  # doubling, up to MAX_PAUSE
+
+
+def test_a_job_never_sees_the_token_that_registers_runners(
+    github: GitHub, runner_dir: Path
+) -> None:
+    (runner_dir / "run.sh").write_text(
+        f"#!/bin/sh\nenv | grep -E 'TOKEN|MY_GH' >> {runner_dir}/env.log\nexit 0\n"
+    )
+    s = spec(github, runner_dir)
+    api = manager.Api(s, manager.Credentials(token=TOKEN))
+    environ = {"PATH": os.environ["PATH"], "GITHUB_TOKEN": TOKEN, "GH_TOKEN": TOKEN,
+               "MY_GH": TOKEN, "KEEP": "1"}  # fmt: skip
+    try:
+        manager.serve(s, api, environ, turns=1, log=lambda _: None,
+                      hidden=(*manager.CREDENTIAL_VARIABLES, "MY_GH"))  # fmt: skip
+    finally:
+        api.close()
+    seen = (runner_dir / "env.log").read_text() if (runner_dir / "env.log").exists() else ""
+    assert TOKEN not in seen
+
+
+def test_a_bad_app_key_or_an_odd_answer_is_a_clear_error_not_a_crash(
+    runner_dir: Path, tmp_path: Path
+) -> None:
+    pem = tmp_path / "bad.pem"
+    pem.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    pem.chmod(0o600)
+    with pytest.raises(ConfigError, match="not a PEM private key"):
+        manager.Credentials.from_options({}, app_id="1", installation_id="2", app_key=str(pem))
+
+    class Html(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = b"<html>a proxy's login page</html>"
+            self.send_response(201)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        s = manager.ManagerSpec("https://github.com/team/stack", "box1", ("x",), runner_dir,
+                                api_url=f"http://127.0.0.1:{server.server_address[1]}")  # fmt: skip
+        api = manager.Api(s, manager.Credentials(token=TOKEN))
+        try:
+            (done,) = manager.serve(s, api, {}, turns=1, log=lambda _: None)
+        finally:
+            api.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "not a JSON object" in done.skipped
+    assert not (runner_dir / "jobs.log").exists()
+
+
+def test_runner_serve_that_never_got_a_runner_exits_non_zero(
+    runner_dir: Path, tmp_path: Path
+) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    run = subprocess.run(
+        [sys.executable, "-m", "servegate", "runner", "serve", "--url",
+         "https://github.com/team/stack", "--dir", str(runner_dir), "--token-env", "GH",
+         "--api-url", f"http://127.0.0.1:{closed}", "--turns", "1"],
+        env={**os.environ, "GH": TOKEN}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode not in (0, 70), run.stderr
+    assert "none of 1 turn(s) got a runner" in run.stderr
+    assert TOKEN not in run.stdout + run.stderr

@@ -3,11 +3,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from servegate.engine.managers.systemd import unit_dir
-from servegate.errors import ConfigError
+from servegate.errors import ConfigError, PreflightFailed
 from servegate.output import Output
 from servegate.pipeline import proc
 from servegate.runners import hooks, manager
@@ -55,7 +54,7 @@ def run_hook(event: str) -> int:
     return hooks.job_started(os.environ) if event == "started" else hooks.job_completed(os.environ)
 
 
-def run_serve(out: Output, args: argparse.Namespace, argv: Sequence[str]) -> int:
+def run_serve(out: Output, args: argparse.Namespace) -> int:
     """``servegate runner serve``: the just-in-time runner loop, or its unit."""
     spec = manager.ManagerSpec(
         url=args.url,
@@ -77,20 +76,30 @@ def run_serve(out: Output, args: argparse.Namespace, argv: Sequence[str]) -> int
                 hint="give the unit a --token-file (mode 0600) or a GitHub App "
                 "(--app-id, --installation-id, --app-key)",
             )
+        app = (args.app_id, args.installation_id, args.app_key) if args.app_id else None
+        unit_argv = manager.unit_argv(spec, args.token_env, args.token_file, app)
         unit = unit_dir(dict(os.environ)) / manager.unit_name(spec)
         unit.parent.mkdir(parents=True, exist_ok=True)
-        unit.write_text(manager.render_unit(spec, manager.unit_argv(argv)))
+        unit.write_text(manager.render_unit(spec, unit_argv))
         proc.run(["systemctl", "--user", "daemon-reload"], timeout=60)
         proc.run(["systemctl", "--user", "enable", "--now", unit.name], timeout=60)
         if out.json_mode:
             return out.emit({"unit": str(unit)})
         out.line(f"unit {unit} written, enabled and started")
         return 0
+    hidden = (*manager.CREDENTIAL_VARIABLES, args.token_env)
     api = manager.Api(spec, credentials)
     try:
-        done = manager.serve(spec, api, os.environ, turns=args.turns)
+        done = manager.serve(spec, api, os.environ, turns=args.turns, hidden=hidden)
     finally:
         api.close()
+    # a bounded run in which no runner ever got going failed
+    code = PreflightFailed.exit_code if done and all(o.skipped for o in done) else 0
     if out.json_mode:
-        return out.emit({"turns": [dataclasses.asdict(o) for o in done]})
-    return 0
+        return out.emit({"turns": [dataclasses.asdict(o) for o in done]}, code)
+    if code:
+        out.err.print(
+            f"runner serve: none of {len(done)} turn(s) got a runner: {done[-1].skipped}",
+            markup=False,
+        )
+    return code

@@ -82,6 +82,23 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
+def check_key(pem: bytes, where: str = "--app-key") -> None:
+    """The App's key is read when the manager starts, not at its first job."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"{where} is not a PEM private key without a passphrase ({exc})",
+            hint="download the App's private key (Settings → Developer settings → GitHub "
+            "Apps → Private keys) and point --app-key at the .pem file",
+        ) from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise ConfigError(f"{where} is not an RSA private key (GitHub Apps sign with RS256)")
+
+
 def app_jwt(app_id: str, pem: bytes, now: float | None = None) -> str:
     """The JWT a GitHub App authenticates with: RS256, issued 60 s in the past (clock
     drift), valid 9 minutes (GitHub allows 10)."""
@@ -127,6 +144,7 @@ class Credentials:
                 )
             pem = envfile.read_private(app_key, "--app-key", fix="save the App's private key "
                                        f"there and chmod 600 {app_key}").encode()  # fmt: skip
+            check_key(pem, app_key)
             return cls(app_id=app_id, installation_id=installation_id, app_key=pem)
         if token_file:
             token = envfile.read_private(token_file, "--token-file").strip()
@@ -167,12 +185,17 @@ class Credentials:
         return minted
 
 
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
 def _answer(resp: httpx.Response, want: int, what: str) -> dict[str, Any]:
     if resp.status_code != want:
-        try:
-            message = str(resp.json().get("message", ""))
-        except ValueError:
-            message = resp.text[:200]
+        body = _json(resp)
+        message = str(body.get("message", "")) if isinstance(body, dict) else resp.text[:200]
         hint = {
             401: "the token or the App's key is wrong or expired",
             403: "the token lacks the permission (Administration: write on the repository, "
@@ -184,9 +207,13 @@ def _answer(resp: httpx.Response, want: int, what: str) -> dict[str, Any]:
             422: "GitHub refused the request's fields (name, labels, runner group)",
         }.get(resp.status_code, "see GitHub's message")
         raise PreflightFailed(f"{what}: GitHub answered {resp.status_code} {message}", hint=hint)
-    body = resp.json()
+    body = _json(resp)
     if not isinstance(body, dict):
-        raise PreflightFailed(f"{what}: GitHub's answer is not an object")
+        raise PreflightFailed(
+            f"{what}: GitHub's answer is not a JSON object",
+            hint="check --api-url: it must be the REST API (https://api.github.com, or "
+            "https://HOST/api/v3 on GitHub Enterprise Server)",
+        )
     return body
 
 
@@ -249,6 +276,16 @@ class Outcome:
     runner_id: int = 0
     exit_code: int | None = None
     skipped: str = ""
+    seconds: float = 0.0
+
+    @property
+    def bad(self) -> bool:
+        """No job ran well: skipped, or the runner failed or gave up at once."""
+        return bool(self.skipped) or self.exit_code != 0 or self.seconds < QUICK_EXIT
+
+
+#: variables that hold GitHub credentials, never passed to a job
+CREDENTIAL_VARIABLES = ("GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN", "GITHUB_PAT")
 
 
 def one_turn(
@@ -259,10 +296,13 @@ def one_turn(
     log: Callable[[str], None] = print,
     before: Callable[[Mapping[str, str]], int] = hooks.job_started,
     after: Callable[[Mapping[str, str]], int] = hooks.job_completed,
+    hidden: Sequence[str] = CREDENTIAL_VARIABLES,
 ) -> Outcome:
     """Checks, a fresh runner for one job, clean-up."""
     name = f"{spec.name}-{int(time.time())}-{turn}"
-    env = {**environ, hooks.MARKER: spec.name}
+    # a job must never see the token that registers runners (jobs read the runner's
+    # environment): only the one-job configuration goes to run.sh
+    env = {k: v for k, v in environ.items() if k not in hidden} | {hooks.MARKER: spec.name}
     if before(env) != 0:
         return Outcome(name, skipped="the job-start checks failed (see above): no runner offered")
     run_sh = spec.directory / "run.sh"
@@ -273,6 +313,7 @@ def one_turn(
         )
     runner_id, encoded = api.jitconfig(name)
     log(f"servegate: runner {name} (id {runner_id}) waits for one job")
+    started = time.monotonic()
     # in the runner's environment (ACTIONS_RUNNER_INPUT_JITCONFIG, which the runner reads
     # and clears), not on its command line: /proc/PID/cmdline is readable by every user on
     # the box, /proc/PID/environ only by this one
@@ -281,7 +322,13 @@ def one_turn(
     )
     log(f"servegate: runner {name} exited {done.returncode}")
     after({**env, "GITHUB_WORKSPACE": str(spec.directory / spec.work_folder)})
-    return Outcome(name, runner_id, done.returncode)
+    return Outcome(name, runner_id, done.returncode, seconds=time.monotonic() - started)
+
+
+#: a runner that exits sooner than this took no job (a broken unpack, an old runner)
+QUICK_EXIT = 5.0
+#: the longest wait between bad turns
+MAX_PAUSE = 600.0
 
 
 def serve(
@@ -291,21 +338,30 @@ def serve(
     turns: int = 0,
     pause: float = 30.0,
     log: Callable[[str], None] = print,
+    hidden: Sequence[str] = CREDENTIAL_VARIABLES,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> list[Outcome]:
-    """Run turns until stopped (``turns``: that many, for tests and one-offs). A failed
-    turn (GitHub unreachable, checks failed) waits ``pause`` seconds and tries again."""
+    """Run turns until stopped (``turns``: that many, for tests and one-offs). A bad turn
+    (GitHub unreachable, checks failed, a runner that failed or exited at once) waits
+    ``pause`` seconds, doubling up to 10 minutes while they stay bad: a broken runner
+    must not register runners as fast as GitHub answers."""
     done: list[Outcome] = []
     n = 0
+    wait = pause
     while not turns or n < turns:
         n += 1
         try:
-            outcome = one_turn(spec, api, environ, n, log)
+            outcome = one_turn(spec, api, environ, n, log, hidden=hidden)
         except (PreflightFailed, httpx.HTTPError) as exc:
             log(f"servegate: no runner this turn: {exc}")
             outcome = Outcome(f"{spec.name}-{n}", skipped=str(exc))
         done.append(outcome)
-        if outcome.skipped and (not turns or n < turns):
-            time.sleep(pause)
+        if not outcome.bad:
+            wait = pause
+        elif not turns or n < turns:
+            log(f"servegate: waiting {wait:.0f}s before the next runner")
+            sleep(wait)
+            wait = min(wait * 2, MAX_PAUSE)
     return done
 
 
@@ -332,9 +388,27 @@ def render_unit(spec: ManagerSpec, argv: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def unit_argv(args: Sequence[str]) -> list[str]:
-    """The manager's own command line for the unit (``--write-unit`` dropped)."""
-    return [sys.executable, "-m", "servegate", *[a for a in args if a != "--write-unit"]]
+def unit_argv(
+    spec: ManagerSpec,
+    token_env: str = "",
+    token_file: str = "",
+    app: tuple[str, str, str] | None = None,
+) -> list[str]:
+    """The manager's command line for its unit: every path absolute (the unit runs in
+    the runner's directory, not where this was typed), no ``--write-unit``."""
+    argv = [sys.executable, "-m", "servegate", "runner", "serve", "--url", spec.url,
+            "--labels", ",".join(spec.labels), "--name", spec.name,
+            "--dir", str(spec.directory.resolve()), "--api-url", spec.api_url,
+            "--runner-group", str(spec.runner_group_id)]  # fmt: skip
+    if app is not None:
+        app_id, installation, key = app
+        argv += ["--app-id", app_id, "--installation-id", installation,
+                 "--app-key", str(Path(key).expanduser().resolve())]  # fmt: skip
+    elif token_file:
+        argv += ["--token-file", str(Path(token_file).expanduser().resolve())]
+    elif token_env:
+        argv += ["--token-env", token_env]
+    return argv
 
 
 def unit_name(spec: ManagerSpec) -> str:
