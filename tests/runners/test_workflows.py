@@ -243,9 +243,12 @@ def job_if(expr: str, needs: dict[str, str], ancestors: list[str], results: dict
     return bool(value)
 
 
-def run_graph(wf: dict[str, Any], failing: set[str]) -> dict[str, str]:
+def run_graph(
+    wf: dict[str, Any], failing: set[str], cancelled: frozenset[str] = frozenset()
+) -> dict[str, str]:
     """Every job's result when the jobs in ``failing`` fail (a matrix job fails when one
-    of its runs does): ``success``, ``failure`` or ``skipped``."""
+    of its runs does) and those in ``cancelled`` are cancelled while they run:
+    ``success``, ``failure``, ``cancelled`` or ``skipped``."""
     jobs = wf["jobs"]
     results: dict[str, str] = {}
     while len(results) < len(jobs):
@@ -263,7 +266,8 @@ def run_graph(wf: dict[str, Any], failing: set[str]) -> dict[str, str]:
                     todo += [up] if isinstance(up, str) else list(up)
             runs = job_if(str(job.get("if", "success()")), {n: results[n] for n in needs},
                           ancestors, results)  # fmt: skip
-            results[name] = ("failure" if name in failing else "success") if runs else "skipped"
+            ran = "cancelled" if name in cancelled else "failure" if name in failing else "success"
+            results[name] = ran if runs else "skipped"
     return results
 
 
@@ -283,6 +287,11 @@ def test_fleet_release_canary_then_waves_then_rollback_on_any_failure() -> None:
     assert wave_failed == {"canary": "success", "waves": "failure", "rollback": "success"}
     both = run_graph(wf, {"waves", "rollback"})  # a rollback that fails is a failed run
     assert both["rollback"] == "failure"
+    # someone cancels the run while the canary promotes: its box may be half-switched
+    cut = run_graph(wf, set(), frozenset({"canary"}))
+    assert cut == {"canary": "cancelled", "waves": "skipped", "rollback": "success"}
+    cut_wave = run_graph(wf, set(), frozenset({"waves"}))
+    assert cut_wave["rollback"] == "success"
 
 
 def test_fleet_release_jobs_run_on_each_boxs_own_runner_in_waves() -> None:
@@ -307,28 +316,83 @@ def test_fleet_release_jobs_run_on_each_boxs_own_runner_in_waves() -> None:
     assert jobs["canary"]["steps"][0]["run"] == waves["steps"][0]["run"]
 
 
-@pytest.mark.parametrize(("live", "rolled"), [("a" * 40, True), ("b" * 40, False), ("", False)])
-def test_fleet_rollback_step_rolls_back_only_a_box_serving_the_new_sha(
-    tmp_path: Path, live: str, rolled: bool
-) -> None:
+NEW, OLD = "a" * 40, "b" * 40
+
+
+def rollback_step(
+    tmp_path: Path, answers: list[tuple[int, dict[str, Any]]], touched: bool = True
+) -> tuple[list[str], str]:
+    """The rollback step's own script, run by bash against a stand-in ``release`` that
+    answers ``status`` from ``answers`` in turn (exit code, JSON result)."""
     script = load("release-fleet.yml")["jobs"]["rollback"]["steps"][0]["run"]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    status = {"result": {"current": {"sha": live} if live else None}}
-    (bin_dir / "status.json").write_text(json.dumps(status))  # what the box answers
+    for i, (code, result) in enumerate(answers):
+        (bin_dir / f"status{i}.json").write_text(json.dumps({"result": result}))
+        (bin_dir / f"status{i}.code").write_text(str(code))
     (bin_dir / "release").write_text(
-        '#!/bin/sh\necho "release $*" >> "$CALLS"\n'
-        f'[ "$1" = status ] && cat {bin_dir}/status.json\nexit 0\n'
+        '#!/bin/bash\necho "release $*" >> "$CALLS"\n'
+        'if [ "$1" = status ]; then\n'
+        f"  n=$(cat {bin_dir}/n 2>/dev/null || echo 0); echo $((n+1)) > {bin_dir}/n\n"
+        f"  [ -f {bin_dir}/status$n.json ] || n=$((n-1))\n"
+        f"  cat {bin_dir}/status$n.json; exit $(cat {bin_dir}/status$n.code)\n"
+        "fi\nexit 0\n"
     )
     (bin_dir / "servegate").write_text('#!/bin/sh\necho "servegate $*" >> "$CALLS"\n')
     for f in (bin_dir / "release", bin_dir / "servegate"):
         f.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SHA": "a" * 40,
+    marks = tmp_path / "state" / "servegate" / "runs"
+    if touched:
+        marks.mkdir(parents=True)
+        (marks / "4242").write_text(NEW)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SHA": NEW,
            "RUNNER_TEMP": str(tmp_path), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
-           "CALLS": str(tmp_path / "calls"), "SERVEGATE_CONFIG": ""}  # fmt: skip
+           "CALLS": str(tmp_path / "calls"), "SERVEGATE_CONFIG": "", "GITHUB_RUN_ID": "4242",
+           "XDG_STATE_HOME": str(tmp_path / "state")}  # fmt: skip
     subprocess.run(["bash", "-e", "-c", script], env=env, check=True)
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert calls[0] == f"release status --config {tmp_path}/servegate.toml --json"
-    assert (f"release rollback --config {tmp_path}/servegate.toml --json" in calls) is rolled
+    assert not (marks / "4242").exists()  # the mark is spent
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return calls, (tmp_path / "summary").read_text()
+
+
+@pytest.mark.parametrize(("live", "rolled"), [(NEW, True), (OLD, False), ("", False)])
+def test_fleet_rollback_step_rolls_back_only_a_box_serving_the_new_sha(
+    tmp_path: Path, live: str, rolled: bool
+) -> None:
+    calls, summary = rollback_step(
+        tmp_path, [(0, {"current": {"sha": live} if live else None, "pending": None})]
+    )
+    config = f"{tmp_path}/servegate.toml"
+    assert calls[0] == f"release status --config {config} --json"
+    assert (f"release rollback --config {config} --json" in calls) is rolled
+    assert "release recover" not in " ".join(calls)
     if not rolled:
-        assert "nothing to roll back" in (tmp_path / "summary").read_text()
+        assert "nothing to roll back" in summary
+
+
+def test_fleet_rollback_step_leaves_a_box_this_run_never_touched(tmp_path: Path) -> None:
+    """A box that already served the SHA before this run (its job never started) is not
+    this run's to roll back."""
+    calls, summary = rollback_step(
+        tmp_path, [(0, {"current": {"sha": NEW}, "pending": None})], touched=False
+    )
+    assert calls == []
+    assert "this run did not touch this box" in summary
+
+
+def test_fleet_rollback_step_recovers_a_promote_cut_off_after_its_switch(
+    tmp_path: Path,
+) -> None:
+    """A cancelled job interrupted the promote after its switch: status exits 7 with the
+    old release as current and the new one pending. The step recovers first (the last
+    proven release back), and then has nothing left to roll back."""
+    cut = {"current": {"sha": OLD}, "pending": {"sha": NEW, "kind": "promote"}}
+    calls, summary = rollback_step(tmp_path, [(7, cut), (0, {"current": {"sha": OLD}})])
+    config = f"{tmp_path}/servegate.toml"
+    assert calls == [
+        f"release status --config {config} --json",
+        f"release recover --config {config} --json",
+        f"servegate summary {tmp_path}/recover.json",
+        f"release status --config {config} --json",
+    ]
+    assert "nothing to roll back" in summary
