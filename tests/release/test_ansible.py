@@ -76,12 +76,13 @@ def lab(tmp_path: Path, stack: Stack) -> Iterator[sshlab.Lab]:
                 Supervisor(config_mod.load(h.config, {})).shutdown_daemon()
 
 
-def inventory(lab: sshlab.Lab, tmp: Path) -> Path:
+def inventory(lab: sshlab.Lab, tmp: Path, bins: dict[int, str] | None = None) -> Path:
     lines = ["[serving]"]
     for h in lab.hosts:
         lines.append(
             f"box{h.index} ansible_host={h.address} ansible_user=root "
-            f"servegate_config={h.config} servegate_bin={sshlab.SERVEGATE}"
+            f"servegate_config={h.config} "
+            f"servegate_bin={(bins or {}).get(h.index, sshlab.SERVEGATE)}"
         )
     ssh_args = (f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
                 "-o ConnectTimeout=3")  # fmt: skip
@@ -97,7 +98,7 @@ def inventory(lab: sshlab.Lab, tmp: Path) -> Path:
 
 
 def playbook(
-    collections: Path, lab: sshlab.Lab, tmp: Path, sha: str
+    collections: Path, lab: sshlab.Lab, tmp: Path, sha: str, bins: dict[int, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -111,7 +112,8 @@ def playbook(
         "ANSIBLE_SSH_TRANSFER_METHOD": "piped",
     }
     run = subprocess.run(
-        [tool("ansible-playbook"), "servegate.release.rolling", "-i", str(inventory(lab, tmp)),
+        [tool("ansible-playbook"), "servegate.release.rolling", "-i",
+         str(inventory(lab, tmp, bins)),
          "-e", f"servegate_sha={sha}", "-e", "servegate_batch=2"],
         env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
@@ -206,3 +208,38 @@ def test_an_unreachable_host_stops_the_rollout_before_anything_changes(
     assert "UNREACHABLE" in run.stdout
     assert [live(h) for h in lab.hosts] == [good] * 4  # the survey stopped it
     assert "Promote the release on this host" not in run.stdout
+
+
+def test_a_connection_lost_mid_promote_still_rolls_the_batch_back(
+    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+) -> None:
+    """box3's SSH session dies right after its promote switched and released (its sshd
+    session process is killed, as a network drop would): Ansible sees it unreachable,
+    which a rescue would not catch; the role still fails it into the rescue, and the
+    rescue rolls back both hosts of the batch that serve the release, box3 included
+    over a new connection."""
+    good = stack.commit("ok", "good")
+    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    drop = tmp_path / "drop-after-promote.sh"
+    drop.write_text(
+        "#!/bin/bash\n"
+        f'"{sshlab.SERVEGATE}" "$@"; code=$?\n'
+        f'if [ "$2" = promote ] && [ ! -e {tmp_path}/dropped ]; then\n'
+        f"  touch {tmp_path}/dropped; pid=$$\n"
+        '  while [ "$pid" -gt 1 ]; do\n'
+        "    pid=$(awk '{print $4}' /proc/$pid/stat)\n"
+        '    case "$(cat /proc/$pid/comm)" in sshd*) kill -9 "$pid"; break;; esac\n'
+        "  done\n"
+        "fi\nexit $code\n"
+    )
+    drop.chmod(0o755)
+    nxt = stack.commit("ok", "next")
+    run = playbook(collections, lab, tmp_path, nxt, bins={3: str(drop)})
+    assert (tmp_path / "dropped").exists()
+    assert run.returncode != 0
+    assert "was lost during its promote" in run.stdout
+    assert [live(h) for h in lab.hosts] == [nxt, good, good, good]
+    found = stats(run.stdout)
+    assert found["box3"] == "connection lost during its promote"
+    assert found["box2"] == "released, then rolled back with its batch"
+    assert "box4" not in found

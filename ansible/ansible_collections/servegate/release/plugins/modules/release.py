@@ -24,7 +24,10 @@ options:
     required: true
     choices: [promote, rollback, status, verify]
   sha:
-    description: The full commit SHA to promote (promote only).
+    description:
+      - promote, the full commit SHA to release.
+      - rollback, undo this release where it serves - an interrupted release is
+        recovered first, and a host that does not serve it is left alone (not changed).
     type: str
   to:
     description: The release to roll back to (rollback only; default the previous one).
@@ -107,34 +110,10 @@ def _gate(result):
     return gate.get("verdict") if isinstance(gate, dict) else None
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec={
-            "action": {
-                "type": "str",
-                "required": True,
-                "choices": ["promote", "rollback", "status", "verify"],
-            },
-            "sha": {"type": "str"},
-            "to": {"type": "str"},
-            "config": {"type": "path", "default": "~/servegate.toml"},
-            "servegate": {"type": "str", "default": "servegate"},
-            "timeout": {"type": "int", "default": 7200},
-        },
-        required_if=[("action", "promote", ("sha",))],
-        supports_check_mode=True,
-    )
+def _run(module, action, extra=()):
+    """servegate release ACTION on this host: (exit code, result, error, stderr)."""
     p = module.params
-    p["config"] = os.path.expanduser(p["config"])
-    action = p["action"]
-    if module.check_mode and action in ("promote", "rollback"):
-        module.exit_json(changed=True, verdict="check mode", exit_code=0, servegate={})
-    argv = [p["servegate"], "release", action]
-    if action == "promote":
-        argv.append(p["sha"])
-    if action == "rollback" and p["to"]:
-        argv += ["--to", p["to"]]
-    argv += ["--config", p["config"], "--json"]
+    argv = [p["servegate"], "release", action, *extra, "--config", p["config"], "--json"]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=p["timeout"], check=False
@@ -159,8 +138,10 @@ def main():
     try:
         doc = json.loads(out)
     except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
         module.fail_json(
-            msg=f"servegate answered no JSON (exit {code}): {err.strip()[-800:]}",
+            msg=f"servegate answered no JSON object (exit {code}): {err.strip()[-800:]}",
             exit_code=code,
             verdict="failed",
             servegate={},
@@ -168,6 +149,61 @@ def main():
         )
     result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
     error = doc.get("error") if isinstance(doc.get("error"), dict) else {}
+    return code, result, error, err
+
+
+def _undo(module, sha):
+    """Roll back ``sha`` where it serves: an interrupted release is recovered first (the
+    last proven release back); a host that does not serve ``sha`` is left alone."""
+    code, result, _, _ = _run(module, "status")
+    recovered = False
+    if code != 0 or result.get("pending"):
+        _run(module, "recover")
+        recovered = True
+        code, result, _, _ = _run(module, "status")
+    live = _live(result)
+    if live != sha:
+        module.exit_json(
+            changed=recovered,
+            verdict="recovered" if recovered else "not serving it",
+            exit_code=0,
+            servegate=result,
+            sha=live,
+            gate=None,
+        )
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "action": {
+                "type": "str",
+                "required": True,
+                "choices": ["promote", "rollback", "status", "verify"],
+            },
+            "sha": {"type": "str"},
+            "to": {"type": "str"},
+            "config": {"type": "path", "default": "~/servegate.toml"},
+            "servegate": {"type": "str", "default": "servegate"},
+            "timeout": {"type": "int", "default": 7200},
+        },
+        required_if=[("action", "promote", ("sha",))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    p["config"] = os.path.expanduser(p["config"])
+    action = p["action"]
+    if module.check_mode and action in ("promote", "rollback"):
+        module.exit_json(changed=True, verdict="check mode", exit_code=0, servegate={})
+    extra = []
+    if action == "promote":
+        extra.append(p["sha"])
+    if action == "rollback" and p["sha"]:
+        _undo(module, p["sha"])  # returns only where the host serves that SHA
+    if action == "rollback" and p["to"]:
+        extra += ["--to", p["to"]]
+    # (rollback with sha: _undo returned, so the host serves it: roll it back)
+    code, result, error, err = _run(module, action, extra)
     verdict = result.get("verdict") or ("ok" if code == 0 else "failed")
     answer = {
         "servegate": result,
