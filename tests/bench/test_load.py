@@ -382,3 +382,28 @@ def test_a_server_that_refuses_or_errs_fails_every_request_it_got() -> None:
         server.server_close()
     assert seen
     assert set(seen) == {"Bearer k3y"}  # the API key travels with every request
+
+
+def test_report_says_which_load_file_is_damaged_and_draws_odd_names(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def report(*files: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "servegate", "report", *map(str, files), "--out",
+             str(tmp_path / "rep"), "--config", str(tmp_path / "none.toml")],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    doc = _load_doc()
+    doc["knee"] = load.knee(doc["points"])
+    odd = tmp_path / "h_math$\\foo$.json"  # matplotlib would read $...$ as math
+    odd.write_text(json.dumps(doc))
+    drawn = report(odd)
+    assert drawn.returncode == 0, drawn.stderr
+    for damage in ({"run": "oops"}, {"knee": "x"}, {"points": ["x"]}):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({**doc, **damage}))
+        run = report(bad)
+        assert run.returncode not in (0, 70), run.stderr
+        assert "is damaged" in run.stderr, run.stderr

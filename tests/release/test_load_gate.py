@@ -33,15 +33,20 @@ def cfg_of(load_toml: str) -> config.Config:
 
 
 def point(value: float, scale: float = 1.0, n: int = 400, seed: int = 1,
-          good_share: float = 1.0, span: float = 100.0) -> dict[str, Any]:  # fmt: skip
-    """A compact point: lognormal latencies (TTFT around 0.5 s x ``scale``)."""
+          good_share: float = 1.0, span: float = 100.0, failed: int = 0) -> dict[str, Any]:  # fmt: skip
+    """A compact point: lognormal latencies (TTFT around 0.5 s x ``scale``), ``n``
+    requests ending evenly inside a ``span``-second window, the first ``failed`` failed."""
     rng = random.Random(seed)
-    ttft = [0.5 * scale * rng.lognormvariate(0, 0.25) for _ in range(n)]
+    ok = [i >= failed for i in range(n)]
+    done = n - failed
+    ttft = [0.5 * scale * rng.lognormvariate(0, 0.25) for _ in range(done)]
     return {
-        "value": value, "span_s": span, "requests": n, "kept": n, "saturated": False,
-        "ok": [True] * n, "good": [rng.random() < good_share for _ in range(n)],
-        "ttft_s": ttft, "itl_ms": [30.0 * scale] * n,
-        "tpot_ms": [31.0 * scale] * n, "e2el_s": [2.0 * scale] * n,
+        "value": value, "window_s": span, "requests": n, "failed": failed, "kept": n,
+        "saturated": False, "ok": ok,
+        "good": [f and rng.random() < good_share for f in ok],
+        "ended": [span * (i + 0.5) / n for i in range(n)],
+        "ttft_s": ttft, "request_itl_ms": [30.0 * scale] * done,
+        "tpot_ms": [31.0 * scale] * done, "e2el_s": [2.0 * scale] * done,
     }  # fmt: skip
 
 
@@ -156,3 +161,59 @@ def test_a_baseline_from_another_host_or_another_sweep_is_none() -> None:
     base, why = load_gate.baseline(cfg, record, other)
     assert base is None
     assert "swept differently" in why
+
+
+def test_identical_rates_fail_no_more_often_than_the_false_alarm_level() -> None:
+    """Throughput of the same server twice, open-loop Poisson arrivals of different
+    seeds: the count's own spread is the evidence, so an unchanged release FAILs a
+    required rate row about as often as gate.false_alarm allows (5 %), not more."""
+    from servegate.bench import load
+
+    rule = LoadRule("request_throughput", 2.0, tolerance=0.10, required=True)
+    fails = 0
+    for seed in range(200):
+        sides = []
+        for k in (0, 1):
+            n = len(load.arrivals(2.0, 60.0, 1.0, random.Random(seed * 2 + k)))
+            sides.append(point(2.0, n=n, span=60.0, seed=seed))
+        fails += judge(rule, sides[0], sides[1])["verdict"] == "FAIL"
+    assert fails <= 16, fails  # 5 % of 200 is 10; the margin is binomial noise
+
+
+def test_failed_requests_at_the_point_fail_a_required_row() -> None:
+    """A candidate answering a third of the point's requests with errors does not pass on
+    the latencies of the two thirds that completed."""
+    for metric in ("ttft_s.p50", "e2el_s.p50", "request_itl_ms.p99"):
+        rule = LoadRule(metric, 4.0, tolerance=0.10, required=True)
+        row = judge(rule, point(4.0), point(4.0, seed=2, failed=130))
+        assert row["verdict"] == "FAIL", row
+        assert "130 of 400 request(s) failed at 4" in row["why"]
+
+
+def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
+    cfg = cfg_of("[load]\nrates = [1]\n")
+    digest = load_gate.fingerprint(cfg, "d")
+    from servegate.release.record import host_id
+
+    def record(p: Any) -> dict[str, Any]:
+        return {"sha": "a" * 40, "host_id": host_id(cfg),
+                "gate": {"checks": [{"name": "load", "evidence": {
+                    "sweep": {"fingerprint": digest, "points": [p]}}}]}}  # fmt: skip
+
+    good = point(1.0, n=50)
+    assert load_gate.baseline(cfg, record(good), digest)[0] is not None
+    damaged = [
+        {**good, "kept": 4000},  # would shrink the baseline's rate tenfold
+        {**good, "ok": "yes"},
+        {**good, "requests": "50"},
+        {**good, "ttft_s": "0.5"},
+        {**good, "ttft_s": [float("nan")]},
+        {**good, "window_s": -1},
+        {**good, "good": [True]},
+        {k: v for k, v in good.items() if k != "ended"},
+        "a point",
+    ]
+    for p in damaged:
+        base, why = load_gate.baseline(cfg, record(p), digest)
+        assert base is None, p
+        assert "recorded sweep is damaged" in why

@@ -155,6 +155,11 @@ def curve_from(doc: Mapping[str, Any], fallback: str) -> LoadCurve | None:
                      float(knee) if isinstance(knee, int | float) else None)  # fmt: skip
 
 
+def _plain(text: str) -> str:
+    """Text matplotlib draws as written: a ``$`` would start its math mode."""
+    return text.replace("$", r"\$")
+
+
 def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[Path, Path]:
     """Latency against throughput, one curve a release: TTFT p50 and p99, ITL p99 and
     E2E p99 against the request throughput each load point achieved; saturated points
@@ -168,7 +173,8 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         for curve in curves:
             xs = [row[1] for row in curve.points]
             ys = [row[index] for row in curve.points]
-            (line,) = ax.plot(xs, ys, "-", linewidth=1.2, label=f"{curve.label} ({curve.workload})")
+            label = _plain(f"{curve.label} ({curve.workload})")
+            (line,) = ax.plot(xs, ys, "-", linewidth=1.2, label=label)
             for row in curve.points:
                 face = "none" if row[6] else line.get_color()
                 ax.scatter([row[1]], [row[index]], facecolors=face, edgecolors=line.get_color(),
@@ -180,7 +186,7 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="best")
-    fig.suptitle(f"{title}\n(hollow: the point saturated the server; ringed: the knee)",
+    fig.suptitle(f"{_plain(title)}\n(hollow: the point saturated the server; ringed: the knee)",
                  fontsize=9)  # fmt: skip
     fig.tight_layout()
     png = outdir / "load-curves.png"

@@ -10,7 +10,7 @@ from servegate import config as config_mod
 from servegate import hostpaths
 from servegate.bench import export, history, load, results
 from servegate.config import Config
-from servegate.errors import NothingToDo, ServegateError
+from servegate.errors import NothingToDo, ResultFileError, ServegateError
 from servegate.output import Output
 from servegate.release import bench_gate
 from servegate.release.deploy import make_deployer
@@ -67,7 +67,14 @@ def load_curves(cfg: Config | None, files: list[Path]) -> list[history.LoadCurve
     paths += [p for p in files if p not in paths]
     curves = []
     for path in paths:
-        curve = history.curve_from(export.read(path), path.stem)
+        doc = export.read(path)
+        try:
+            curve = history.curve_from(doc, path.stem)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise ResultFileError(
+                f"load result {path} is damaged: {type(exc).__name__}: {exc}",
+                hint="pass a file servegate bench load wrote, or remove this one",
+            ) from None
         if curve is not None:
             curves.append(curve)
     return curves

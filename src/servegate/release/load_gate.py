@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from servegate.bench import load, stats
 from servegate.bench.cases import spec_from_config
 from servegate.bench.runner import Bench
@@ -45,7 +47,11 @@ from servegate.release.bench_gate import results_dir
 from servegate.release.record import host_id
 
 CHECK = "load"
-LATENCIES = ("ttft_s", "itl_ms", "tpot_ms", "e2el_s")
+#: the gate's latency figures → the request row's field (``request_itl_ms`` is each
+#: request's mean inter-token latency, as the sweep's ``request_itl_ms`` percentiles;
+#: the sweep's pooled ``itl_ms`` gaps are not kept per request)
+LATENCIES = {"ttft_s": "ttft_s", "request_itl_ms": "itl_ms", "tpot_ms": "tpot_ms",
+             "e2el_s": "e2el_s"}  # fmt: skip
 STATS = ("p50", "p90", "p99")
 RATES = ("goodput_rps", "request_throughput")
 RESAMPLES = 2000
@@ -119,24 +125,42 @@ def fingerprint(cfg: Config, bench_digest: str) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def compact(point: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
-    """A point's requests as the record keeps them."""
+def compact(point: Mapping[str, Any], window: float, rng: random.Random) -> dict[str, Any]:
+    """A point's requests as the record keeps them; ``window``: the seconds the load was
+    applied (the point's duration)."""
     rows = list(point.get("requests_detail") or [])
     if len(rows) > KEEP:
         rows = rng.sample(rows, KEEP)
     slo = load.Slo(**{k: v for k, v in (point.get("slo") or {}).items()})
     out: dict[str, Any] = {
-        "value": point["value"],
-        "span_s": point["duration_s"],
-        "requests": point["requests"],
+        "value": float(point["value"]),
+        "window_s": float(window),
+        "requests": int(point["requests"]),
+        "failed": int(point["failed"]),
         "kept": len(rows),
         "saturated": bool(point.get("saturated")),
         "ok": [bool(r["ok"]) for r in rows],
         "good": [slo.met(r) for r in rows] if slo.given() else None,
+        "ended": [r["ended_s"] for r in rows],
     }
-    for m in LATENCIES:
-        out[m] = [r[m] for r in rows if r["ok"] and r[m] is not None]
+    for name, field in LATENCIES.items():
+        out[name] = [r[field] for r in rows if r["ok"] and r[field] is not None]
     return out
+
+
+def _count(p: Mapping[str, Any], name: str) -> float | None:
+    """Requests that completed (``request_throughput``) or met the SLOs (``goodput_rps``)
+    within the point's window, scaled up from a kept subset."""
+    flags = p["ok"] if name == "request_throughput" else p.get("good")
+    if flags is None:
+        return None
+    window = float(p["window_s"])
+    inside = sum(
+        1
+        for f, end in zip(flags, p["ended"], strict=True)
+        if f and end is not None and end <= window
+    )
+    return float(inside * p["requests"] / max(1, p["kept"]))
 
 
 def figure(p: Mapping[str, Any], metric: str) -> float | None:
@@ -145,46 +169,81 @@ def figure(p: Mapping[str, Any], metric: str) -> float | None:
     if name in LATENCIES:
         q = load.percentiles(p.get(name) or [], 6)
         return q[stat] if q else None
-    span = float(p.get("span_s") or 0.0)
-    scale = p["requests"] / max(1, p["kept"])  # a subset stands for all the requests
-    if span <= 0:
-        return None
-    flags = p["ok"] if name == "request_throughput" else p.get("good")
-    if flags is None:
-        return None
-    return float(sum(bool(f) for f in flags) * scale / span)
-
-
-def _resample(p: Mapping[str, Any], metric: str, rng: random.Random) -> float | None:
-    name = metric.split(".")[0]
-    if name in LATENCIES:
-        values = p.get(name) or []
-        return figure({name: rng.choices(values, k=len(values))}, metric) if values else None
-    flags = p["ok"] if name == "request_throughput" else p.get("good")
-    if not flags:
-        return None
-    picked = rng.choices(flags, k=len(flags))
-    key = "ok" if name == "request_throughput" else "good"
-    return figure({**p, key: picked}, metric)
+    count = _count(p, name)
+    return None if count is None else count / float(p["window_s"])
 
 
 def compare(
     base: Mapping[str, Any], cand: Mapping[str, Any], metric: str, seed: int = 0
 ) -> tuple[float, list[float]] | None:
     """(d, the bootstrap distribution of d): d = log of the candidate's figure over the
-    baseline's, turned so that > 0 is better. None when either side has no figure."""
+    baseline's, turned so that > 0 is better. None when either side has no figure.
+
+    A latency percentile is resampled over the point's requests. A rate's count is drawn
+    as Poisson around the count seen (an open loop's arrivals are Poisson; a closed
+    loop's completions vary less, so this errs towards INCONCLUSIVE, not a false FAIL):
+    resampling the requests' flags alone would give a healthy point no spread at all."""
     b, c = figure(base, metric), figure(cand, metric)
     if not b or not c or b <= 0 or c <= 0:
         return None
     sign = -1.0 if lower_is_better(metric) else 1.0
     d = sign * math.log(c / b)
-    rng = random.Random(seed)
-    ds = []
-    for _ in range(RESAMPLES):
-        rb, rc = _resample(base, metric, rng), _resample(cand, metric, rng)
-        if rb and rc and rb > 0 and rc > 0:
-            ds.append(sign * math.log(rc / rb))
+    name = metric.split(".")[0]
+    ds: list[float] = []
+    if name in LATENCIES:
+        rng = random.Random(seed)
+        vb, vc = base[name], cand[name]
+        for _ in range(RESAMPLES):
+            rb = figure({name: rng.choices(vb, k=len(vb))}, metric)
+            rc = figure({name: rng.choices(vc, k=len(vc))}, metric)
+            if rb and rc and rb > 0 and rc > 0:
+                ds.append(sign * math.log(rc / rb))
+    else:
+        draws = np.random.default_rng(seed)
+        nb, nc = b * float(base["window_s"]), c * float(cand["window_s"])
+        kb = draws.poisson(nb, RESAMPLES)
+        kc = draws.poisson(nc, RESAMPLES)
+        ratio_w = float(base["window_s"]) / float(cand["window_s"])
+        ds = [sign * math.log(x / y * ratio_w) for x, y in zip(kc, kb, strict=True) if x and y]
     return (d, sorted(ds)) if len(ds) >= RESAMPLES // 2 else None
+
+
+def problem(p: Any) -> str:
+    """Why a recorded point cannot be judged ("" : it can): a baseline is read from a
+    release record, which a damaged or hand-edited note could make anything."""
+    if not isinstance(p, dict):
+        return "a point is not an object"
+    try:
+        kept, requests = p["kept"], p["requests"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (kept, requests)):
+            return "requests and kept must be whole numbers"
+        if not 0 <= kept <= requests:
+            return f"kept {kept} of {requests} requests"
+        if not isinstance(p["failed"], int) or not 0 <= p["failed"] <= requests:
+            return "failed is not a count of its requests"
+        window = p["window_s"]
+        if not isinstance(window, int | float) or not math.isfinite(window) or window <= 0:
+            return f"window {window!r} is not a positive number of seconds"
+        if not isinstance(p["value"], int | float):
+            return "the point's load is not a number"
+        for key in ("ok", "ended") + (("good",) if p.get("good") is not None else ()):
+            if not isinstance(p[key], list) or len(p[key]) != kept:
+                return f"{key} does not hold one entry a kept request"
+        if not all(isinstance(f, bool) for f in p["ok"] + (p.get("good") or [])):
+            return "ok and good must be true or false"
+        for name in LATENCIES:
+            values = p[name]
+            if not isinstance(values, list) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in values
+            ):  # fmt: skip
+                return f"{name} is not a list of finite non-negative numbers"
+        for end in p["ended"]:
+            if end is not None and not (isinstance(end, int | float) and math.isfinite(end)):
+                return "ended must be seconds or null"
+    except KeyError as exc:
+        return f"a point has no {exc.args[0]}"
+    return ""
 
 
 def _q(sorted_values: Sequence[float], p: float) -> float:
@@ -224,6 +283,15 @@ def judge(
             row.update(verdict=undecided or FAIL, why=why)
         return row
     row["baseline"] = figure(base, rule.metric)
+    cand_share = cand["failed"] / max(1, cand["requests"])
+    base_share = base["failed"] / max(1, base["requests"])
+    if cand["failed"] and cand_share > base_share:
+        row.update(verdict=undecided or FAIL,
+                   why=f"{cand['failed']} of {cand['requests']} request(s) failed at "
+                       f"{rule.point:g} (the baseline: {base['failed']} of "
+                       f"{base['requests']}): figures over the requests that completed "
+                       "would hide them")  # fmt: skip
+        return row
     got = compare(base, cand, rule.metric)
     if got is None:
         row.update(verdict=undecided or FAIL, why="no figure on one side: nothing measured")
@@ -301,6 +369,12 @@ def baseline(
         return None, f"the live release {sha} was measured on another host ({theirs})"
     if doc.get("fingerprint") != digest:
         return None, f"the live release {sha} swept differently (other [load] or [bench])"
+    points = doc.get("points")
+    why = "points is not a list" if not isinstance(points, list) else ""
+    for p in points if isinstance(points, list) else []:
+        why = why or problem(p)
+    if why:
+        return None, f"the live release {sha}'s recorded sweep is damaged: {why}"
     return doc, f"live release {sha}"
 
 
@@ -340,7 +414,9 @@ def run(
         return {**evidence, "verdict": FAIL, "why": f"the load sweep could not run: {exc}",
                 "rows": []}  # fmt: skip
     rng = random.Random(0)
-    sweep = {"fingerprint": digest, "points": [compact(p, rng) for p in result["points"]]}
+    window = spec_of(cfg).duration_s
+    sweep = {"fingerprint": digest,
+             "points": [compact(p, window, rng) for p in result["points"]]}  # fmt: skip
     decision = decide(cfg, base, sweep, first_release)
     return {
         **evidence,
