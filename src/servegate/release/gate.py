@@ -153,13 +153,7 @@ class BenchCheck:
             ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
             first_release=ctx.first_release, restart=ctx.restart,
         )  # fmt: skip
-        return CheckResult(
-            self.name,
-            Verdict(evidence["verdict"]),
-            evidence["why"],
-            time.monotonic() - start,
-            evidence,
-        )
+        return _measured(self.name, start, evidence)
 
 
 class LoadCheck:
@@ -177,13 +171,14 @@ class LoadCheck:
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.reporter,
             ctx.environ, command=ctx.command, first_release=ctx.first_release,
         )  # fmt: skip
-        return CheckResult(
-            self.name,
-            Verdict(evidence["verdict"]),
-            evidence["why"],
-            time.monotonic() - start,
-            evidence,
-        )
+        return _measured(self.name, start, evidence)
+
+
+def _measured(name: str, start: float, evidence: dict[str, Any]) -> CheckResult:
+    """A measuring check's result: its evidence carries the verdict and why."""
+    return CheckResult(
+        name, Verdict(evidence["verdict"]), evidence["why"], time.monotonic() - start, evidence
+    )
 
 
 _REGISTRY: dict[str, Callable[[Config], GateCheck]] = {
