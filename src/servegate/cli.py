@@ -601,17 +601,18 @@ def _load_spec(args: argparse.Namespace) -> LoadSpec:
             f"{'--rates' if rates else '--concurrencies'} {text!r}: give numbers",
             hint="e.g. --rates 0.5,1,2,4",
         ) from None
-    spec = load.LoadSpec(
-        mode="rate" if rates else "concurrency",
-        points=points,
-        duration_s=args.duration,
+    settings = config_mod.Load(
+        rates=points if rates else (),
+        # whole numbers or not, LoadSpec.check says so below with the option's name
+        concurrencies=() if rates else points,  # type: ignore[arg-type]
+        duration=args.duration,
         burstiness=args.burstiness,
         seed=args.load_seed,
-        slo=load.parse_goodput(args.goodput),
+        goodput=args.goodput,
         workload=args.workload,
         prefix_share=args.prefix_share,
-        stop_at_saturation=not args.no_stop,
     )
+    spec = load.spec_from(settings, stop_at_saturation=not args.no_stop)
     spec.check()
     return spec
 

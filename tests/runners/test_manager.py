@@ -151,6 +151,15 @@ def spec(github: GitHub, runner_dir: Path) -> manager.ManagerSpec:
                                api_url=github.url)  # fmt: skip
 
 
+def write_key(path: Path, key: rsa.RSAPrivateKey) -> Path:
+    """The App's private key as GitHub hands it out: PEM, readable by its owner only."""
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))  # fmt: skip
+    path.chmod(0o600)
+    return path
+
+
 def token_file(tmp_path: Path, mode: int = 0o600) -> str:
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
@@ -206,11 +215,7 @@ def test_a_fresh_runner_takes_each_job_and_what_it_left_is_ended(
 def test_a_github_app_mints_one_installation_token_and_reuses_it(
     github: GitHub, runner_dir: Path, tmp_path: Path, app_key: rsa.RSAPrivateKey
 ) -> None:
-    pem = tmp_path / "app.pem"
-    pem.write_bytes(app_key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))  # fmt: skip
-    pem.chmod(0o600)
+    pem = write_key(tmp_path / "app.pem", app_key)
     creds = manager.Credentials.from_options({}, app_id="1234", installation_id="99",
                                              app_key=str(pem))  # fmt: skip
     s = spec(github, runner_dir)
@@ -231,11 +236,7 @@ def test_a_forged_app_key_is_refused_by_github_and_no_runner_starts(
     github: GitHub, runner_dir: Path, tmp_path: Path
 ) -> None:
     other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = tmp_path / "other.pem"
-    pem.write_bytes(other.private_bytes(serialization.Encoding.PEM,
-                                        serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption()))  # fmt: skip
-    pem.chmod(0o600)
+    pem = write_key(tmp_path / "other.pem", other)
     creds = manager.Credentials.from_options({}, app_id="1234", installation_id="99",
                                              app_key=str(pem))  # fmt: skip
     s = spec(github, runner_dir)

@@ -175,6 +175,23 @@ class LoadSpec:
             )
 
 
+def spec_from(lo: Any, stop_at_saturation: bool = True) -> LoadSpec:
+    """A sweep from ``[load]``-shaped settings (``servegate.config.Load``): the gate's
+    configured sweep and ``servegate bench load``'s options alike."""
+    rates = bool(lo.rates)
+    return LoadSpec(
+        mode="rate" if rates else "concurrency",
+        points=tuple(float(p) for p in (lo.rates if rates else lo.concurrencies)),
+        duration_s=lo.duration,
+        burstiness=lo.burstiness,
+        seed=lo.seed,
+        slo=parse_goodput(lo.goodput),
+        workload=lo.workload,
+        prefix_share=lo.prefix_share,
+        stop_at_saturation=stop_at_saturation,
+    )
+
+
 def arrivals(rate: float, duration: float, burstiness: float, rng: random.Random) -> list[float]:
     """Offsets (seconds from the start) of the arrivals in ``duration``: gamma-distributed
     gaps of mean ``1/rate`` and shape ``burstiness`` (1: exponential, a Poisson process;
@@ -330,7 +347,7 @@ class Load:
         self.output = output
         self.reporter = reporter or QuietReporter()
         self.rng = random.Random(load.seed)
-        self.source = telemetry.find()
+        self.source = bench.telemetry  # found once, by the bench
         self.result: dict[str, Any] = {
             "schema": cases.SCHEMA,
             "kind": KIND,
@@ -354,7 +371,7 @@ class Load:
             "engine": bench.result["engine"],
             "sizing": bench.result["sizing"],
             "warmup": bench.result["warmup"],
-            "telemetry": telemetry.describe(self.source),
+            "telemetry": bench.result.get("telemetry") or telemetry.describe(self.source),
             "points": [],
             "knee": None,
         }

@@ -68,19 +68,7 @@ def lower_is_better(metric: str) -> bool:
 
 
 def spec_of(cfg: Config) -> load.LoadSpec:
-    lo = cfg.load
-    rates = bool(lo.rates)
-    return load.LoadSpec(
-        mode="rate" if rates else "concurrency",
-        points=tuple(lo.rates) if rates else tuple(float(c) for c in lo.concurrencies),
-        duration_s=lo.duration,
-        burstiness=lo.burstiness,
-        seed=lo.seed,
-        slo=load.parse_goodput(lo.goodput),
-        workload=lo.workload,
-        prefix_share=lo.prefix_share,
-        stop_at_saturation=True,
-    )
+    return load.spec_from(cfg.load)
 
 
 def check_config(cfg: Config) -> None:
