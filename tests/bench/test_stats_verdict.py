@@ -187,6 +187,22 @@ def test_without_reference_samples_the_drift_check_says_it_did_not_look() -> Non
     }
 
 
+def test_readings_of_another_reference_workload_are_not_compared() -> None:
+    # a baseline recorded with another reference workload (an older servegate, another
+    # core count) would credit the candidate with a change of the measuring stick
+    base = _with_reference(samples({"prefill_tps": [6000.0, 6100.0, 5900.0]}), [4.1, 4.5, 4.2])
+    base.cases["regular-16k"].reference_workload = "numpy float64 320x320 matmul"
+    cand = _with_reference(samples({"prefill_tps": [5900.0, 6000.0, 6050.0]}), [95.0, 96.0, 94.0])
+    cand.cases[
+        "regular-16k"
+    ].reference_workload = "numpy float64 320x320 matmul, 1 BLAS thread x 2 cores"
+    d = verdict.evaluate(base, cand, [verdict.Rule("prefill_tps", "higher", 0.5)])
+    row = d["rows"][0]
+    assert row["drift"]["checked"] is False
+    assert "the reference workload differs" in row["drift"]["why"]
+    assert d["verdict"] == "PASS", row
+
+
 def test_plan_and_resolution_follow_the_box_noise() -> None:
     def plan(cv: float, offset: float = 0.0, cap: int = 50) -> int | None:
         return stats.plan(cv, offset, 0.05, 0.05, 0.01, rows=2, reps=3, cap=cap)

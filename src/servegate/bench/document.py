@@ -149,7 +149,7 @@ def group_reference(before: float | None, after: float | None) -> GroupReference
         "before_gflops": round(before, 3),
         "after_gflops": round(after, 3),
         "rate": round((before * after) ** 0.5, 3),
-        "workload": f"numpy float64 {reference.SIZE}x{reference.SIZE} matmul",
+        "workload": reference.workload(),
     }
 
 

@@ -33,6 +33,9 @@ class CaseSamples:
     reasons: dict[str, int] = field(default_factory=dict)
     #: the box's speed beside each group (the reference workload's rate); empty: not measured
     reference: list[float] = field(default_factory=list)
+    #: what the reference readings measured (:func:`servegate.bench.reference.workload`);
+    #: readings of different workloads are never compared
+    reference_workload: str = ""
     #: how many service starts the samples come from (the gate may spread them)
     starts: int = 1
 
@@ -44,6 +47,7 @@ class CaseSamples:
             "metrics": self.metrics,
             "reasons": self.reasons,
             "reference": self.reference,
+            "reference_workload": self.reference_workload,
             "starts": self.starts,
         }
 
@@ -77,6 +81,7 @@ def from_record(doc: Mapping[str, Any], source: str) -> Samples:
             {k: [float(v) for v in vs] for k, vs in (c.get("metrics") or {}).items()},
             dict(c.get("reasons") or {}),
             [float(v) for v in c.get("reference") or []],
+            str(c.get("reference_workload") or ""),
             max(1, int(c.get("starts") or 1)),
         )
         for cid, c in (doc.get("cases") or {}).items()
@@ -91,11 +96,14 @@ def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:
     for case in doc.get("cases") or []:
         trials = [t for g in case.get("groups") or [] for t in g.get("trials") or []]
         cs = _case(case["id"], bool(case.get("required", True)), trials)
-        cs.reference = [
-            float(g["reference"]["rate"])
+        refs = [
+            g["reference"]
             for g in case.get("groups") or []
             if isinstance(g.get("reference"), dict) and g["reference"].get("rate")
         ]
+        cs.reference = [float(r["rate"]) for r in refs]
+        kinds = {str(r.get("workload") or "") for r in refs}
+        cs.reference_workload = kinds.pop() if len(kinds) == 1 else ""
         cs.starts = max(1, len({g.get("start", 0) for g in case.get("groups") or []}))
         cases[cs.id] = cs
     fp = dict(doc.get("fingerprint") or {})

@@ -231,6 +231,13 @@ def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings) -> dict[str, Any]:
     if not cs.reference or not bcs.reference:
         side = "baseline" if not bcs.reference else "candidate"
         return {"checked": False, "why": f"the {side} has no reference-workload samples"}
+    if cs.reference_workload != bcs.reference_workload:
+        return {
+            "checked": False,
+            "why": f"the reference workload differs (baseline: "
+            f"{bcs.reference_workload or 'unnamed'}; candidate: "
+            f"{cs.reference_workload or 'unnamed'}): the box's change is not measured",
+        }
     change = stats.gm(cs.reference) / stats.gm(bcs.reference) - 1
     moved = abs(change) > st.drift
     return {
