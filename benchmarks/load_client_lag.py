@@ -6,9 +6,12 @@ benchmark drives the real load sweep (``servegate.bench.load``) against a server
 costs almost nothing: a separate process answering OpenAI-style streaming chat
 completions (a fixed number of chunks at a fixed pace, the usage, ``[DONE]``), so the
 client's own limits are what is measured. It prints, per rate, the requests, the p50 /
-p99 / max lag, and the client process's CPU time.
+p99 / max lag, and the client process's CPU time. By default the server runs on the
+last core and the client on the others (as a bench client and an engine's API process
+sit on a serving host); ``--shared-cores`` lets them share every core.
 
     python benchmarks/load_client_lag.py [--rates 10,50,100,200] [--duration 10]
+        [--shared-cores]
 """
 
 from __future__ import annotations
@@ -99,12 +102,21 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=32, help="chunks a response")
     ap.add_argument("--pace", type=float, default=0.01, help="seconds between chunks")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--shared-cores", action="store_true",
+                    help="let the server and the client share every core (default: the "
+                    "server on the last core, the client on the others, as a bench "
+                    "client and an engine's API process are on a serving host)")  # fmt: skip
     args = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    pin = not args.shared_cores and len(cores) > 1
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(port), str(args.chunks), str(args.pace)]
+        [sys.executable, "-c", SERVER, str(port), str(args.chunks), str(args.pace)],
+        preexec_fn=(lambda: os.sched_setaffinity(0, cores[-1:])) if pin else None,
     )
+    if pin:
+        os.sched_setaffinity(0, cores[:-1])
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -136,7 +148,8 @@ def main() -> int:
             print(f"{rate:>7g} {p['requests']:>8} {p['failed']:>6} {p50:>10.3f} "
                   f"{p99:>10.3f} {top:>10.3f} {cpu:>12.2f}")  # fmt: skip
         if args.json:
-            args.json.write_text(json.dumps({"cpus": os.cpu_count(), "rows": rows}, indent=1))
+            figures = {"cpus": os.cpu_count(), "pinned": pin, "rows": rows}
+            args.json.write_text(json.dumps(figures, indent=1))
     finally:
         server.terminate()
         server.wait()
