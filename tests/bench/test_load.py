@@ -125,6 +125,21 @@ def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures()
     assert "request(s) failed: HTTP 503" in load.saturation(failing, calm, calm, spec)
 
 
+def test_a_saturated_point_whose_own_e2e_spans_most_of_it_is_still_seen_growing() -> None:
+    """12 req/s for 10 s on a server that serves 3: the queue grows linearly, each
+    request's E2E grows with it, and the median E2E (6 s) ends its own ramp late; counted
+    from the lightest point's E2E (1 s), the arrivals show the queue that grew."""
+    spec = load.LoadSpec("rate", (0.5, 12.0), duration_s=10)
+    records = [_record(i, int(i / 12 * 9), step=1 / 12) for i in range(120)]
+    records = [{**r, "e2el_s": 1.0 + r["due_s"]} for r in records]  # each waits longer
+    own = _point(spec, 12.0, records)
+    assert own["in_flight"]["steady_from_s"] > 5
+    assert load.saturation(own, None, None, spec) == ""  # its own E2E hides the growth
+    capped = load.summarize(records, [30.0] * 10, spec, 12.0, 20.0, ramp_cap=1.0)
+    assert capped["in_flight"]["steady_from_s"] == 1.0
+    assert "the queue grew through the point" in load.saturation(capped, None, None, spec)
+
+
 def test_the_ramp_of_a_long_request_is_not_a_growing_queue() -> None:
     """A server with room to spare and 15 s requests at 0.5 req/s: the requests in flight
     rise from none to 7 over the first 15 s and stay there. Not saturated."""

@@ -348,6 +348,8 @@ class Load:
         self.reporter = reporter or QuietReporter()
         self.rng = random.Random(load.seed)
         self.source = bench.telemetry  # found once, by the bench
+        #: the first measured point's median E2E: the ramp of every later point ends by it
+        self.unloaded_e2e: float | None = None
         self.result: dict[str, Any] = {
             "schema": cases.SCHEMA,
             "kind": KIND,
@@ -534,7 +536,7 @@ class Load:
             gaps.extend(g)
         hits = prom.delta(before, after, names.prefix_hits)
         queries = prom.delta(before, after, names.prefix_queries)
-        summary = summarize(records, gaps, spec, value, ended - started)
+        summary = summarize(records, gaps, spec, value, ended - started, self.unloaded_e2e)
         summary.update(
             server_queue=queue.summary(),
             prefix_hit_rate=round(hits / queries, 4) if hits is not None and queries else None,
@@ -550,6 +552,8 @@ class Load:
             base = next((q for q in points if q["ttft_s"]), None)
             why = saturation(p, base, points[-1] if points else None, self.load)
             p["saturated"], p["why"] = bool(why), why
+            if self.unloaded_e2e is None and p["e2el_s"]:
+                self.unloaded_e2e = p["e2el_s"]["p50"]
             points.append(p)
             self.save()
             self.reporter.note(line(p))
@@ -568,8 +572,10 @@ def summarize(
     spec: LoadSpec,
     value: float,
     wall: float,
+    ramp_cap: float | None = None,
 ) -> dict[str, Any]:
-    """One point's figures from its requests."""
+    """One point's figures from its requests. ``ramp_cap``: the lightest point's median
+    E2E, where the ramp of a later point ends at the latest."""
     ok = [r for r in records if r["ok"]]
     ends = [r["ended_s"] for r in ok if r["ended_s"] is not None]
     span = max(ends) if ends else wall
@@ -577,9 +583,13 @@ def summarize(
     in_tokens = sum(r["prompt_tokens"] or 0 for r in ok if isinstance(r["prompt_tokens"], int))
     good = [r for r in ok if spec.slo.met(r)]
     # the requests in flight ramp up from none over the first E2E of every point, even on
-    # a server with room to spare: only arrivals after that ramp show whether it grew
+    # a server with room to spare: only arrivals after that ramp show whether it grew. A
+    # saturated point's own E2E grows with its queue (past the point's end, when the queue
+    # is long): its ramp ends by the lightest point's E2E, or the growth would be hidden
     e2els = sorted(r["e2el_s"] for r in ok if r["e2el_s"] is not None)
     ramp = e2els[len(e2els) // 2] if e2els else 0.0
+    if ramp_cap is not None:
+        ramp = min(ramp, ramp_cap)
     steady = [r for r in records if r["due_s"] >= ramp]
     thirds = max(1, len(steady) // 3)
     first = [r["in_flight_at_send"] for r in steady[:thirds]]
