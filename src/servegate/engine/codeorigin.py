@@ -17,6 +17,7 @@ Two kinds of evidence, both read from outside the process:
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import os
 import re
@@ -45,11 +46,43 @@ SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/o
                "/usr/local/cuda", "/usr/share")  # fmt: skip
 
 
+#: the dynamic loader's configuration, as ldconfig reads it
+LD_SO_CONF = Path("/etc/ld.so.conf")
+
+
+def loader_dirs(conf: Path | None = None, _depth: int = 0) -> list[Path]:
+    """The library directories the dynamic loader is configured with (``/etc/ld.so.conf``
+    and the files its ``include`` lines name, as ldconfig reads them): system library
+    directories by the box's own configuration, such as a GPU driver mounted at
+    ``/usr/local/nvidia/lib64``. A file that is not root's, or that group or others may
+    write, is not the box's configuration and is skipped."""
+    conf = conf or LD_SO_CONF
+    try:
+        info = conf.stat()
+        lines = conf.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    if info.st_uid != 0 or info.st_mode & 0o022 or _depth > 4:
+        return []
+    out: list[Path] = []
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if line.startswith("include"):
+            for pattern in line.split()[1:]:
+                full = pattern if pattern.startswith("/") else str(conf.parent / pattern)
+                for name in sorted(glob.glob(full)):
+                    out += loader_dirs(Path(name), _depth + 1)
+        elif line.startswith("/") and not line.startswith("hwcap"):
+            out.append(Path(line.split("=", 1)[0].strip()))
+    return out
+
+
 def runtime_roots(exp: Expectation) -> list[Path]:
     """Where code outside the release may lie: the service interpreter's venv (all of
     it), the libraries and executables of the installation it was made from (``lib``,
     ``lib64``, ``bin`` of its prefix — never the whole prefix: for /usr/bin/python that
-    would be all of /usr), the system's library directories, and the configured roots
+    would be all of /usr), the system's library directories (the usual ones and those
+    the dynamic loader is configured with), and the configured roots
     (``provenance.runtime_roots``, the launch's compile caches)."""
     bases = [Path(os.path.realpath(exp.interpreter)).parent.parent]
     roots: list[Path] = []
@@ -62,7 +95,7 @@ def runtime_roots(exp: Expectation) -> list[Path]:
         bases.append(Path(os.path.abspath(exp.interpreter)).parent.parent)
     for base in bases:
         roots += [base / "lib", base / "lib64", base / "bin"]
-    roots += [Path(d) for d in SYSTEM_LIBS] + list(exp.runtime_roots)
+    roots += [Path(d) for d in SYSTEM_LIBS] + loader_dirs() + list(exp.runtime_roots)
     return list(dict.fromkeys(r for r in roots if str(r) != "/"))
 
 
