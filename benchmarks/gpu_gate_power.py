@@ -2,7 +2,7 @@
 release and 10 of a slower one, on a real GPU server.
 
     python3 benchmarks/gpu_gate_power.py --out DIR [--runs 10] [--tier 16k]
-        [--max-tokens 128] [--slow "--attn-implementation eager"]
+        [--max-tokens 128] [--slow "--attn-implementation eager"] [--deadline S]
 
 Run on a machine with a CUDA GPU and a Python that has torch, transformers and the
 ``transformers serve`` extras; servegate on ``PYTHONPATH``. It makes the random-weight
@@ -181,6 +181,12 @@ def main() -> int:
     parser.add_argument("--slow", default="--attn-implementation eager")
     parser.add_argument("--hidden", type=int, default=1024, help="the model's hidden size")
     parser.add_argument("--layers", type=int, default=16, help="the model's layers")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="seconds: start no new round after this (0: none); the rounds done are kept",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="sg-gpu-power-"))
@@ -224,6 +230,9 @@ def main() -> int:
         print("B / A medians:", json.dumps(report["slow_margin"]), flush=True)
         # 3. the gates: a fresh baseline each round, A' and B judged by the release gate
         for i in range(args.runs):
+            if args.deadline and time.monotonic() - started > args.deadline:
+                print(f"deadline: {i} of {args.runs} rounds done", flush=True)
+                break
             base = work / f"base-{i:02d}.json"
             measure(cfg, servers["A"], 5, base)
             gcfg = load_cfg(work, model, args, str(base))
@@ -247,20 +256,25 @@ def main() -> int:
                 ratios = "; ".join(f"{r['metric']} {r.get('ratio')}" for r in row["rows"])
                 print(f"round {i + 1}: {name} {ev['verdict']} reps {ev.get('repetitions')} "
                       f"starts {ev.get('starts')} — {ratios}", flush=True)  # fmt: skip
-                (args.out / "gate-power.json").write_text(json.dumps(report, indent=2))
+                save(report, args.out)
     finally:
         for s in servers.values():
             s.stop()
         shutil.rmtree(work, ignore_errors=True)
+    save(report, args.out)
+    print(json.dumps(report["summary"]))
+    return 0
+
+
+def save(report: dict[str, Any], out: Path) -> None:
+    """``gate-power.json`` with the summary so far (a run cut short keeps its rounds)."""
     same = [g["verdict"] for g in report["gates"] if g["release"] == "A'"]
     slow = [g["verdict"] for g in report["gates"] if g["release"] == "B"]
     report["summary"] = {
         "identical_false_alarms": sum(v != "PASS" for v in same), "identical_gates": len(same),
         "slow_caught": sum(v != "PASS" for v in slow), "slow_gates": len(slow),
     }  # fmt: skip
-    (args.out / "gate-power.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["summary"]))
-    return 0
+    (out / "gate-power.json").write_text(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -401,6 +401,25 @@ def servegate_parser() -> argparse.ArgumentParser:
         help="only make the demo stack (origin, clone with launch.sh and build.sh, model); "
         "promote nothing (the walkthrough in docs/box-setup.md)",
     )
+    demo.add_argument(
+        "--engine",
+        choices=("vllm", "transformers"),
+        default="vllm",
+        help="the server the stack runs: vLLM's CPU build (default) or Hugging Face's "
+        "`transformers serve` (on a GPU with --arch sm_90)",
+    )
+    demo.add_argument(
+        "--arch",
+        default="gfx1030",
+        help="the GPU arch the stack's kernels are built for (default gfx1030, hipcc); an "
+        "NVIDIA arch such as sm_90 (nvcc) serves on that GPU with --engine transformers",
+    )
+    demo.add_argument(
+        "--python",
+        type=Path,
+        help="--engine transformers: the Python with torch, transformers and its serving "
+        "extras (default: this one on a GPU, the demo's vLLM environment on a CPU)",
+    )
     demo.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     demo.add_argument("-v", "--verbose", action="store_true", help="echo every command run")
     return parser
@@ -419,7 +438,10 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "demo":
         from servegate.commands import demo
 
-        return demo.run(out, args.workdir, args.keep_running, args.stack_only)
+        return demo.run(
+            out, args.workdir, args.keep_running, args.stack_only,
+            engine=args.engine, arch=args.arch, python=args.python,
+        )  # fmt: skip
     if args.command == "lease":
         from servegate.commands import lease
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,9 @@ from typing import Any
 from servegate import config as config_mod
 from servegate.demo import sandbox, scenario, vllm_env
 from servegate.engine.managers.supervisor import Supervisor
+from servegate.errors import ConfigError
 from servegate.output import Output
+from servegate.pipeline.stages import Reporter
 from servegate.release.context import Context
 from servegate.release.promote import Outcome, promote
 
@@ -55,15 +58,49 @@ def _row(step: str, outcome: Outcome, subject: str) -> list[str]:
     ]
 
 
-def run(out: Output, workdir: Path, keep_running: bool, stack_only: bool = False) -> int:
+def _serving_python(
+    environ: dict[str, str], engine: str, arch: str, python: Path | None, reporter: Reporter
+) -> Path:
+    """The interpreter that serves: vLLM's demo environment, or for ``transformers serve``
+    the one given, this one on a GPU, the demo environment (which carries transformers
+    and its serving extras) on a CPU; checked before anything is built."""
+    vllm_env.require_compiler(environ, arch)
+    if engine == "vllm":
+        if not arch.startswith("gfx"):
+            raise ConfigError(
+                f"the vLLM demo serves on the CPU with gfx kernels, not {arch}",
+                hint="on an NVIDIA GPU: servegate demo --engine transformers --arch " + arch,
+            )
+        return vllm_env.ensure(environ, reporter)
+    if python is None:
+        python = Path(sys.executable) if arch.startswith("sm_") else None
+    chosen = python or vllm_env.ensure_transformers_serve(environ, reporter)
+    vllm_env.require_transformers_serve(chosen)
+    return chosen
+
+
+def run(
+    out: Output,
+    workdir: Path,
+    keep_running: bool,
+    stack_only: bool = False,
+    *,
+    engine: str = "vllm",
+    arch: str = "gfx1030",
+    python: Path | None = None,
+) -> int:
     environ = dict(os.environ)
     reporter = out.reporter()
-    vllm_env.require_hipcc(environ)
-    python = vllm_env.ensure(environ, reporter)
+    if stack_only and engine != "vllm":
+        raise ConfigError(
+            "--stack-only makes the vLLM demo stack (the walkthrough's launch script)",
+            hint="leave out --engine, or leave out --stack-only",
+        )
+    python = _serving_python(environ, engine, arch, python, reporter)
     if stack_only:
         return _stack_only(out, workdir, python)
     reporter.note(f"building the sandbox in {workdir} (bare origin, host root, tiny model) …")
-    sb = sandbox.create(workdir, python)
+    sb = sandbox.create(workdir, python, engine=engine, arch=arch)
     cfg = config_mod.load(sb.config, environ)
     rows: list[list[str]] = []
     results: list[dict[str, Any]] = []

@@ -20,11 +20,34 @@ STACK = resources.files("servegate.demo") / "stack"
 STACK_TOML = resources.files("servegate.demo") / "stack.toml"
 
 
+#: the demo's engines: vLLM (its CPU build) or Hugging Face's ``transformers serve``
+ENGINES = ("vllm", "transformers")
+
+
 @dataclass(frozen=True)
 class Sandbox:
     root: Path
     python: Path
     port: int
+    #: ``vllm`` or ``transformers``
+    engine: str = "vllm"
+    #: the GPU arch the stack's kernels are built for (``gfx1030``, ``sm_90``, …)
+    arch: str = "gfx1030"
+
+    @property
+    def gpu(self) -> bool:
+        """``transformers serve`` on an NVIDIA GPU (an ``sm_*`` arch); else on the CPU,
+        where the kernels are built and loaded, never run."""
+        return self.engine == "transformers" and self.arch.startswith("sm_")
+
+    @property
+    def launcher(self) -> str:
+        """The stack's launcher for the engine (what the scenario's commits edit)."""
+        return "demo_stack/serve.py" if self.engine == "vllm" else "demo_stack/serve_hf.py"
+
+    @property
+    def hub(self) -> Path:
+        return self.root / "hub"
 
     @property
     def origin(self) -> Path:
@@ -65,6 +88,8 @@ def _copy_tree(src: resources.abc.Traversable, dest: Path) -> None:
 
 
 def config_text(sb: Sandbox) -> str:
+    if sb.engine == "transformers":
+        return _transformers_config(sb)
     q = json.dumps
     return f"""# servegate config of the demo sandbox (see docs/config.md)
 [stack]
@@ -138,6 +163,91 @@ identity_email = "servegate@demo.invalid"
 """ + STACK_TOML.read_text()
 
 
+def _transformers_config(sb: Sandbox) -> str:
+    """The sandbox's config for ``transformers serve``: on a GPU the 16k tier and a 10 %
+    tolerance; on a CPU the 4k tier (eager attention, the slow release, is then about five
+    times slower to prefill on two cores) and the CPU demo's 50 %. The server has no
+    /tokenize and no metrics: prompts are sized with the model's own tokenizer files and
+    the gate reads the client's clock."""
+    q = json.dumps
+    tier, max_tokens, tolerance = ("16k", 256, 0.10) if sb.gpu else ("4k", 256, 0.50)
+    device, dtype = ("cuda:0", "bfloat16") if sb.gpu else ("cpu", "float32")
+    stack = STACK_TOML.read_text().replace('archs = ["gfx1030"]', f"archs = [{q(sb.arch)}]")
+    return (
+        f"""# servegate config of the demo sandbox on transformers serve (see docs/config.md)
+[stack]
+remote = {q(str(sb.origin))}
+branch = "main"
+
+[host]
+root = {q(str(sb.host_root))}
+strategy = "worktree"
+keep_releases = 3
+
+[service]
+manager = "supervisor"
+unit = "demo-stack"
+port = {sb.port}
+startup_timeout = 600
+stop_timeout = 60
+# transformers serve pinned to a local model serves it under its path
+model = {q(str(sb.model))}
+profile = "transformers-demo"
+
+[service.params]
+python = {q(str(sb.python))}
+model = {q(str(sb.model))}
+hub = {q(str(sb.hub))}
+device = {q(device)}
+dtype = {q(dtype)}
+
+[provenance]
+extensions = ["build/*.so"]
+modules = ["demo_stack"]
+
+[probes]
+smoke_prompt = "Say hello."
+smoke_max_tokens = 16
+
+# the long-context bench: prose at the {tier} tier, {max_tokens} tokens out; the model
+# has no end-of-sequence token, so every answer is exactly that long
+[bench]
+profiles = ["regular"]
+tiers = [{q(tier)}]
+repetitions = 4
+max_repetitions = 6
+max_tokens = {max_tokens}
+seed = -1
+tokenizer = {q(str(sb.model))}
+tokenizer_python = {q(str(sb.python))}
+# random weights, sampled: the text is noise in which one token can pass the field's 20 %,
+# and byte pieces that make fewer words than the field's 128 in 256 tokens
+max_dominant_ratio = 0.35
+min_text_tokens = 64
+
+# prefill and decode by the client's clock against the live release's recorded samples
+[gate]
+checks = ["smoke", "bench"]
+no_baseline = "first-release"
+
+[[gate.rules]]
+metric = "prefill_tps"
+tolerance = {tolerance}
+
+[[gate.rules]]
+metric = "generation_tps"
+tolerance = {tolerance}
+
+[release]
+tag = "demo/{{date}}-{{time}}-{{short}}"
+identity_name = "servegate demo"
+identity_email = "servegate@demo.invalid"
+
+"""
+        + stack
+    )
+
+
 def _stop_earlier_demo(root: Path) -> None:
     """An earlier demo left running (--keep-running) is shut down before its files go."""
     from servegate import config as config_mod
@@ -148,7 +258,18 @@ def _stop_earlier_demo(root: Path) -> None:
         Supervisor(config_mod.load(path, {})).shutdown_daemon()
 
 
-def create(root: Path, python: Path, config: bool = True) -> Sandbox:
+#: the model's shape: (hidden, layers, positions); on a GPU large enough that the GPU's
+#: work, not the server's Python, sets the pace, and long enough for the 128k tier
+MODEL_SHAPE = {"cpu": ("256", "4", "32768"), "gpu": ("1024", "16", "140000")}
+
+
+def create(
+    root: Path,
+    python: Path,
+    config: bool = True,
+    engine: str = "vllm",
+    arch: str = "gfx1030",
+) -> Sandbox:
     """A fresh sandbox at ``root`` (an earlier demo sandbox there is replaced)."""
     if root.exists():
         if not (root / MARKER).exists():
@@ -160,15 +281,20 @@ def create(root: Path, python: Path, config: bool = True) -> Sandbox:
         shutil.rmtree(root)
     root.mkdir(parents=True)
     (root / MARKER).write_text("servegate demo sandbox\n")
-    sb = Sandbox(root.resolve(), python, free_port())
+    sb = Sandbox(root.resolve(), python, free_port(), engine, arch)
     init_repo(sb.origin, bare=True)
     init_repo(sb.work).create_remote("origin", str(sb.origin))
     _copy_tree(STACK, sb.work)
     if config:
         sb.config.write_text(config_text(sb))
     maker = resources.files("servegate.demo") / "make_model.py"
+    shape: list[str] = []
+    if engine == "transformers":  # sampled, and exactly max_tokens long: no EOS token
+        sb.hub.mkdir()
+        hidden, layers, positions = MODEL_SHAPE["gpu" if sb.gpu else "cpu"]
+        shape = ["--hidden", hidden, "--layers", layers, "--max-positions", positions, "--no-eos"]
     proc.run(
-        [str(python), "-c", maker.read_text(), str(sb.model)],
+        [str(python), "-c", maker.read_text(), str(sb.model), *shape],
         timeout=600,
         log_path=root / "make-model.log",
     )

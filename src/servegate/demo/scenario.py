@@ -19,6 +19,8 @@ def shared_copy(path: Path) -> Path:
 if __name__ == "__main__":'''
 
 
+IMPORTS = "import os\nimport shutil\nimport sys\nimport tempfile\nfrom pathlib import Path\n"
+
 GRID_OLD = """  int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] += a * x[i];"""
 GRID_NEW = """  int stride = gridDim.x * blockDim.x;
@@ -26,7 +28,7 @@ GRID_NEW = """  int stride = gridDim.x * blockDim.x;
 
 
 def good_first(sb: Sandbox) -> str:
-    return commit(sb, "demo stack: gfx1030 kernels v1 and the vLLM launcher")
+    return commit(sb, f"demo stack: {sb.arch} kernels v1 and the {sb.engine} launcher")
 
 
 def good_second(sb: Sandbox) -> str:
@@ -44,12 +46,12 @@ def good_second(sb: Sandbox) -> str:
 def bad_shared_kernels(sb: Sandbox) -> str:
     """Healthy and answering — but it maps a copy of its kernels from outside the release,
     the way a stale extension reaches a live service. Provenance must catch it."""
-    serve = "demo_stack/serve.py"
+    serve = sb.launcher
     return commit(
         sb,
         "launcher: load kernels from a shared cache",
         [
-            (serve, "import sys\n", "import os\nimport shutil\nimport sys\nimport tempfile\n"),
+            (serve, "import sys\n", IMPORTS),
             (serve, '\n\nif __name__ == "__main__":', SHARED_COPY),
             (serve, "load_kernels(LIBRARY)", "load_kernels(shared_copy(LIBRARY))"),
         ],
@@ -57,23 +59,30 @@ def bad_shared_kernels(sb: Sandbox) -> str:
 
 
 def slow_prefill(sb: Sandbox) -> str:
-    """Loads its kernels from the release again and serves every answer — but caps the
-    scheduler at 8 batched tokens a step "so a decode step never waits behind a prefill":
-    a 2k-token prompt now takes 256 engine steps instead of one, and prefill is about five
-    times slower than the live release's. The bench gate must fail it."""
-    serve = "demo_stack/serve.py"
+    """Loads its kernels from the release again and serves every answer — but slower.
+
+    vLLM: caps the scheduler at 8 batched tokens a step "so a decode step never waits
+    behind a prefill": a 2k-token prompt now takes 256 engine steps instead of one, and
+    prefill is about five times slower than the live release's. ``transformers serve``:
+    eager attention "for the reference implementation's numbers", which writes out every
+    attention matrix that the default (SDPA) kernels never materialise. The bench gate
+    must fail it."""
+    serve = sb.launcher
+    if sb.engine == "vllm":
+        message = "cap batched tokens for flat decode latency"
+        anchor = 'sys.argv[0] = "vllm.entrypoints.openai.api_server"'
+        slower = '\n    sys.argv += ["--max-num-batched-tokens", "8"]  # decode never waits'
+    else:
+        message = "eager attention, the reference implementation's numbers"
+        anchor = 'sys.argv[1:1] = ["serve"]'
+        slower = '\n    sys.argv += ["--attn-implementation", "eager"]  # reference numerics'
     return commit(
         sb,
-        "launcher: kernels from the release again; cap batched tokens for flat decode latency",
+        f"launcher: kernels from the release again; {message}",
         [
-            (serve, "import os\nimport shutil\nimport sys\nimport tempfile\n", "import sys\n"),
+            (serve, IMPORTS, "import sys\n"),
             (serve, SHARED_COPY, '\n\nif __name__ == "__main__":'),
             (serve, "load_kernels(shared_copy(LIBRARY))", "load_kernels(LIBRARY)"),
-            (
-                serve,
-                'sys.argv[0] = "vllm.entrypoints.openai.api_server"',
-                'sys.argv[0] = "vllm.entrypoints.openai.api_server"\n'
-                '    sys.argv += ["--max-num-batched-tokens", "8"]  # decode never waits',
-            ),
+            (serve, anchor, anchor + slower),
         ],
     )

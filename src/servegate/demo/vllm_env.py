@@ -50,9 +50,75 @@ def ensure(environ: Mapping[str, str], reporter: Reporter) -> Path:
     return python
 
 
-def require_hipcc(environ: Mapping[str, str]) -> None:
+def require_compiler(environ: Mapping[str, str], arch: str) -> None:
+    """hipcc for a gfx arch, nvcc for an sm arch: the demo stack's kernels are built
+    with it."""
+    if arch.startswith("sm_"):
+        if not shutil.which("nvcc", path=environ.get("PATH", os.defpath)):
+            raise PreflightFailed(
+                f"nvcc is not on PATH: the demo stack builds its kernels for {arch} with it",
+                hint="install the CUDA toolkit, or put its bin/ (e.g. /usr/local/cuda/bin) on PATH",
+            )
+        return
     if not shutil.which("hipcc", path=environ.get("PATH", os.defpath)):
         raise PreflightFailed(
-            "hipcc is not installed: the demo stack builds its kernels for gfx1030 with it",
+            f"hipcc is not installed: the demo stack builds its kernels for {arch} with it",
             hint="apt-get update && apt-get install -y hipcc libamdhip64-dev rocm-device-libs",
+        )
+
+
+#: what ``transformers serve`` imports (accelerate: it places the model by device_map)
+SERVE_MODULES = (
+    "torch", "transformers.cli.transformers", "fastapi", "uvicorn", "openai", "accelerate",
+)  # fmt: skip
+#: what the demo environment lacks of those (vLLM brings the rest)
+SERVE_EXTRAS = "accelerate>=1.0"
+
+
+def ensure_transformers_serve(environ: Mapping[str, str], reporter: Reporter) -> Path:
+    """The demo environment's python, with what ``transformers serve`` needs beyond
+    vLLM's own dependencies (installed once)."""
+    python = ensure(environ, reporter)
+    if proc.run([str(python), "-c", "import accelerate"], timeout=120, check=False).ok:
+        return python
+    reporter.note(f"installing {SERVE_EXTRAS} into the demo environment (once) …")
+    try:
+        proc.run(
+            [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q",
+             SERVE_EXTRAS],
+            timeout=600,
+        )  # fmt: skip
+    except CommandFailed as exc:
+        raise PreflightFailed(
+            f"could not install {SERVE_EXTRAS} for transformers serve: {exc}",
+            hint="the demo needs PyPI access once, or pass --python with a ready interpreter",
+        ) from None
+    return python
+
+
+def require_transformers_serve(python: Path) -> None:
+    """``python`` can run ``transformers serve``, or a clear error naming what is missing."""
+    probe = (  # imported, not only found: a package whose own dependency is missing fails
+        "import importlib\n"
+        "gone = []\n"
+        f"for n in {SERVE_MODULES!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(n)\n"
+        "    except ImportError as e:\n"
+        "        gone.append(f'{n} ({e.name or e})')\n"
+        "print('missing:', ', '.join(gone))\n"
+    )
+    try:
+        output = proc.run([str(python), "-I", "-c", probe], timeout=120).output
+        line = next(ln for ln in output.splitlines()[::-1] if ln.startswith("missing:"))
+    except (CommandFailed, OSError, StopIteration) as exc:
+        raise PreflightFailed(
+            f"{python} could not be run: {exc}", hint="pass --python with a working interpreter"
+        ) from None
+    missing = line.removeprefix("missing:").strip()
+    if missing:
+        raise PreflightFailed(
+            f"{python} cannot run transformers serve: cannot import {missing}",
+            hint=f"{python} -m pip install 'transformers[serving]' (or pass --python with an "
+            "interpreter that has torch, transformers, fastapi, uvicorn and openai)",
         )

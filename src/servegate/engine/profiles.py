@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 from servegate.errors import ConfigError, did_you_mean
 from servegate.pipeline import redact
@@ -40,7 +40,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Header:
     description: str = ""
-    #: ``vllm`` or ``openai`` (any other OpenAI-compatible server)
+    #: ``vllm``, ``transformers`` (``transformers serve``) or ``openai`` (any other
+    #: OpenAI-compatible server)
     engine: Engine = "vllm"
     include: tuple[str, ...] = ()
     #: parameters that must be given (``[service.params]`` or ``--param``)
@@ -298,8 +299,9 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _finish(name: str, merged: _Merged) -> Profile:
     t = merged.tables
     header = _typed(Header, t["profile"], merged.files[-1])
-    if header.engine not in ("vllm", "openai"):
-        raise ConfigError(f"{merged.files[-1]}: [profile] engine must be 'vllm' or 'openai'")
+    if header.engine not in get_args(Engine):
+        names = " or ".join(repr(e) for e in get_args(Engine))
+        raise ConfigError(f"{merged.files[-1]}: [profile] engine must be {names}")
     launch = _typed(Launch, t["launch"], merged.files[-1])
     if bool(launch.module) == bool(launch.executable):
         raise ConfigError(

@@ -1,0 +1,52 @@
+"""The demo sandbox's config for each engine: what `servegate demo --engine transformers`
+promotes with, on a GPU (nvcc, sm_90, bfloat16 on cuda:0, the 16k tier at 10 %) and on a
+CPU (hipcc, gfx1030, float32, the 4k tier at 50 %)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from servegate import config
+from servegate.demo.sandbox import Sandbox, config_text
+from servegate.engine.launch import engine_of, launch_spec
+
+
+@pytest.mark.parametrize(
+    ("arch", "device", "dtype", "tier", "tolerance"),
+    [("sm_90", "cuda:0", "bfloat16", "16k", 0.10), ("gfx1030", "cpu", "float32", "4k", 0.50)],
+)
+def test_the_transformers_sandbox_serves_its_model_through_the_stacks_launcher(
+    tmp_path: Path, arch: str, device: str, dtype: str, tier: str, tolerance: float
+) -> None:
+    sb = Sandbox(tmp_path, Path(sys.executable), 8123, "transformers", arch)
+    assert sb.launcher == "demo_stack/serve_hf.py"
+    sb.config.write_text(config_text(sb))
+    cfg = config.load(sb.config, {})
+    assert engine_of(cfg).name == "transformers"
+    assert cfg.build.archs == (arch,)
+    assert cfg.bench.tiers == (tier,)
+    assert cfg.bench.tokenizer == str(sb.model)  # no /tokenize: sized by its own files
+    assert {r.metric: r.tolerance for r in cfg.gate.rules} == {
+        "prefill_tps": tolerance,
+        "generation_tps": tolerance,
+    }
+    release = tmp_path / "host" / "releases" / ("a" * 40)
+    spec = launch_spec(cfg, release, "a" * 40)
+    assert spec.argv[:4] == (sys.executable, "-m", "demo_stack.serve_hf", str(sb.model))
+    options = dict(zip(spec.argv[4::2], spec.argv[5::2], strict=True))
+    assert options["--device"] == device
+    assert options["--dtype"] == dtype
+    assert options["--port"] == "8123"
+    assert spec.env["HF_HUB_CACHE"] == str(sb.hub)
+    assert spec.env["PYTHONPATH"] == str(release)
+
+
+def test_the_vllm_sandbox_keeps_its_launcher_and_cpu_profile(tmp_path: Path) -> None:
+    sb = Sandbox(tmp_path, Path(sys.executable), 8124)
+    assert (sb.engine, sb.arch, sb.launcher) == ("vllm", "gfx1030", "demo_stack/serve.py")
+    sb.config.write_text(config_text(sb))
+    cfg = config.load(sb.config, {})
+    assert cfg.service.profile == "cpu-demo"

@@ -1,0 +1,102 @@
+"""The demo on a real NVIDIA GPU: ``servegate demo --engine transformers --arch sm_XX``.
+
+The stack's kernels are built with nvcc for this GPU's arch and mapped by the live
+server, Hugging Face's ``transformers serve`` in bfloat16 on the GPU. Two good releases
+are released; a release that maps its kernels from outside itself is rolled back by
+provenance; a release that serves with eager attention is rolled back by the bench gate
+at the 16k tier. Runs the whole demo (about five minutes on one H200).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SERVE = ("torch", "transformers.cli.transformers", "fastapi", "uvicorn", "openai", "accelerate")
+
+
+def nvidia_arch() -> str:
+    """``sm_XY`` of the first NVIDIA GPU here; skips with the reason where there is none."""
+    if not (shutil.which("nvidia-smi") and shutil.which("nvcc")):
+        pytest.skip("no NVIDIA GPU: nvidia-smi and nvcc are not both on PATH")
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode or not out.stdout.strip():
+        pytest.skip(f"nvidia-smi names no GPU: {out.stderr.strip()[:200]}")
+    missing = subprocess.run(
+        [sys.executable, "-I", "-c",
+         "import importlib.util as u; "
+         f"print(*[n for n in {SERVE!r} if u.find_spec(n) is None])"],
+        capture_output=True, text=True, check=False,
+    ).stdout.split()  # fmt: skip
+    if missing:
+        pytest.skip(f"this Python cannot run transformers serve: no {', '.join(missing)}")
+    return "sm_" + out.stdout.split()[0].replace(".", "")
+
+
+def _bench(step: dict[str, Any]) -> dict[str, Any]:
+    checks = step["record"]["gate"]["checks"]
+    return next(c for c in checks if c["name"] == "bench")
+
+
+def test_gpu_demo_releases_two_and_rolls_back_foreign_kernels_and_eager_attention(
+    tmp_path: Path,
+) -> None:
+    arch = nvidia_arch()
+    workdir = tmp_path / "demo"
+    run = subprocess.run(
+        [sys.executable, "-m", "servegate", "demo", "--engine", "transformers",
+         "--arch", arch, "--workdir", str(workdir), "--json"],
+        capture_output=True, text=True, timeout=1800, env=dict(os.environ), check=False,
+    )  # fmt: skip
+    (tmp_path / "demo.json").write_text(run.stdout)
+    (tmp_path / "demo.stderr").write_text(run.stderr)
+    doc = json.loads(run.stdout)["result"]
+    steps = doc["steps"]
+    summary = [(s["step"], s["verdict"], s["reason"][:300]) for s in steps]
+    assert run.returncode == 0, (doc.get("reason"), summary)
+    assert [s["verdict"] for s in steps] == ["released", "released", "rolled_back", "rolled_back"]
+    first, second, bad, slow = steps
+
+    # the live server ran the release's kernels, built for this GPU
+    proof = first["record"]["provenance"]
+    assert proof["ok"], proof
+    release_dir = workdir / "host" / "releases" / first["sha"]
+    (mapping,) = {m["path"]: m for m in proof["extensions"]}.values()
+    assert mapping["path"] == str(release_dir.resolve() / "build" / "libdemo_kernels.so")
+    assert mapping["sha256"] == first["record"]["artifacts"]["build/libdemo_kernels.so"]
+    assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
+    objects = first["record"]["code_objects"]["build/libdemo_kernels.so"]
+    assert arch in [o["arch"] for o in objects], objects
+    assert first["record"]["launch"]["profile"] == "transformers-demo"
+
+    # the second good release was judged against the first at the 16k tier
+    b2 = _bench(second)
+    assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
+    assert b2["evidence"]["baseline"] == f"live release {first['sha'][:12]}"
+
+    assert bad["exit_code"] == 8
+    assert "mapped from outside the release" in bad["reason"]
+    assert bad["rollback"]["ok"] is True
+    assert bad["rollback"]["sha"] == second["sha"]
+
+    b4 = _bench(slow)
+    assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
+    prefill = next(r for r in b4["evidence"]["rows"] if r["metric"] == "prefill_tps")
+    assert prefill["verdict"] == "FAIL", prefill
+    assert slow["exit_code"] == 9
+    assert slow["rollback"]["ok"] is True
+    assert slow["rollback"]["sha"] == second["sha"]
