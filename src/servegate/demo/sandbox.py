@@ -164,13 +164,17 @@ identity_email = "servegate@demo.invalid"
 
 
 def _transformers_config(sb: Sandbox) -> str:
-    """The sandbox's config for ``transformers serve``: on a GPU the 16k tier and a 10 %
-    tolerance; on a CPU the 4k tier (eager attention, the slow release, is then about five
-    times slower to prefill on two cores) and the CPU demo's 50 %. The server has no
-    /tokenize and no metrics: prompts are sized with the model's own tokenizer files and
-    the gate reads the client's clock."""
+    """The sandbox's config for ``transformers serve``: on a GPU the 16k tier, on a CPU
+    the 4k tier (eager attention, the slow release, is then about five times slower to
+    prefill on two cores). The server has no /tokenize and no metrics: prompts are sized
+    with the model's own tokenizer files and the gate reads the client's clock. The
+    tolerance is 50 % on both: on one H200 the noise benchmark measured a within-start CV
+    of 28 % (prefill) and 15 % (decode) for this server, whose Python, not the GPU, sets
+    the pace (GPU utilisation 7-30 %); up to its cap the gate resolves about a 50 % loss
+    there, so a smaller tolerance would only make good releases INCONCLUSIVE."""
     q = json.dumps
-    tier, max_tokens, tolerance = ("16k", 256, 0.10) if sb.gpu else ("4k", 256, 0.50)
+    # on two CPU cores a 256-token answer of the slow release takes ~15 s: 128 there
+    tier, max_tokens, tolerance = ("16k", 256, 0.50) if sb.gpu else ("4k", 128, 0.50)
     device, dtype = ("cuda:0", "bfloat16") if sb.gpu else ("cpu", "float32")
     stack = STACK_TOML.read_text().replace('archs = ["gfx1030"]', f"archs = [{q(sb.arch)}]")
     return (
@@ -221,9 +225,9 @@ seed = -1
 tokenizer = {q(str(sb.model))}
 tokenizer_python = {q(str(sb.python))}
 # random weights, sampled: the text is noise in which one token can pass the field's 20 %,
-# and byte pieces that make fewer words than the field's 128 in 256 tokens
+# and byte pieces: about one word in two tokens, fewer than the field's 128 in 256
 max_dominant_ratio = 0.35
-min_text_tokens = 64
+min_text_tokens = {max_tokens // 4}
 
 # prefill and decode by the client's clock against the live release's recorded samples
 [gate]
