@@ -1,10 +1,11 @@
 """The demo on Hugging Face's ``transformers serve``: ``servegate demo --engine
 transformers``, on the CPU (gfx1030 kernels built with hipcc and loaded, float32, the
-4k tier, 128 tokens out; two minutes on two quiet cores, nine with one kept busy) and on a real NVIDIA GPU (``--arch sm_XX``: the
-kernels built with nvcc for this GPU's arch, bfloat16 on the GPU, the 16k tier; about
-five and a half minutes on one H200). Two good releases are released; a release that
-maps its kernels from outside itself is rolled back by provenance; a release that
-serves with eager attention is rolled back by the bench gate.
+4k tier, 128 tokens out; two minutes on two quiet cores, nine with one kept busy) and
+on a real NVIDIA GPU (``--arch sm_XX``: the kernels built with nvcc for this GPU's
+arch, bfloat16 on the GPU, the 16k tier; about five and a half minutes on one H200).
+Two good releases are released; a release that maps its kernels from outside itself is
+rolled back by provenance; a release that serves with eager attention is rolled back by
+the bench gate.
 """
 
 from __future__ import annotations
