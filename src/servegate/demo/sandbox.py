@@ -87,12 +87,27 @@ def _copy_tree(src: resources.abc.Traversable, dest: Path) -> None:
             (dest / item.name).write_bytes(item.read_bytes())
 
 
-def config_text(sb: Sandbox) -> str:
-    if sb.engine == "transformers":
-        return _transformers_config(sb)
+#: the sandbox's checks of what the live service runs, and its smoke probe
+PROVENANCE_PROBES = """[provenance]
+extensions = ["build/*.so"]
+modules = ["demo_stack"]
+
+[probes]
+smoke_prompt = "Say hello."
+smoke_max_tokens = 16
+"""
+#: how the sandbox's releases are marked
+RELEASE = """[release]
+tag = "demo/{date}-{time}-{short}"
+identity_name = "servegate demo"
+identity_email = "servegate@demo.invalid"
+"""
+
+
+def _host_tables(sb: Sandbox) -> str:
+    """[stack], [host] and the engine-independent keys of [service]."""
     q = json.dumps
-    return f"""# servegate config of the demo sandbox (see docs/config.md)
-[stack]
+    return f"""[stack]
 remote = {q(str(sb.origin))}
 branch = "main"
 
@@ -107,7 +122,15 @@ unit = "demo-stack"
 port = {sb.port}
 startup_timeout = 600
 stop_timeout = 60
-model = "demo"
+"""
+
+
+def config_text(sb: Sandbox) -> str:
+    if sb.engine == "transformers":
+        return _transformers_config(sb)
+    q = json.dumps
+    return f"""# servegate config of the demo sandbox (see docs/config.md)
+{_host_tables(sb)}model = "demo"
 # the launch: the shipped CPU demo profile (`servegate render` prints it)
 profile = "cpu-demo"
 
@@ -115,14 +138,7 @@ profile = "cpu-demo"
 python = {q(str(sb.python))}
 model = {q(str(sb.model))}
 
-[provenance]
-extensions = ["build/*.so"]
-modules = ["demo_stack"]
-
-[probes]
-smoke_prompt = "Say hello."
-smoke_max_tokens = 16
-
+{PROVENANCE_PROBES}
 # the long-context bench, sized for a 2-CPU box: prose at the 2k tier, 512 tokens out
 [bench]
 profiles = ["regular"]
@@ -155,11 +171,7 @@ tolerance = 0.50
 metric = "engine_generation_tps"
 tolerance = 0.50
 
-[release]
-tag = "demo/{{date}}-{{time}}-{{short}}"
-identity_name = "servegate demo"
-identity_email = "servegate@demo.invalid"
-
+{RELEASE}
 """ + STACK_TOML.read_text()
 
 
@@ -179,22 +191,7 @@ def _transformers_config(sb: Sandbox) -> str:
     stack = STACK_TOML.read_text().replace('archs = ["gfx1030"]', f"archs = [{q(sb.arch)}]")
     return (
         f"""# servegate config of the demo sandbox on transformers serve (see docs/config.md)
-[stack]
-remote = {q(str(sb.origin))}
-branch = "main"
-
-[host]
-root = {q(str(sb.host_root))}
-strategy = "worktree"
-keep_releases = 3
-
-[service]
-manager = "supervisor"
-unit = "demo-stack"
-port = {sb.port}
-startup_timeout = 600
-stop_timeout = 60
-# transformers serve pinned to a local model serves it under its path
+{_host_tables(sb)}# transformers serve pinned to a local model serves it under its path
 model = {q(str(sb.model))}
 profile = "transformers-demo"
 
@@ -205,14 +202,7 @@ hub = {q(str(sb.hub))}
 device = {q(device)}
 dtype = {q(dtype)}
 
-[provenance]
-extensions = ["build/*.so"]
-modules = ["demo_stack"]
-
-[probes]
-smoke_prompt = "Say hello."
-smoke_max_tokens = 16
-
+{PROVENANCE_PROBES}
 # the long-context bench: prose at the {tier} tier, {max_tokens} tokens out; the model
 # has no end-of-sequence token, so every answer is exactly that long
 [bench]
@@ -242,11 +232,7 @@ tolerance = {tolerance}
 metric = "generation_tps"
 tolerance = {tolerance}
 
-[release]
-tag = "demo/{{date}}-{{time}}-{{short}}"
-identity_name = "servegate demo"
-identity_email = "servegate@demo.invalid"
-
+{RELEASE}
 """
         + stack
     )
