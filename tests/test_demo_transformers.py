@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
+from servegate.demo.vllm_env import SERVE_MODULES
 from tests.conftest import REAL_HOME
-
-SERVE = ("torch", "transformers.cli.transformers", "fastapi", "uvicorn", "openai", "accelerate")
 
 
 def nvidia_arch() -> str:
@@ -40,7 +39,7 @@ def nvidia_arch() -> str:
     missing = subprocess.run(
         [sys.executable, "-I", "-c",
          "import importlib.util as u; "
-         f"print(*[n for n in {SERVE!r} if u.find_spec(n) is None])"],
+         f"print(*[n for n in {SERVE_MODULES!r} if u.find_spec(n) is None])"],
         capture_output=True, text=True, check=False,
     ).stdout.split()  # fmt: skip
     if missing:

@@ -72,8 +72,8 @@ def _serving_python(
                 hint="on an NVIDIA GPU: servegate demo --engine transformers --arch " + arch,
             )
         return vllm_env.ensure(environ, reporter)
-    if python is None:
-        python = Path(sys.executable) if arch.startswith("sm_") else None
+    if python is None and arch.startswith("sm_"):
+        python = Path(sys.executable)
     chosen = python or vllm_env.ensure_transformers_serve(environ, reporter)
     vllm_env.require_transformers_serve(chosen)
     return chosen

@@ -20,10 +20,6 @@ STACK = resources.files("servegate.demo") / "stack"
 STACK_TOML = resources.files("servegate.demo") / "stack.toml"
 
 
-#: the demo's engines: vLLM (its CPU build) or Hugging Face's ``transformers serve``
-ENGINES = ("vllm", "transformers")
-
-
 @dataclass(frozen=True)
 class Sandbox:
     root: Path
@@ -186,7 +182,8 @@ def _transformers_config(sb: Sandbox) -> str:
     there, so a smaller tolerance would only make good releases INCONCLUSIVE."""
     q = json.dumps
     # on two CPU cores a 256-token answer of the slow release takes ~15 s: 128 there
-    tier, max_tokens, tolerance = ("16k", 256, 0.50) if sb.gpu else ("4k", 128, 0.50)
+    tier, max_tokens = ("16k", 256) if sb.gpu else ("4k", 128)
+    tolerance = 0.50
     device, dtype = ("cuda:0", "bfloat16") if sb.gpu else ("cpu", "float32")
     stack = STACK_TOML.read_text().replace('archs = ["gfx1030"]', f"archs = [{q(sb.arch)}]")
     return (

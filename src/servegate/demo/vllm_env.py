@@ -120,5 +120,5 @@ def require_transformers_serve(python: Path) -> None:
         raise PreflightFailed(
             f"{python} cannot run transformers serve: cannot import {missing}",
             hint=f"{python} -m pip install 'transformers[serving]' (or pass --python with an "
-            "interpreter that has torch, transformers, fastapi, uvicorn and openai)",
+            "interpreter that has torch, transformers, accelerate, fastapi, uvicorn and openai)",
         )
