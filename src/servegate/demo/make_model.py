@@ -30,7 +30,13 @@ def corpus() -> list[str]:
 
 
 def main(
-    out: str, hidden: int = 256, layers: int = 4, max_positions: int = 32768, eos: bool = True
+    out: str,
+    hidden: int = 256,
+    layers: int = 4,
+    max_positions: int = 32768,
+    eos: bool = True,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -63,9 +69,12 @@ def main(
         max_position_embeddings=max_positions,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id if eos else None,
-        torch_dtype="float32",
+        torch_dtype=dtype,
     )
-    model = LlamaForCausalLM(config)
+    # a large model is made in seconds on a GPU (``--device cuda``) and written in its
+    # serving dtype (``--dtype bfloat16``: half the bytes to write and to load)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     if not eos:
         model.generation_config.eos_token_id = None
         # sampled, as the bench asks (temperature 1.0): greedy decoding of random weights
@@ -84,5 +93,7 @@ if __name__ == "__main__":
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--max-positions", type=int, default=32768)
     parser.add_argument("--no-eos", action="store_true")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cpu", help="where the weights are made")
     a = parser.parse_args()
-    main(a.out, a.hidden, a.layers, a.max_positions, not a.no_eos)
+    main(a.out, a.hidden, a.layers, a.max_positions, not a.no_eos, a.dtype, a.device)
