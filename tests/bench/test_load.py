@@ -3,11 +3,13 @@ the exports; GPU telemetry parsing. The real-server sweep is in test_bench_vllm.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
 import random
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,32 @@ def test_point_summary_counts_goodput_throughput_and_lag() -> None:
     assert p["goodput_rps"] == pytest.approx(30 / 20.5, rel=1e-3)
     assert p["lag_ms"]["max"] == pytest.approx(0.6)
     assert p["ttft_s"]["max"] == 0.5
+
+
+def test_a_request_task_starts_before_the_callbacks_already_queued() -> None:
+    """An arrival's clock starts when it is due, not after the stream chunks that became
+    ready meanwhile: on Python 3.12+ the task runs at once up to its first wait; before
+    3.12 it runs on the loop's next turn, after what was queued (the sweep then yields)."""
+    order: list[str] = []
+
+    async def request() -> None:
+        order.append("request started")
+        await asyncio.sleep(0)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.call_soon(order.append, "queued chunk")
+        task = load._start(request())
+        order.append("returned")
+        await task
+
+    asyncio.run(main())
+    if sys.version_info >= (3, 12):
+        assert load._EAGER is not None
+        assert order == ["request started", "returned", "queued chunk"]
+    else:
+        assert load._EAGER is None
+        assert order == ["returned", "queued chunk", "request started"]
 
 
 def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures() -> None:
