@@ -155,14 +155,23 @@ def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures()
 
 def test_a_saturated_point_whose_own_e2e_spans_most_of_it_is_still_seen_growing() -> None:
     """12 req/s for 10 s on a server that serves 3: the queue grows linearly, each
-    request's E2E grows with it, and the median E2E (6 s) ends its own ramp late; counted
-    from the lightest point's E2E (1 s), the arrivals show the queue that grew."""
+    request's E2E grows with it, and the median E2E (6 s) would end the point's ramp late
+    and hide the growth. The ramp ends by the E2E of the point's first arrivals (they met
+    no queue), and by the lightest point's: the arrivals show the queue that grew, on the
+    lightest point of a sweep too (there the knee says the sweep began past it)."""
     spec = load.LoadSpec("rate", (0.5, 12.0), duration_s=10)
     records = [_record(i, int(i / 12 * 9), step=1 / 12) for i in range(120)]
     records = [{**r, "e2el_s": 1.0 + r["due_s"]} for r in records]  # each waits longer
+    median_e2e = sorted(r["e2el_s"] for r in records)[60]
+    assert median_e2e > 5
     own = _point(spec, 12.0, records)
-    assert own["in_flight"]["steady_from_s"] > 5
-    assert load.saturation(own, None, None, spec) == ""  # its own E2E hides the growth
+    assert own["in_flight"]["steady_from_s"] < 1.1  # the first arrivals' E2E
+    why = load.saturation(own, None, None, spec)
+    assert "the queue grew through the point" in why
+    alone = {**own, "saturated": True, "why": why}
+    verdict = load.knee([alone])
+    assert verdict is not None
+    assert verdict["what"] == "the lightest point already saturated the server"
     capped = load.summarize(records, [30.0] * 10, spec, 12.0, 20.0, ramp_cap=1.0)
     assert capped["in_flight"]["steady_from_s"] == 1.0
     assert "the queue grew through the point" in load.saturation(capped, None, None, spec)

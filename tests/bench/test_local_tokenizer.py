@@ -3,13 +3,16 @@ model's own tokenizer files, read by the serving environment's Python."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from servegate.bench import cases, runner, sizing
+from servegate.bench import cases, fixtures, runner, sizing
 from servegate.demo import vllm_env
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -68,3 +71,64 @@ def test_unreadable_tokenizer_files_are_a_clear_failure(tmp_path: Path) -> None:
     assert "--tokenizer-python" in (caught.value.hint or "")
     with pytest.raises(BenchFailed, match="cannot start"):
         sizing.LocalTokenizer(tmp_path, str(tmp_path / "no-python"))
+
+
+def test_the_tokenizer_helper_runs_no_module_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -c`` puts its working directory first on sys.path: servegate run from a
+    checkout that holds a ``transformers/`` package (or a ``json.py``) must not run it.
+    The helper starts in an empty private directory."""
+    checkout = tmp_path / "checkout"
+    marker = tmp_path / "ran"
+    for name in ("transformers/__init__.py", "json.py"):
+        module = checkout / name
+        module.parent.mkdir(parents=True, exist_ok=True)
+        module.write_text(f"open({str(marker)!r}, 'a').write({name!r})\nraise SystemExit(3)\n")
+    (tmp_path / "model").mkdir()
+    monkeypatch.chdir(checkout)
+    python = str(PYTHON) if PYTHON.exists() else sys.executable
+    with contextlib.suppress(BenchFailed):  # no tokenizer files there: what ran matters
+        sizing.LocalTokenizer(Path("../model"), python).close()
+    assert not marker.exists(), marker.read_text()
+
+
+class _Counter:
+    """A tokenizer stand-in: characters per token, the same fingerprint for any ratio
+    (as a changed tokenizer whose short probe still tokenizes the same)."""
+
+    def __init__(self, chars_per_token: float) -> None:
+        self.ratio = chars_per_token
+        self.fingerprint = "same-probe"
+        self.available = True
+        self.local = None
+
+    def tokenize(
+        self, endpoint: Endpoint, model: str, messages: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        text = "".join(str(m["content"]) for m in messages)
+        return {"count": int(len(text) / self.ratio)}
+
+
+def test_a_cached_size_is_counted_again_and_redone_when_the_tokenizer_changed(
+    tmp_path: Path,
+) -> None:
+    fixture = fixtures.load("regular")
+    environ = {"XDG_CACHE_HOME": str(tmp_path)}
+    ep = Endpoint("http://127.0.0.1:9", engine=adapters.TRANSFORMERS)
+
+    def messages(text: str) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": text}]
+
+    def sized(counter: _Counter) -> sizing.Sized:
+        return sizing.size(ep, "m", counter, fixture, 4096, messages, environ)  # type: ignore[arg-type]
+
+    first = sized(_Counter(4.0))
+    assert first.method == "tokenize"
+    assert abs((first.tokens or 0) - 4096) <= 8
+    again = sized(_Counter(4.0))  # unchanged: the cache, counted once more
+    assert (again.method, again.chars, again.tokens) == ("cache", first.chars, first.tokens)
+    changed = sized(_Counter(3.0))  # the same probe, another tokenizer: sized anew
+    assert changed.method == "tokenize"
+    assert changed.chars != first.chars
+    assert abs((changed.tokens or 0) - 4096) <= 8

@@ -97,6 +97,22 @@ def test_every_validity_rule_names_its_reason() -> None:
     assert buffered["generation_tps"] is None  # no false decode rate from one flush
 
 
+def test_token_counts_that_are_not_counts_make_no_valid_trial() -> None:
+    """A float, a bool, a string or a negative number in usage is no count: 1024.0 is
+    not the 1024 tokens asked for, and no rate is made from it."""
+    rules = measure.Rules(nominal_tokens=16384)
+    for bad in (1024.0, True, "1024", -1024):
+        t = measure.trial(stream_of(varied(300), 16384, bad), rules)  # type: ignore[arg-type]
+        assert t["completion_tokens"] is None
+        assert "output_length_mismatch" in t["invalid_reasons"]
+        assert not t["performance_valid"]
+        assert t["generation_tps"] is None
+    for bad in (16384.0, False, -16384):
+        t = measure.trial(stream_of(varied(300), bad, 1024), rules)  # type: ignore[arg-type]
+        assert t["prompt_tokens"] is None
+        assert "prompt_tokens_not_reported" in t["invalid_reasons"]
+
+
 def test_a_failed_stream_is_data_not_an_exception() -> None:
     st = parse_lines(
         iter(['{"error": {"message": "context length exceeded"}}']), Stream(0.0), Clock()

@@ -147,7 +147,7 @@ def test_a_baseline_from_another_host_or_another_sweep_is_none() -> None:
     digest = load_gate.fingerprint(cfg, "bench-digest")
     record = {"sha": "a" * 40, "host_id": "machine-id:other",
               "gate": {"checks": [{"name": "load", "evidence": {
-                  "sweep": {"fingerprint": digest, "points": [point(1.0)]}}}]}}  # fmt: skip
+                  "sweep": {"fingerprint": digest, "points": [point(1.0, span=30.0)]}}}]}}  # fmt: skip
     base, why = load_gate.baseline(cfg, record, digest)
     assert base is None
     assert "another host" in why
@@ -200,9 +200,18 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
                 "gate": {"checks": [{"name": "load", "evidence": {
                     "sweep": {"fingerprint": digest, "points": [p]}}}]}}  # fmt: skip
 
-    good = point(1.0, n=50)
+    good = point(1.0, n=50, span=30.0, failed=5)  # [load] duration: 30 s
     assert load_gate.baseline(cfg, record(good), digest)[0] is not None
+    sampled = {**good, "requests": 80, "failed": 20}  # 50 kept of 80: consistent
+    assert load_gate.baseline(cfg, record(sampled), digest)[0] is not None
     damaged = [
+        # counts the kept requests contradict: they would move the failed share
+        {**good, "failed": 50},
+        {**good, "failed": 0},
+        {**good, "requests": 80, "failed": 2},  # 5 of the kept failed
+        {**good, "requests": 80, "failed": 79},  # 45 of the kept completed
+        {**good, "good": [True] * 50},  # the 5 that failed counted good
+        {**good, "window_s": 1000.0},  # would shrink the baseline's rates
         {**good, "kept": 4000},  # would shrink the baseline's rate tenfold
         {**good, "ok": "yes"},
         {**good, "requests": "50"},

@@ -232,6 +232,8 @@ class _Sent:
     due: float
     stream: sse.Stream
     in_flight: int = 0
+    #: ``ignore_eos`` was sent: an answer shorter than ``max_tokens`` was cut short
+    exact: bool = False
 
 
 async def _send(http: aiohttp.ClientSession, bench: Bench, payload: bytes, sent: _Sent) -> None:
@@ -274,6 +276,38 @@ def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task: asyncio.Task[None] = _EAGER(asyncio.get_running_loop(), coro)
         return task
     return asyncio.create_task(coro)
+
+
+def _count(value: Any) -> int | None:
+    """A token count the server reported: an int of 0 or more (None: none, or not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _answer_error(st: sse.Stream, usage: Mapping[str, Any], max_tokens: int, exact: bool) -> str:
+    """Why a stream that ended cleanly is still not a served request ("": it is). The
+    server's own counts are checked before any figure is made from them: a count past
+    what was asked for, or a negative one, would shrink the inter-token latency and
+    inflate the throughput; an answer cut short would flatter every latency."""
+    if st.first_text_at is None:
+        return "the stream carried no text (0 output tokens)"
+    if not usage:
+        return "the stream carried no usage: the server did not count its tokens"
+    raw = usage.get("completion_tokens")
+    completion = _count(raw)
+    if completion is None or not 1 <= completion <= max_tokens:
+        return f"the server reported {raw!r} completion tokens for at most {max_tokens}"
+    if "prompt_tokens" in usage and _count(usage["prompt_tokens"]) is None:
+        return f"the server reported {usage['prompt_tokens']!r} prompt tokens"
+    if st.finish_reason not in (None, "length", "stop"):
+        return f"the answer ended with finish_reason {st.finish_reason!r}"
+    if exact and completion < max_tokens:
+        return (
+            f"the answer was cut short: {completion} of {max_tokens} tokens, though "
+            "ignore_eos was sent"
+        )
+    return ""
 
 
 def _payload(body: dict[str, Any]) -> bytes:
@@ -419,9 +453,10 @@ class Load:
 
     def _record(self, sent: _Sent) -> tuple[dict[str, Any], list[float]]:
         st = sent.stream
-        usage = st.usage
-        completion = usage.get("completion_tokens")
-        completion = completion if isinstance(completion, int) else None
+        usage = st.usage or {}
+        completion = _count(usage.get("completion_tokens"))
+        if not st.error:
+            st.error = _answer_error(st, usage, self.bench.spec.max_tokens, sent.exact)
         done = st.done_at or st.last_text_at
         ttft = st.first_text_at - st.started if st.first_text_at is not None else None
         e2el = done - st.started if done is not None else None
@@ -435,8 +470,6 @@ class Load:
             itl = (last - first) * 1000 / (completion - 1)
         stamps = st.stamps or []
         gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
-        if not st.error and (st.first_text_at is None or not completion):
-            st.error = "the stream carried no text (0 output tokens)"
         ok = not st.error
         rec = {
             "prompt": sent.key,
@@ -445,7 +478,7 @@ class Load:
             "due_s": round(sent.due, 6),
             "lag_ms": round((st.started - sent.due) * 1000, 4),
             "in_flight_at_send": sent.in_flight,
-            "prompt_tokens": usage.get("prompt_tokens"),
+            "prompt_tokens": _count(usage.get("prompt_tokens")),
             "completion_tokens": completion,
             "full_length": completion == self.bench.spec.max_tokens,
             "ttft_s": round(ttft, 6) if ok and ttft is not None else None,
@@ -468,7 +501,8 @@ class Load:
                 key = self.rng.choice(keys)
                 body = self._body(key, f"{self.bench.scope}-load-r{rate:g}-{i:05d}")
                 payload = _payload(body)
-                one = _Sent(key, start + offset, sse.Stream(started=0.0, stamps=[]))
+                one = _Sent(key, start + offset, sse.Stream(started=0.0, stamps=[]),
+                            exact=bool(body.get("ignore_eos")))  # fmt: skip
                 sent.append(one)
                 await _until(one.due)
                 one.in_flight = len(tasks)
@@ -496,7 +530,8 @@ class Load:
                 while sse.now() < stop:
                     key = self.rng.choice(keys)
                     body = self._body(key, f"{self.bench.scope}-load-c{clients}-{w}-{n:05d}")
-                    one = _Sent(key, sse.now(), sse.Stream(started=0.0, stamps=[]), in_flight[0])
+                    one = _Sent(key, sse.now(), sse.Stream(started=0.0, stamps=[]), in_flight[0],
+                                exact=bool(body.get("ignore_eos")))  # fmt: skip
                     sent.append(one)
                     in_flight[0] += 1
                     try:
@@ -599,11 +634,16 @@ def summarize(
     # the requests in flight ramp up from none over the first E2E of every point, even on
     # a server with room to spare: only arrivals after that ramp show whether it grew. A
     # saturated point's own E2E grows with its queue (past the point's end, when the queue
-    # is long): its ramp ends by the lightest point's E2E, or the growth would be hidden
+    # is long): its ramp ends by the lightest point's E2E, or the growth would be hidden;
+    # and, on the lightest point itself, by the E2E of its first arrivals (they met no
+    # queue)
     e2els = sorted(r["e2el_s"] for r in ok if r["e2el_s"] is not None)
     ramp = e2els[len(e2els) // 2] if e2els else 0.0
     if ramp_cap is not None:
         ramp = min(ramp, ramp_cap)
+    early = sorted(r["e2el_s"] for r in records[:3] if r["ok"] and r["e2el_s"] is not None)
+    if early:
+        ramp = min(ramp, early[len(early) // 2])
     steady = [r for r in records if r["due_s"] >= ramp]
     thirds = max(1, len(steady) // 3)
     first = [r["in_flight_at_send"] for r in steady[:thirds]]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,15 +59,21 @@ class LocalTokenizer:
 
     def __init__(self, path: Path, python: str) -> None:
         self.path = path
+        # ``python -c`` puts its working directory first on sys.path: run it in an empty
+        # private one, so no module beside servegate's own (a checkout's ``json.py`` or
+        # ``transformers/``) stands in for the real ones
+        self._cwd = tempfile.mkdtemp(prefix="servegate-tokenizer-")
         try:
             self.proc = subprocess.Popen(
-                [python, "-c", _LOCAL, str(path)],
+                [python, "-c", _LOCAL, str(path.resolve())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                cwd=self._cwd,
             )
         except OSError as exc:
+            shutil.rmtree(self._cwd, ignore_errors=True)
             raise BenchFailed(
                 f"cannot start {python} to read the tokenizer: {exc}",
                 hint="--tokenizer-python: a Python that has transformers (the serving venv's)",
@@ -99,6 +107,7 @@ class LocalTokenizer:
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
+        shutil.rmtree(self._cwd, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -184,18 +193,27 @@ def size(
     )  # fmt: skip
     path = cache_path(environ)
     cache = _read(path)
-    if key in cache:
-        hit = cache[key]
-        return Sized(int(hit["chars"]), int(hit["tokens"]), "cache")
+    slack = max(4, nominal // 500)
 
     def count(chars: int) -> int:
         answer = tok.tokenize(endpoint, model, messages(fixture.head(chars)))
         return int(answer["count"])
 
+    hit = cache.get(key)
+    if isinstance(hit, dict):
+        # counted again, once: a tokenizer or chat template changed in a way the short
+        # probe of the fingerprint does not show would leave a wrong size in the cache
+        try:
+            chars = int(hit["chars"])
+            tokens = count(chars)
+            if abs(tokens - nominal) <= slack or abs(tokens - int(hit["tokens"])) <= slack:
+                return Sized(chars, tokens, "cache")
+        except (KeyError, TypeError, ValueError):
+            pass
+
     chars = int(nominal * 3.5)
     tokens = count(chars)
     seen = {chars: tokens}
-    slack = max(4, nominal // 500)
     for _ in range(12):
         if abs(tokens - nominal) <= slack or (tokens < nominal and chars >= len(fixture.text)):
             break

@@ -63,9 +63,16 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
     except ValueError:
         stream.error = f"malformed stream event: {payload[:120]}"
         return True
+    if not isinstance(event, dict):
+        stream.error = f"malformed stream event (not an object): {payload[:120]}"
+        return True
     stream.events += 1
     if "error" in event:
         stream.error = _error_text(payload)
+        return True
+    shape = _shape_error(event)
+    if shape:
+        stream.error = f"malformed stream event ({shape}): {payload[:120]}"
         return True
     for choice in event.get("choices") or ():
         delta = choice.get("delta") or {}
@@ -86,6 +93,30 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
     if event.get("timings"):
         stream.timings = event["timings"]
     return False
+
+
+def _shape_error(event: dict[str, Any]) -> str:
+    """What is wrong with a chat-completion chunk's shape ("": nothing): a server whose
+    chunks are not what the API says is a broken stream, not an exception."""
+    choices = event.get("choices") or []
+    if not isinstance(choices, list):
+        return "choices is not a list"
+    for choice in choices:
+        if not isinstance(choice, dict):
+            return "a choice is not an object"
+        delta = choice.get("delta") or {}
+        if not isinstance(delta, dict):
+            return "delta is not an object"
+        for key in ("content", "reasoning_content"):
+            if delta.get(key) is not None and not isinstance(delta[key], str):
+                return f"{key} is not text"
+        reason = choice.get("finish_reason")
+        if reason is not None and not isinstance(reason, str):
+            return "finish_reason is not text"
+    for key in ("usage", "timings"):
+        if event.get(key) is not None and not isinstance(event[key], dict):
+            return f"{key} is not an object"
+    return ""
 
 
 def _error_text(payload: str) -> str:

@@ -196,9 +196,12 @@ def compare(
     return (d, sorted(ds)) if len(ds) >= RESAMPLES // 2 else None
 
 
-def problem(p: Any) -> str:
+def problem(p: Any, duration: float | None = None) -> str:
     """Why a recorded point cannot be judged ("" : it can): a baseline is read from a
-    release record, which a damaged or hand-edited note could make anything."""
+    release record, which a damaged or hand-edited note could make anything. Its counts
+    must agree with its requests (a failed count the kept requests contradict, or a good
+    request that failed, would move the gate's failed share and goodput), and its window
+    must be the sweep's ``duration`` (what the fingerprint covers) where given."""
     if not isinstance(p, dict):
         return "a point is not an object"
     try:
@@ -219,6 +222,17 @@ def problem(p: Any) -> str:
                 return f"{key} does not hold one entry a kept request"
         if not all(isinstance(f, bool) for f in p["ok"] + (p.get("good") or [])):
             return "ok and good must be true or false"
+        failed_kept = p["ok"].count(False)
+        if kept == requests and p["failed"] != failed_kept:
+            return f"failed {p['failed']} but {failed_kept} of its requests failed"
+        if p["failed"] < failed_kept or requests - p["failed"] < kept - failed_kept:
+            return f"failed {p['failed']} of {requests} cannot hold the kept requests"
+        if p.get("good") is not None and any(
+            g and not o for g, o in zip(p["good"], p["ok"], strict=True)
+        ):
+            return "a request that failed is counted good"
+        if duration is not None and not math.isclose(duration, window, rel_tol=1e-9):
+            return f"window {window!r} s is not the sweep's {duration:g} s"
         for name in LATENCIES:
             values = p[name]
             if not isinstance(values, list) or not all(
@@ -360,7 +374,7 @@ def baseline(
     points = doc.get("points")
     why = "points is not a list" if not isinstance(points, list) else ""
     for p in points if isinstance(points, list) else []:
-        why = why or problem(p)
+        why = why or problem(p, spec_of(cfg).duration_s)
     if why:
         return None, f"the live release {sha}'s recorded sweep is damaged: {why}"
     return doc, f"live release {sha}"

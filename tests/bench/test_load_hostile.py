@@ -1,0 +1,189 @@
+"""A hostile or broken server against the real load path (``Load.point`` over HTTP):
+answers cut short, token counts that lie, malformed chunks. None of them may count as
+a served request, meet an SLO, or make a throughput; and a queue that grows on the
+sweep's lightest point is seen."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from servegate.bench import cases, fixtures, load
+from servegate.bench.runner import Bench
+from servegate.engine import adapters
+from servegate.engine.openai import Endpoint
+
+MAX_TOKENS = 8
+Script = Callable[[BaseHTTPRequestHandler, dict[str, Any]], None]
+
+
+def _event(obj: Any) -> bytes:
+    data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return b"data: " + data + b"\n\n"
+
+
+def answer(
+    n: int = MAX_TOKENS,
+    finish: Any = "length",
+    usage: Any = "honest",
+    gap: float = 0.0,
+) -> Script:
+    """A streamed answer of ``n`` text chunks, its finish reason and its usage."""
+
+    def script(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        for i in range(n):
+            time.sleep(gap)
+            h.wfile.write(_event({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]}))
+            h.wfile.flush()
+        h.wfile.write(_event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+        if usage is not None:
+            counts = {"prompt_tokens": 1000, "completion_tokens": n} if usage == "honest" else usage
+            h.wfile.write(_event({"choices": [], "usage": counts}))
+        h.wfile.write(_event(b"[DONE]"))
+
+    return script
+
+
+def raw(*events: Any) -> Script:
+    def script(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        for e in events:
+            h.wfile.write(_event(e))
+        h.wfile.write(_event(b"[DONE]"))
+
+    return script
+
+
+@pytest.fixture
+def server() -> Iterator[Callable[[Script], str]]:
+    """``start(script)`` → the URL of a server that answers every chat request with it."""
+    running: list[ThreadingHTTPServer] = []
+
+    def start(script: Script) -> str:
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                script(self, body)
+                self.wfile.flush()
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        running.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield start
+    for srv in running:
+        srv.shutdown()
+        srv.server_close()
+
+
+def point(url: str, spec: load.LoadSpec, value: float) -> dict[str, Any]:
+    bench_spec = cases.Spec(
+        Endpoint(url, "", adapters.VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+        max_tokens=MAX_TOKENS, warmup=False, timeout=30.0,
+    )  # fmt: skip
+    bench = Bench(bench_spec, None)
+    bench.prompts = {"regular-1k": fixtures.load("regular").head(2000)}
+    return load.Load(bench, spec, None).point(value)
+
+
+SLO = load.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
+
+
+def test_an_honest_server_is_served_in_full(server: Callable[[Script], str]) -> None:
+    """The control: every request whole, counted, good."""
+    p = point(server(answer()), load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), 8.0)
+    assert p["requests"] > 0
+    assert p["completed"] == p["requests"] == p["good_requests"]
+    assert p["failed"] == p["short"] == 0
+    assert all(r["completion_tokens"] == MAX_TOKENS for r in p["requests_detail"])
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        # ignore_eos was sent: an answer shorter than max_tokens was cut short
+        (answer(n=1, finish="abort"), "finish_reason 'abort'"),
+        (answer(n=2, finish="stop"), "cut short: 2 of 8 tokens"),
+        # counts that would shrink ITL/TPOT or make throughput negative
+        (answer(usage={"prompt_tokens": 1000, "completion_tokens": 100000}), "100000 completion"),
+        (answer(usage={"prompt_tokens": 1000, "completion_tokens": -50000}), "-50000 completion"),
+        (answer(usage={"prompt_tokens": 1000, "completion_tokens": True}), "True completion"),
+        (answer(usage={"prompt_tokens": -7, "completion_tokens": 8}), "-7 prompt tokens"),
+        (answer(usage=None), "carried no usage"),
+        # chunks that are not what the API says
+        (raw({"choices": [{"delta": {"content": "w"}}]}, {"choices": [{"delta": "oops"}]}),
+         "delta is not an object"),
+        (raw({"choices": "oops"}), "choices is not a list"),
+        (raw({"choices": [{"delta": {"content": 5}}]}), "content is not text"),
+        (raw([1, 2]), "not an object"),
+    ],
+    ids=["abort", "stop-early", "usage-huge", "usage-negative", "usage-bool",
+         "prompt-negative", "no-usage", "delta-str", "choices-str", "content-int", "event-list"],
+)  # fmt: skip
+def test_a_lying_or_broken_answer_is_a_failed_request(
+    server: Callable[[Script], str], script: Script, error: str
+) -> None:
+    spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
+    p = point(server(script), spec, 8.0)
+    assert p["requests"] > 0
+    assert p["completed"] == 0
+    assert p["failed"] == p["requests"]
+    assert p["good_requests"] == 0
+    assert p["request_throughput"] == p["output_throughput"] == 0
+    assert all(error in r["error"] and not r["ok"] for r in p["requests_detail"]), p["errors"]
+    assert "request(s) failed" in load.saturation(p, None, None, spec)
+    # the closed loop too: the point runs (no exception) and counts them as failed
+    closed = point(server(script), load.LoadSpec("concurrency", (1,), duration_s=0.3), 1)
+    assert closed["requests"] > 0
+    assert closed["completed"] == 0
+
+
+def test_a_queue_that_grows_on_the_lightest_point_is_seen(
+    server: Callable[[Script], str],
+) -> None:
+    """A server that answers one request at a time (0.15 s each, about 6.7 a second),
+    offered 14 a second on the sweep's first point: the requests in flight grow through
+    it. The point's own median E2E spans most of it; the ramp ends by its first
+    arrivals' E2E, so the growth is seen and the knee says the sweep began past it."""
+    lock = threading.Lock()
+    one_at_a_time = answer(gap=0.15 / MAX_TOKENS)
+
+    def serial(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        with lock:
+            one_at_a_time(h, body)
+
+    url = server(serial)
+    spec = load.LoadSpec("rate", (14.0, 28.0), duration_s=3.0, seed=3)
+    bench_spec = cases.Spec(
+        Endpoint(url, "", adapters.VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+        max_tokens=MAX_TOKENS, warmup=False, timeout=60.0,
+    )  # fmt: skip
+    bench = Bench(bench_spec, None)
+    bench.prompts = {"regular-1k": fixtures.load("regular").head(2000)}
+    sweep = load.Load(bench, spec, None)
+    result = sweep.sweep()
+    first = result["points"][0]
+    assert first["completed"] == first["requests"] > 20
+    assert first["saturated"], first["in_flight"]
+    assert "the queue grew" in first["why"]
+    assert result["knee"]["what"] == "the lightest point already saturated the server"
