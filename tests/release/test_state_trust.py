@@ -145,6 +145,29 @@ def test_the_state_is_rebuilt_from_the_notes_and_release_directories(
     assert json.loads(state.read_text())["current"]["sha"] == first
 
 
+def test_two_releases_of_one_second_are_rebuilt_in_the_order_they_were_made(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records of one instant (older servegates wrote seconds only), and the later
+    release's SHA listed first by the notes: the live release is still current and the
+    earlier one its previous, never lost to the notes' order."""
+    from servegate.release import record
+
+    frozen = record.now()
+    monkeypatch.setattr(record, "now", lambda: frozen)
+    first = stack.commit()
+    assert release_main(["promote", first, "--config", str(host.path)]) == 0
+    second = stack.commit()
+    while second > first:  # the notes list by SHA: the later release first
+        second = stack.commit()
+    assert release_main(["promote", second, "--config", str(host.path)]) == 0
+    (host.cfg.host_root / "state.json").write_text("{")
+    capsys.readouterr()
+    assert release_main(["recover", "--rebuild-state", "--config", str(host.path), "--json"]) == 0
+    rebuilt = json.loads(capsys.readouterr().out)["result"]["rebuilt"]
+    assert (rebuilt["current"], rebuilt["previous"]) == (second, first)
+
+
 def test_a_note_line_of_wrong_types_is_skipped_with_a_warning_by_rebuild(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

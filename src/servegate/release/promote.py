@@ -255,7 +255,7 @@ def _record_release(
         sha=sha,
         release_dir=str(release_dir),
         verdict="released",
-        at=when.isoformat(timespec="seconds"),
+        at=when.isoformat(timespec="milliseconds"),
         tag=tag,
         reason="",
         startup_seconds=evidence.startup_seconds,
@@ -394,7 +394,7 @@ def _roll_back(
     typed.stages = ctx.runner.as_list()
     record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
     warn_unpushed(ctx, record)
-    when = rec.now().isoformat(timespec="seconds")
+    when = rec.stamp()
     ctx.state.pending = None
     ctx.state.history.append(
         Entry(

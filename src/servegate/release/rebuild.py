@@ -83,7 +83,9 @@ def rebuild(cfg: Config) -> dict[str, Any]:
     )
     previous = None
     if current is not None:
-        before = entries[: entries.index(current)]
+        # records of older servegates carry their time to the second only: one written in
+        # the same second as the live release's is before it too (the notes list by SHA)
+        before = [e for e in entries if e is not current and e.at <= current.at]
         previous = next(
             (e for e in reversed(before) if e.verdict in VERIFIED and e.sha != current.sha), None
         )

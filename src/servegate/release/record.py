@@ -26,6 +26,13 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def stamp() -> str:
+    """When a record or a state entry is written: to the millisecond, so that two
+    releases of one second still sort in the order they were made (``release recover
+    --rebuild-state`` orders the records by it)."""
+    return now().isoformat(timespec="milliseconds")
+
+
 def tag_name(pattern: str, sha: str, when: dt.datetime, n: int) -> str:
     return (
         pattern.replace("{date}", when.strftime("%Y%m%d"))
@@ -110,7 +117,7 @@ class ReleaseRecord:
             branch=cfg.stack.branch,
             remote=cfg.stack.remote,
             strategy=cfg.host.strategy,
-            at=now().isoformat(timespec="seconds"),
+            at=stamp(),
         )
 
     def as_dict(self) -> dict[str, Any]:

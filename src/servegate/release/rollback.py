@@ -105,7 +105,7 @@ def mark_pending(ctx: Context, kind: str, sha: str, release_dir: Path) -> None:
         "kind": kind,
         "sha": sha,
         "release_dir": str(release_dir),
-        "at": rec.now().isoformat(timespec="seconds"),
+        "at": rec.stamp(),
         "pid": os.getpid(),
     }
     ctx.state.save()
@@ -156,7 +156,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
                           f"superseded by its {verdict} record")  # fmt: skip
     written = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
     warn_unpushed(ctx, written)
-    when = rec.now().isoformat(timespec="seconds")
+    when = rec.stamp()
     ctx.state.history.append(
         Entry(
             sha=sha,
@@ -309,7 +309,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             typed.stages, typed.rollback = ctx.runner.as_list(), dict(result)
             record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
             warn_unpushed(ctx, record)
-            when = rec.now().isoformat(timespec="seconds")
+            when = rec.stamp()
             entry = Entry(
                 sha=target.sha,
                 release_dir=result["release_dir"],
