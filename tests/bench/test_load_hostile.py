@@ -96,14 +96,18 @@ def server() -> Iterator[Callable[[Script], str]]:
         srv.server_close()
 
 
-def point(url: str, spec: load.LoadSpec, value: float) -> dict[str, Any]:
+def bench_at(url: str, timeout: float = 30.0) -> Bench:
     bench_spec = cases.Spec(
         Endpoint(url, "", adapters.VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
-        max_tokens=MAX_TOKENS, warmup=False, timeout=30.0,
+        max_tokens=MAX_TOKENS, warmup=False, timeout=timeout,
     )  # fmt: skip
     bench = Bench(bench_spec, None)
     bench.prompts = {"regular-1k": fixtures.load("regular").head(2000)}
-    return load.Load(bench, spec, None).point(value)
+    return bench
+
+
+def point(url: str, spec: load.LoadSpec, value: float) -> dict[str, Any]:
+    return load.Load(bench_at(url), spec, None).point(value)
 
 
 SLO = load.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
@@ -174,13 +178,7 @@ def test_a_queue_that_grows_on_the_lightest_point_is_seen(
 
     url = server(serial)
     spec = load.LoadSpec("rate", (14.0, 28.0), duration_s=3.0, seed=3)
-    bench_spec = cases.Spec(
-        Endpoint(url, "", adapters.VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
-        max_tokens=MAX_TOKENS, warmup=False, timeout=60.0,
-    )  # fmt: skip
-    bench = Bench(bench_spec, None)
-    bench.prompts = {"regular-1k": fixtures.load("regular").head(2000)}
-    sweep = load.Load(bench, spec, None)
+    sweep = load.Load(bench_at(url, timeout=60.0), spec, None)
     result = sweep.sweep()
     first = result["points"][0]
     assert first["completed"] == first["requests"] > 20

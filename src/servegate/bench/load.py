@@ -49,7 +49,7 @@ from typing import Any
 
 import aiohttp
 
-from servegate.bench import cases, client, fixtures, prom, sse, telemetry
+from servegate.bench import cases, client, fixtures, measure, prom, sse, telemetry
 from servegate.bench.runner import Bench
 from servegate.errors import BenchFailed, ConfigError
 from servegate.pipeline.atomic import write_text
@@ -278,13 +278,6 @@ def _start(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
     return asyncio.create_task(coro)
 
 
-def _count(value: Any) -> int | None:
-    """A token count the server reported: an int of 0 or more (None: none, or not one)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
-
-
 def _answer_error(st: sse.Stream, usage: Mapping[str, Any], max_tokens: int, exact: bool) -> str:
     """Why a stream that ended cleanly is still not a served request ("": it is). The
     server's own counts are checked before any figure is made from them: a count past
@@ -295,10 +288,10 @@ def _answer_error(st: sse.Stream, usage: Mapping[str, Any], max_tokens: int, exa
     if not usage:
         return "the stream carried no usage: the server did not count its tokens"
     raw = usage.get("completion_tokens")
-    completion = _count(raw)
+    completion = measure.token_count(raw)
     if completion is None or not 1 <= completion <= max_tokens:
         return f"the server reported {raw!r} completion tokens for at most {max_tokens}"
-    if "prompt_tokens" in usage and _count(usage["prompt_tokens"]) is None:
+    if "prompt_tokens" in usage and measure.token_count(usage["prompt_tokens"]) is None:
         return f"the server reported {usage['prompt_tokens']!r} prompt tokens"
     if st.finish_reason not in (None, "length", "stop"):
         return f"the answer ended with finish_reason {st.finish_reason!r}"
@@ -454,7 +447,7 @@ class Load:
     def _record(self, sent: _Sent) -> tuple[dict[str, Any], list[float]]:
         st = sent.stream
         usage = st.usage or {}
-        completion = _count(usage.get("completion_tokens"))
+        completion = measure.token_count(usage.get("completion_tokens"))
         if not st.error:
             st.error = _answer_error(st, usage, self.bench.spec.max_tokens, sent.exact)
         done = st.done_at or st.last_text_at
@@ -478,7 +471,7 @@ class Load:
             "due_s": round(sent.due, 6),
             "lag_ms": round((st.started - sent.due) * 1000, 4),
             "in_flight_at_send": sent.in_flight,
-            "prompt_tokens": _count(usage.get("prompt_tokens")),
+            "prompt_tokens": measure.token_count(usage.get("prompt_tokens")),
             "completion_tokens": completion,
             "full_length": completion == self.bench.spec.max_tokens,
             "ttft_s": round(ttft, 6) if ok and ttft is not None else None,

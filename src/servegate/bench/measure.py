@@ -92,7 +92,7 @@ def _r(value: float | None, places: int = 6) -> float | None:
     return None if value is None else round(value, places)
 
 
-def _count(value: Any) -> int | None:
+def token_count(value: Any) -> int | None:
     """A token count as the server reported it: an int of 0 or more (a float, a bool, a
     negative number or a string is not a count: the trial has none)."""
     if type(value) is not int or value < 0:
@@ -103,7 +103,7 @@ def _count(value: Any) -> int | None:
 def trial(stream: Stream, rules: Rules) -> Trial:
     """One streamed request → its measurements, validity and reasons."""
     usage = stream.usage
-    prompt = _count(usage.get("prompt_tokens"))
+    prompt = token_count(usage.get("prompt_tokens"))
     done = stream.done_at or stream.last_text_at
     wall = (done - stream.started) if done else None
     out: Trial = {
@@ -111,7 +111,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "error": stream.error,
         "http_status": stream.http_status,
         "prompt_tokens": prompt,
-        "completion_tokens": _count(usage.get("completion_tokens")),
+        "completion_tokens": token_count(usage.get("completion_tokens")),
         "token_count_source": "usage" if usage else "none",
         "finish_reason": stream.finish_reason,
         "text_chunks": stream.text_chunks,
