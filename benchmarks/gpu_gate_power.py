@@ -5,6 +5,12 @@ release and 10 of a slower one, on a real GPU server.
         [--max-tokens 64] [--hidden 4096 --layers 16] [--serve "OPTIONS"]
         [--slow "CHANGE" --slow "CHANGE" ...] [--min-loss 0.07]
         [--tolerance 0.05] [--decode-tolerance 0.15] [--starts 3] [--deadline S]
+        [--resume DIR/gate-power.json] [--work DIR]
+
+The rounds take about 100 s each with their restarts; where one command may run only so
+long, run the setup and the first rounds with ``--deadline``, then go on with
+``--resume`` (the noise, the plan and B as measured; a new random model of the same
+shape, so the same speed) until ``--runs`` rounds are done.
 
 Run on a machine with a CUDA GPU and a Python that has torch, transformers and the
 ``transformers serve`` extras; servegate on ``PYTHONPATH``. It makes a random-weight
@@ -96,13 +102,17 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def launch(self) -> None:
         env = {**os.environ, "HF_HUB_CACHE": str(self.work / "hub"), "HF_HUB_OFFLINE": "1",
                **self.extra_env}  # fmt: skip
         (self.work / "hub").mkdir(parents=True, exist_ok=True)
         log = (self.work / f"{self.name.replace(chr(39), '2')}.log").open("ab")
         argv = [*serve_command(self.model, self.port), *self.extra]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def start(self) -> None:
+        self.launch()
+        assert self.proc is not None
         wait_up(self.url, self.proc, 300)
 
     def stop(self) -> None:
@@ -242,68 +252,111 @@ def main() -> int:
         default=0.0,
         help="seconds: start no new round after this (0: none); the rounds done are kept",
     )
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        help="a gate-power.json of an earlier run: its noise, plan and B are taken as they "
+        "were measured and its rounds kept; this run adds rounds up to --runs",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="where the model and the servers' files go (default: a new temporary folder, "
+        "removed at the end); a model already there is used as it is",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="sg-gpu-power-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="sg-gpu-power-"))
+    work.mkdir(parents=True, exist_ok=True)
     model = work / "model"
-    maker = resources.files("servegate.demo") / "make_model.py"
-    shape = ["--hidden", str(args.hidden), "--layers", str(args.layers),
-             "--max-positions", "140000", "--no-eos", "--dtype", "bfloat16",
-             "--device", "cuda"]  # fmt: skip
-    subprocess.run([sys.executable, "-c", maker.read_text(), str(model), *shape], check=True)
+    started = time.monotonic()
+    if not (model / "config.json").is_file():
+        maker = resources.files("servegate.demo") / "make_model.py"
+        shape = ["--hidden", str(args.hidden), "--layers", str(args.layers),
+                 "--max-positions", "140000", "--no-eos", "--dtype", "bfloat16",
+                 "--device", "cuda"]  # fmt: skip
+        subprocess.run([sys.executable, "-c", maker.read_text(), str(model), *shape], check=True)
     base_flags = args.serve.split()
     candidates = args.slow or [SLOWER]
     servers = {
         "A": Server("A", model, base_flags, work),
         "A'": Server("A'", model, base_flags, work),
     }
-    report: dict[str, Any] = {"tier": args.tier, "max_tokens": args.max_tokens,
-                              "serve": args.serve, "tolerance": args.tolerance,
-                              "decode_tolerance": args.decode_tolerance or args.tolerance,
-                              "model": f"hidden {args.hidden}, {args.layers} layers",
-                              "candidates": {}, "gates": []}  # fmt: skip
-    started = time.monotonic()
+    if args.resume:
+        report = json.loads(args.resume.read_text())
+        for key in ("noise", "plan", "slow", "fingerprint", "gates"):
+            if key not in report:
+                raise SystemExit(f"{args.resume} has no {key!r}: not a run whose setup ended")
+        flags, env = split_change(report["slow"])
+        servers["B"] = Server("B", model, [*base_flags, *flags], work, extra_env=env)
+    else:
+        report = {"tier": args.tier, "max_tokens": args.max_tokens, "serve": args.serve,
+                  "tolerance": args.tolerance,
+                  "decode_tolerance": args.decode_tolerance or args.tolerance,
+                  "model": f"hidden {args.hidden}, {args.layers} layers",
+                  "candidates": {}, "gates": []}  # fmt: skip
+    calls = report.setdefault("calls", [])
+    call: dict[str, Any] = {"resumed": bool(args.resume), "rounds": 0, "seconds": {}}
+    calls.append(call)
+
+    def lap(name: str) -> None:
+        call["seconds"][name] = round(time.monotonic() - started, 1)
+
     try:
         for s in servers.values():
-            s.start()
+            s.launch()
+        for s in servers.values():
+            assert s.proc is not None
+            wait_up(s.url, s.proc, 300)
+        lap("servers_up")
         print(f"servers up in {time.monotonic() - started:.0f} s", flush=True)
         cfg = load_cfg(work, model, args, "live")
-        # 1. the noise, as `servegate bench noise` measures it: A over several starts
-        noise_starts = []
-        for i in range(args.starts):
-            if i:
-                servers["A"].restart()
-            noise_starts.append(
-                measure(cfg, servers["A"], args.noise_reps, work / f"noise-{i}.json")
-            )
-        found = noise.measure(noise_starts, METRICS)
-        fingerprint = noise_starts[-1].fingerprint
-        noise.save(cfg.host_root, found, fingerprint, "A", "gpu", [])
-        planned = bench_gate.plan(cfg, found)
-        report["noise"] = {k: v.as_dict() for k, v in found.items()}
-        report["plan"] = planned
-        print("noise:", json.dumps(report["noise"]), "\nplan:", json.dumps(planned), flush=True)
-        # 2. B's margin, measured first: the first candidate that loses --min-loss
-        a = medians(measure(cfg, servers["A"], 5, work / "margin-A.json"))
-        for n, change in enumerate(candidates):
-            flags = [w for w in change.split() if "=" not in w or w.startswith("-")]
-            env = dict(w.split("=", 1) for w in change.split() if w not in flags)
-            servers["B"] = b_srv = Server("B", model, [*base_flags, *flags], work, extra_env=env)
-            b_srv.start()
-            b = medians(measure(cfg, b_srv, 5, work / f"margin-B{n}.json"))
-            margin = {k: round(b[k] / a[k], 4) for k in a if k in b}
-            report["candidates"][change] = margin
-            print(f"B candidate {change!r}: B / A medians {json.dumps(margin)}", flush=True)
-            if min(margin.values()) <= 1 - args.min_loss:
-                report["slow"], report["slow_margin"] = change, margin
-                break
-            b_srv.stop()
-            del servers["B"]
-        if "B" not in servers:
-            raise SystemExit(f"no candidate for B loses {args.min_loss:.0%}")
+        if args.resume:
+            # the noise as the first run measured it (the bench fingerprint is the same)
+            found = {k: noise.Noise(**v) for k, v in report["noise"].items()}
+            noise.save(cfg.host_root, found, report["fingerprint"], "A", "gpu", [])
+        else:
+            # 1. the noise, as `servegate bench noise` measures it: A over several starts
+            noise_starts = []
+            for i in range(args.starts):
+                if i:
+                    servers["A"].restart()
+                noise_starts.append(
+                    measure(cfg, servers["A"], args.noise_reps, work / f"noise-{i}.json")
+                )
+            found = noise.measure(noise_starts, METRICS)
+            fingerprint = noise_starts[-1].fingerprint
+            noise.save(cfg.host_root, found, fingerprint, "A", "gpu", [])
+            report["fingerprint"] = dict(fingerprint)
+            report["noise"] = {k: v.as_dict() for k, v in found.items()}
+            report["plan"] = bench_gate.plan(cfg, found)
+            print(f"noise: {json.dumps(report['noise'])}\nplan: {json.dumps(report['plan'])}",
+                  flush=True)  # fmt: skip
+            lap("noise")
+            # 2. B's margin, measured first: the first candidate that loses --min-loss
+            a = medians(measure(cfg, servers["A"], 5, work / "margin-A.json"))
+            for n, change in enumerate(candidates):
+                flags, env = split_change(change)
+                servers["B"] = b_srv = Server(
+                    "B", model, [*base_flags, *flags], work, extra_env=env
+                )
+                b_srv.start()
+                b = medians(measure(cfg, b_srv, 5, work / f"margin-B{n}.json"))
+                margin = {k: round(b[k] / a[k], 4) for k in a if k in b}
+                report["candidates"][change] = margin
+                print(f"B candidate {change!r}: B / A medians {json.dumps(margin)}", flush=True)
+                if min(margin.values()) <= 1 - args.min_loss:
+                    report["slow"], report["slow_margin"] = change, margin
+                    break
+                b_srv.stop()
+                del servers["B"]
+            if "B" not in servers:
+                raise SystemExit(f"no candidate for B loses {args.min_loss:.0%}")
+            lap("margin")
         save(report, args.out)
         # 3. the gates: a fresh baseline each round, A' and B judged by the release gate
-        for i in range(args.runs):
+        first = 1 + max((g["round"] for g in report["gates"]), default=0)
+        for i in range(first - 1, args.runs):
             if args.deadline and time.monotonic() - started > args.deadline:
                 print(f"deadline: {i} of {args.runs} rounds done", flush=True)
                 break
@@ -331,13 +384,23 @@ def main() -> int:
                 print(f"round {i + 1}: {name} {ev['verdict']} reps {ev.get('repetitions')} "
                       f"starts {ev.get('starts')} — {ratios}", flush=True)  # fmt: skip
                 save(report, args.out)
+            call["rounds"] += 1
+            lap(f"round_{i + 1}")
     finally:
         for s in servers.values():
             s.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
         save(report, args.out)  # a run cut short keeps what it measured
     print(json.dumps(report["summary"]))
     return 0
+
+
+def split_change(change: str) -> tuple[list[str], dict[str, str]]:
+    """B's change: (server options, NAME=VALUE environment settings)."""
+    flags = [w for w in change.split() if "=" not in w or w.startswith("-")]
+    env = dict(w.split("=", 1) for w in change.split() if w not in flags)
+    return flags, env
 
 
 def save(report: dict[str, Any], out: Path) -> None:
