@@ -259,6 +259,8 @@ class Bench:
     min_unique_ratio: float = 0.08
     max_dominant_ratio: float = 0.20
     min_zlib_ratio: float = 0.15
+    #: validity: how far usage's output tokens may exceed the streamed text counted again
+    max_usage_excess: float = 0.10
     #: measure the reference workload (a fixed CPU matrix product) beside every group,
     #: so the gate can tell a change of the box from a change of the release
     reference: bool = True
@@ -671,6 +673,11 @@ def _validate_bench(cfg: Config) -> None:
         raise ConfigError(
             f"bench.max_starts = {b.max_starts}: it must be >= 1 (1: the gate never restarts "
             f"the service) and <= bench.max_repetitions ({b.max_repetitions})"
+        )
+    if not 0 <= b.max_usage_excess <= 10:
+        raise ConfigError(
+            f"bench.max_usage_excess = {b.max_usage_excess}: give a fraction >= 0 (0.10: "
+            "usage may claim 10 % more output tokens than the streamed text counts)"
         )
     if b.chat_template_kwargs:
         try:

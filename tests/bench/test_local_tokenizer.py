@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from servegate.demo import vllm_env
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed
-from tests.bench.test_stream_faults import Engine, engine  # noqa: F401  (the fixture)
+from tests.bench.test_stream_faults import WORDS, Engine, engine  # noqa: F401  (the fixture)
 from tests.conftest import REAL_HOME
 
 PYTHON = vllm_env.venv_dir({"XDG_CACHE_HOME": str(REAL_HOME / ".cache")}) / "bin" / "python"
@@ -47,6 +48,9 @@ def test_prompts_are_sized_with_the_models_tokenizer_files(
     bench = runner.Bench(spec, tmp_path / "r.json", environ={"XDG_CACHE_HOME": str(tmp_path)})
     bench.prepare()
     assert bench.result["engine"]["tokenizer_source"] == f"tokenizer files {model}"
+    helper = bench._tokenizer.local if bench._tokenizer else None
+    assert helper is not None
+    assert helper.proc.poll() is None  # kept to count the answers
     local = sizing.LocalTokenizer(model, str(PYTHON))
     try:
         for key in ("regular-1k", "coding-1k"):
@@ -61,6 +65,44 @@ def test_prompts_are_sized_with_the_models_tokenizer_files(
             assert local.tokenize(messages)["count"] == sized["tokens"]
     finally:
         local.close()
+        bench.release()
+    assert helper.proc.poll() is not None  # released: no helper left behind
+
+
+def test_usage_is_checked_against_the_answer_counted_by_the_tokenizer_files(
+    engine: tuple[str, type[Engine]],  # noqa: F811
+    model: Path,
+    tmp_path: Path,
+) -> None:
+    """``transformers serve`` has no /tokenize: the model's own tokenizer files count the
+    streamed text again, and a usage that claims 1.6x the tokens (a decode rate 1.6x too
+    fast) makes the trial invalid; the honest count does not."""
+    url, handler = engine
+    spec = cases.Spec(Endpoint(url, engine=adapters.TRANSFORMERS), "m",
+                      cases.parse_cases(["regular"], ["1k"], [1]), warmup=False, max_tokens=40,
+                      tokenizer=str(model), tokenizer_python=str(PYTHON))  # fmt: skip
+    local = sizing.LocalTokenizer(model, str(PYTHON))
+    try:
+        streamed = "".join(WORDS[i % len(WORDS)] + " " for i in range(40))
+        truth = local.count_text(streamed)
+    finally:
+        local.close()
+    seen = {}
+    for claim in (None, int(truth * 1.6)):
+        handler.claim = claim
+        bench = runner.Bench(replace(spec, max_tokens=claim or 40), tmp_path / "r.json",
+                             environ={"XDG_CACHE_HOME": str(tmp_path)})  # fmt: skip
+        bench.prepare()
+        try:
+            (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+        finally:
+            bench.finish()
+        assert trial["recounted_tokens"] == truth
+        seen[claim] = trial
+    honest, lying = seen[None], seen[int(truth * 1.6)]
+    assert "usage_exceeds_stream" not in honest["invalid_reasons"]
+    assert "usage_exceeds_stream" in lying["invalid_reasons"]
+    assert f"tokenizer files {model}" in lying["reason_details"]["usage_exceeds_stream"]
 
 
 def test_unreadable_tokenizer_files_are_a_clear_failure(tmp_path: Path) -> None:

@@ -37,6 +37,11 @@ WORDS = [
 
 class Engine(BaseHTTPRequestHandler):
     mode = "ok"
+    #: usage's completion_tokens (None: the 40 chunks streamed, the truth)
+    claim: int | None = None
+    #: "words": /tokenize counts whitespace-separated words; "broken": it answers 500;
+    #: "": there is none (404)
+    tokenize = ""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -48,7 +53,17 @@ class Engine(BaseHTTPRequestHandler):
             self._json(404, {"error": "not found"})
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize" and self.tokenize:
+            if self.tokenize == "broken":
+                self._json(500, {"error": "tokenizer crashed"})
+                return
+            texts = (
+                [body["prompt"]] if "prompt" in body else [m["content"] for m in body["messages"]]
+            )
+            self._json(200, {"count": sum(len(t.split()) for t in texts), "tokens": [],
+                             "max_model_len": 4096})  # fmt: skip
+            return
         if self.path != "/v1/chat/completions":
             self._json(404, {"error": "not found"})
             return
@@ -73,7 +88,10 @@ class Engine(BaseHTTPRequestHandler):
                 return  # connection closes: no usage, no [DONE]
         last = {"choices": [{"delta": {}, "finish_reason": "length"}]}
         self.wfile.write(b"data: " + json.dumps(last).encode() + b"\n\n")
-        usage = {"prompt_tokens": 1024, "completion_tokens": 40}
+        usage = {
+            "prompt_tokens": 1024,
+            "completion_tokens": 40 if self.claim is None else self.claim,
+        }
         self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         if self.mode != "no-done":  # transformers serve ends a stream without [DONE]
             self.wfile.write(b"data: [DONE]\n\n")
@@ -154,6 +172,65 @@ def test_a_broken_stream_is_a_failed_trial_and_the_result_is_kept(
     assert expected in second["error"]
     assert saved["cases"][0]["summary"]["performance_valid"] is False
     assert saved["status"] == "running"  # what an interrupted run leaves: status says so
+
+
+@pytest.mark.parametrize(
+    ("claim", "reasons"),
+    [
+        (None, set()),  # the 40 words streamed: the truth
+        (46, set()),  # 40 words + 10 % + 2: what a special token or two may add
+        (47, {"usage_exceeds_stream"}),
+        (64, {"usage_exceeds_stream"}),  # 1.6x: a decode rate 1.6x too fast
+    ],
+)
+def test_usage_that_claims_more_tokens_than_were_streamed_is_invalid(
+    engine: tuple[str, type[Engine]], tmp_path: Path, claim: int | None, reasons: set[str]
+) -> None:
+    """A server (a release's code) that reports more output tokens than it streamed
+    would make its decode rate look faster: the text is counted again by the tokenizer
+    that sized the prompts (here the server's /tokenize counting words) and the claim
+    must agree within ``max_usage_excess`` (10 %) + 2."""
+    from servegate.engine.adapters import VLLM
+
+    url, handler = engine
+    handler.tokenize, handler.claim = "words", claim
+    spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=claim or 40, warmup=False)  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    assert bench.result["engine"]["tokenizer_source"] == "server /tokenize"
+    (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    bench.finish()
+    assert trial["recounted_tokens"] == 40
+    usage_reasons = {r for r in trial["invalid_reasons"] if r.startswith("usage")}
+    assert usage_reasons == reasons
+    if reasons:
+        assert (
+            f"usage claims {claim} output tokens; the streamed text is 40"
+            in (trial["reason_details"]["usage_exceeds_stream"])
+        )
+        assert not trial["performance_valid"]
+
+
+def test_a_recount_that_fails_leaves_no_valid_trial(
+    engine: tuple[str, type[Engine]], tmp_path: Path
+) -> None:
+    """The tokenizer sized the prompts, then cannot count the answer (the server's
+    /tokenize broke): the claim is unproven, the trial invalid, never clean."""
+    from servegate.engine.adapters import VLLM
+
+    url, handler = engine
+    handler.tokenize = "words"
+    spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    handler.tokenize = "broken"
+    (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    bench.finish()
+    assert trial["recounted_tokens"] is None
+    assert "usage_not_recounted" in trial["invalid_reasons"]
+    assert "500" in trial["reason_details"]["usage_not_recounted"]
 
 
 def test_a_vllm_server_whose_metrics_cannot_be_read_gives_no_valid_trial(

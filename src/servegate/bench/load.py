@@ -786,8 +786,11 @@ def run(
 ) -> dict[str, Any]:
     """Size the prompts, warm up, sweep; the result file keeps what finished."""
     load.check()
-    bench.prepare()
-    bench.warm_up()
+    try:
+        bench.prepare()
+        bench.warm_up()
+    finally:
+        bench.release()  # the sweep counts with the prompts' sizes; no helper stays up
     if prepared:
         prepared(bench)
     sweep = Load(bench, load, output, reporter)

@@ -60,6 +60,9 @@ class Rules:
     #: a mean inter-token latency below this (ms) is a burst, not a decode: the stream
     #: was held back (a stalled client or frontend) and arrived at once
     min_itl_ms: float = 0.25
+    #: how far a server's ``usage.completion_tokens`` may exceed its streamed text counted
+    #: again by the tokenizer (a fraction; see ``Bench._recount``)
+    max_usage_excess: float = 0.10
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -124,6 +127,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "mean_inter_token_latency_ms": None,
         "output_tps_whole_request": None,
         "tokens_per_chunk": None,
+        "recounted_tokens": None,
         "engine_prefill_tps": None,
         "engine_generation_tps": None,
         "stream_delivery": "none",

@@ -28,6 +28,7 @@ import httpx
 
 from servegate.bench import client, document, fixtures, measure, prom, reference, sizing, telemetry
 from servegate.bench.cases import Case, Spec
+from servegate.bench.measure import Rules
 from servegate.bench.schema import Case as CaseDoc
 from servegate.bench.schema import Group, Result, ServerMetrics, Trial
 from servegate.bench.sse import Stream, now
@@ -58,6 +59,11 @@ class LogWindow:
             return ""
 
 
+#: tokens a server's usage may claim beyond the recount of its streamed text, whatever
+#: its length: an end-of-sequence or other special token the text does not show
+USAGE_SLACK = 2
+
+
 class Bench:
     """One bench run: ``prepare()``, ``warm_up()``, ``measure(case, n)``…, ``finish()``."""
 
@@ -86,6 +92,8 @@ class Bench:
         self.start = 0
         #: the GPU's vendor tool, read beside every group (None: a CPU server)
         self.telemetry = telemetry.find()
+        #: what sized the prompts, kept to count every answer again (see :meth:`_recount`)
+        self._tokenizer: sizing.Tokenizer | None = None
 
     def restarted(self) -> None:
         """The service was restarted: new groups belong to the next start, and the pooled
@@ -111,6 +119,14 @@ class Bench:
             self._http.close()
         self._http = self._client = None
 
+    def release(self) -> None:
+        """The connections and the tokenizer helper (:meth:`finish` and :meth:`fail` do
+        this; a caller that stops after :meth:`prepare` without either calls it)."""
+        self.close()
+        if self._tokenizer is not None and self._tokenizer.local is not None:
+            self._tokenizer.local.close()
+        self._tokenizer = None
+
     # -- the result document ---------------------------------------------------------
 
     def save(self) -> None:
@@ -120,14 +136,14 @@ class Bench:
             write_text(self.output, json.dumps(self.result, indent=1) + "\n")
 
     def fail(self, status: str, message: str) -> None:
-        self.close()
+        self.release()
         self.result["status"] = status
         self.result["error"] = message
         self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.save()
 
     def finish(self) -> Result:
-        self.close()
+        self.release()
         self.result["status"] = "complete"
         self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.save()
@@ -162,11 +178,15 @@ class Bench:
             if s.tokenizer
             else None
         )
+        self.release()
         try:
-            self._size(s, sizing.probe(s.endpoint, s.model, local), has_metrics)
-        finally:
+            tok = sizing.probe(s.endpoint, s.model, local)
+            self._size(s, tok, has_metrics)
+        except BaseException:
             if local is not None:
                 local.close()
+            raise
+        self._tokenizer = tok  # the helper stays up: it counts every answer again
         self.save()
 
     def _size(self, s: Spec, tok: sizing.Tokenizer, has_metrics: bool) -> None:
@@ -413,6 +433,8 @@ class Bench:
             t["stream_index"] = i
             t["ignore_eos"] = bool(bodies[i].get("ignore_eos"))
             trials.append(t)
+        for t, st in zip(trials, done, strict=True):
+            self._recount(t, st, rules)
         self._cross_checks(trials, before, after, mark)
         self._engine_clock(trials, before, after)
         totals = measure.group(trials, min(st.started for st in done), done)
@@ -425,6 +447,36 @@ class Bench:
             "reference": document.group_reference(box_before, box_after),
             "telemetry": gpu,
         }
+
+    def _recount(self, t: Trial, stream: Stream, rules: Rules) -> None:
+        """The streamed text counted again by the tokenizer that sized the prompts: a
+        server whose ``usage`` claims more output tokens than it streamed would make its
+        decode rate look faster (``usage_exceeds_stream``). Counting a finished answer
+        costs one small request (or one call of the tokenizer helper) between groups,
+        outside every measured window. Where no tokenizer sized the prompts (an
+        estimate) there is nothing to count with: ``recounted_tokens`` stays null; where
+        one did and now cannot count, the trial is invalid (fail closed)."""
+        t["recounted_tokens"] = None
+        claimed = t["completion_tokens"]
+        tok = self._tokenizer
+        if not t["ok"] or claimed is None or tok is None or not tok.available:
+            return
+        try:
+            count = tok.count_text(self.spec.endpoint, self.spec.model, stream.content)
+        except (httpx.HTTPError, ValueError, OSError, BenchFailed) as exc:
+            measure.invalidate(
+                t, "usage_not_recounted",
+                f"the streamed text could not be counted again ({tok.source}): "
+                f"{str(exc)[:200]}",
+            )  # fmt: skip
+            return
+        t["recounted_tokens"] = count
+        if claimed > count * (1 + rules.max_usage_excess) + USAGE_SLACK:
+            measure.invalidate(
+                t, "usage_exceeds_stream",
+                f"usage claims {claimed} output tokens; the streamed text is {count} "
+                f"({tok.source}): more than {rules.max_usage_excess:.0%} + {USAGE_SLACK} over",
+            )  # fmt: skip
 
     def _cross_checks(
         self,

@@ -34,6 +34,9 @@ class Trial(TypedDict):
     mean_inter_token_latency_ms: float | None
     output_tps_whole_request: float | None
     tokens_per_chunk: float | None
+    #: the streamed text counted again by the tokenizer that sized the prompts (null:
+    #: none did, or the request failed)
+    recounted_tokens: int | None
     #: by the engine's own clock (vLLM's request prefill/decode time histograms)
     engine_prefill_tps: float | None
     engine_generation_tps: float | None

@@ -46,6 +46,10 @@ tok = AutoTokenizer.from_pretrained(sys.argv[1])
 print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
+    if "text" in req:
+        ids = tok(req["text"], add_special_tokens=False)["input_ids"]
+        print(json.dumps({"count": len(ids)}), flush=True)
+        continue
     ids = tok.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
     if hasattr(ids, "keys"):
         ids = ids["input_ids"]
@@ -100,6 +104,16 @@ class LocalTokenizer:
         self.proc.stdin.flush()
         return self._read()
 
+    def count_text(self, text: str) -> int:
+        """``text``'s tokens as it stands (no template, no special tokens added)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"text": text}) + "\n")
+        self.proc.stdin.flush()
+        count = self._read().get("count")
+        if type(count) is not int:
+            raise ValueError(f"the tokenizer helper answered {count!r}, not a token count")
+        return count
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -135,6 +149,13 @@ class Tokenizer:
         if self.local is not None:
             return self.local.tokenize(messages)
         return client.tokenize(endpoint, model, messages)
+
+    def count_text(self, endpoint: Endpoint, model: str, text: str) -> int:
+        """A generated text counted again (what a server's ``usage`` is checked against).
+        ValueError or an HTTP error when it cannot be counted."""
+        if self.local is not None:
+            return self.local.count_text(text)
+        return client.tokenize_text(endpoint, model, text)
 
 
 def probe(endpoint: Endpoint, model: str, local: LocalTokenizer | None = None) -> Tokenizer:
