@@ -260,7 +260,10 @@ class Bench:
     max_dominant_ratio: float = 0.20
     min_zlib_ratio: float = 0.15
     #: validity: how far usage's output tokens may exceed the streamed text counted again
-    max_usage_excess: float = 0.10
+    max_usage_excess: float = 0.02
+    #: validity: the largest share of an answer's text one chunk may carry (beyond 256
+    #: characters)
+    max_chunk_share: float = 0.10
     #: measure the reference workload (a fixed CPU matrix product) beside every group,
     #: so the gate can tell a change of the box from a change of the release
     reference: bool = True
@@ -676,8 +679,13 @@ def _validate_bench(cfg: Config) -> None:
         )
     if not 0 <= b.max_usage_excess <= 10:
         raise ConfigError(
-            f"bench.max_usage_excess = {b.max_usage_excess}: give a fraction >= 0 (0.10: "
-            "usage may claim 10 % more output tokens than the streamed text counts)"
+            f"bench.max_usage_excess = {b.max_usage_excess}: give a fraction >= 0 (0.02: "
+            "usage may claim 2 % more output tokens than the streamed text counts)"
+        )
+    if not 0 < b.max_chunk_share <= 1:
+        raise ConfigError(
+            f"bench.max_chunk_share = {b.max_chunk_share}: give a fraction in (0, 1] (0.10: "
+            "one chunk may carry a tenth of the answer's text, or 256 characters)"
         )
     if b.chat_template_kwargs:
         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import cases, fixtures, load
+from servegate.bench import cases, fixtures, load, sizing
 from servegate.bench.runner import Bench
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -185,3 +185,62 @@ def test_a_queue_that_grows_on_the_lightest_point_is_seen(
     assert first["saturated"], first["in_flight"]
     assert "the queue grew" in first["why"]
     assert result["knee"]["what"] == "the lightest point already saturated the server"
+
+
+def counted(script: Script) -> Script:
+    """``script``'s server with a /tokenize that counts whitespace-separated words (the
+    tokenizer that sized the prompts, counting every answer again after the point)."""
+
+    def both(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if h.path == "/tokenize":
+            h.wfile.write(json.dumps({"count": len(body["prompt"].split())}).encode())
+            return
+        script(h, body)
+
+    return both
+
+
+def burst() -> Script:
+    """Seven tokens paced, then an eighth chunk of 300 characters: text that arrived at
+    once (usage honest about the eight chunks)."""
+
+    def script(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        for i in range(MAX_TOKENS):
+            piece = f" w{i}" if i < MAX_TOKENS - 1 else " " + "y" * 300
+            h.wfile.write(_event({"choices": [{"index": 0, "delta": {"content": piece}}]}))
+        h.wfile.write(_event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}))
+        h.wfile.write(_event({"choices": [], "usage": {"prompt_tokens": 1000,
+                                                       "completion_tokens": MAX_TOKENS}}))  # fmt: skip
+        h.wfile.write(_event(b"[DONE]"))
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        (answer(), ""),  # the control: eight words streamed, eight claimed
+        # five words streamed, eight claimed: TPOT and ITL 8/5 too short, throughput inflated
+        (answer(n=5, usage={"prompt_tokens": 1000, "completion_tokens": MAX_TOKENS}),
+         "usage_exceeds_stream: usage claims 8 output tokens; the streamed text is 5"),
+        (burst(), "one chunk carried 301"),
+    ],
+    ids=["honest", "usage-lies", "burst"],
+)  # fmt: skip
+def test_a_load_answer_whose_text_does_not_back_its_usage_fails(
+    server: Callable[[Script], str], script: Script, error: str
+) -> None:
+    """The load sweep counts every answer again after its point, as the single-stream
+    bench does after each group: usage that claims tokens the text does not hold, or a
+    chunk of text never decoded in the window, is a failed request, never a good one."""
+    url = server(counted(script))
+    bench = bench_at(url)
+    bench._tokenizer = sizing.Tokenizer("words", None)  # what prepare() found: /tokenize
+    p = load.Load(bench, load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), None).point(8.0)
+    bench.release()
+    assert p["requests"] > 0
+    if not error:
+        assert p["completed"] == p["good_requests"] == p["requests"]
+        return
+    assert p["completed"] == p["good_requests"] == 0
+    assert all(error in r["error"] for r in p["requests_detail"]), p["errors"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -18,7 +19,12 @@ from servegate.demo import vllm_env
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed
-from tests.bench.test_stream_faults import WORDS, Engine, engine  # noqa: F401  (the fixture)
+from tests.bench.test_stream_faults import (  # noqa: F401  (the fixture)
+    GATE_CONFIG,
+    WORDS,
+    Engine,
+    engine,
+)
 from tests.conftest import REAL_HOME
 
 PYTHON = vllm_env.venv_dir({"XDG_CACHE_HOME": str(REAL_HOME / ".cache")}) / "bin" / "python"
@@ -174,3 +180,38 @@ def test_a_cached_size_is_counted_again_and_redone_when_the_tokenizer_changed(
     assert changed.method == "tokenize"
     assert changed.chars != first.chars
     assert abs((changed.tokens or 0) - 4096) <= 8
+
+
+def _helpers() -> set[Path]:
+    """The tokenizer helpers up now (each runs in a private directory of this name)."""
+    return set(Path(tempfile.gettempdir()).glob("servegate-tokenizer-*"))
+
+
+def test_the_gate_leaves_no_tokenizer_helper_whatever_stops_it(
+    engine: tuple[str, type[Engine]],  # noqa: F811
+    model: Path,
+    tmp_path: Path,
+) -> None:
+    """The helper stays up through a bench run to count every answer; an error that is
+    not the bench's own (here: the reporter raising while a trial is shown) still takes
+    it down when the gate returns."""
+    from servegate import config
+    from servegate.pipeline.stages import QuietReporter
+    from servegate.release import bench_gate
+
+    class Boom(QuietReporter):
+        def note(self, message: str) -> None:
+            if "regular-1k #1" in message:  # a measured trial shown: the helper is up
+                assert _helpers() - before
+                raise RuntimeError("the terminal went away")
+
+    url, _ = engine
+    files = f'[bench]\ntokenizer = "{model}"\ntokenizer_python = "{PYTHON}"\n'
+    text = GATE_CONFIG.format(root=tmp_path).replace("[bench]\n", files)
+    cfg = config.parse(text, environ={"XDG_CACHE_HOME": str(tmp_path)})
+    before = _helpers()
+    with pytest.raises(RuntimeError, match="terminal went away"):
+        bench_gate.run(cfg, Endpoint(url, engine=adapters.TRANSFORMERS), "m", "b" * 40, None,
+                       None, Boom(), {"XDG_CACHE_HOME": str(tmp_path)},
+                       first_release=True)  # fmt: skip
+    assert _helpers() == before

@@ -61,6 +61,9 @@ class Engine(BaseHTTPRequestHandler):
             texts = (
                 [body["prompt"]] if "prompt" in body else [m["content"] for m in body["messages"]]
             )
+            if self.tokenize == "list" and "prompt" in body:
+                self._json(200, [len(texts[0].split())])  # a count, but not the API's shape
+                return
             self._json(200, {"count": sum(len(t.split()) for t in texts), "tokens": [],
                              "max_model_len": 4096})  # fmt: skip
             return
@@ -76,7 +79,13 @@ class Engine(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         for i in range(40):
-            event = {"choices": [{"delta": {"content": WORDS[i % len(WORDS)] + " "}}]}
+            word = WORDS[i % len(WORDS)] + " "
+            # "reasoning": the first half as newer vLLM streams a reasoning model's thought
+            key = "reasoning" if self.mode == "reasoning" and i < 20 else "content"
+            choices: list[dict[str, object]] = [{"index": 0, "delta": {key: word}}]
+            if self.mode == "second-choice":  # n=1 was asked: a second choice doubles the text
+                choices.append({"index": 1, "delta": {"content": word}})
+            event = {"choices": choices}
             self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             if self.mode == "slow":
                 self.wfile.flush()
@@ -86,6 +95,10 @@ class Engine(BaseHTTPRequestHandler):
                 return
             if self.mode == "cut" and i == 10:
                 return  # connection closes: no usage, no [DONE]
+        if self.mode == "burst":  # 60 more words at once, never decoded in the window
+            event = {"choices": [{"delta": {"content": "".join(WORDS[i % 13] + " "
+                                                               for i in range(60))}}]}  # fmt: skip
+            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
         last = {"choices": [{"delta": {}, "finish_reason": "length"}]}
         self.wfile.write(b"data: " + json.dumps(last).encode() + b"\n\n")
         usage = {
@@ -178,9 +191,9 @@ def test_a_broken_stream_is_a_failed_trial_and_the_result_is_kept(
     ("claim", "reasons"),
     [
         (None, set()),  # the 40 words streamed: the truth
-        (46, set()),  # 40 words + 10 % + 2: what a special token or two may add
-        (47, {"usage_exceeds_stream"}),
-        (64, {"usage_exceeds_stream"}),  # 1.6x: a decode rate 1.6x too fast
+        (42, set()),  # 40 words + 2 % + 2: what a special token or two may add
+        (43, {"usage_exceeds_stream"}),  # 1.075x: a decode rate 7.5 % too fast
+        (64, {"usage_exceeds_stream"}),  # 1.6x
     ],
 )
 def test_usage_that_claims_more_tokens_than_were_streamed_is_invalid(
@@ -189,7 +202,7 @@ def test_usage_that_claims_more_tokens_than_were_streamed_is_invalid(
     """A server (a release's code) that reports more output tokens than it streamed
     would make its decode rate look faster: the text is counted again by the tokenizer
     that sized the prompts (here the server's /tokenize counting words) and the claim
-    must agree within ``max_usage_excess`` (10 %) + 2."""
+    must agree within ``max_usage_excess`` (2 %) + 2."""
     from servegate.engine.adapters import VLLM
 
     url, handler = engine
@@ -212,11 +225,13 @@ def test_usage_that_claims_more_tokens_than_were_streamed_is_invalid(
         assert not trial["performance_valid"]
 
 
+@pytest.mark.parametrize(("broken", "said"), [("broken", "500"), ("list", "not a token count")])
 def test_a_recount_that_fails_leaves_no_valid_trial(
-    engine: tuple[str, type[Engine]], tmp_path: Path
+    engine: tuple[str, type[Engine]], tmp_path: Path, broken: str, said: str
 ) -> None:
     """The tokenizer sized the prompts, then cannot count the answer (the server's
-    /tokenize broke): the claim is unproven, the trial invalid, never clean."""
+    /tokenize broke, or answers what is no count): the claim is unproven, the trial
+    invalid, never clean, and the run goes on."""
     from servegate.engine.adapters import VLLM
 
     url, handler = engine
@@ -225,12 +240,64 @@ def test_a_recount_that_fails_leaves_no_valid_trial(
                       repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
     bench = runner.Bench(spec, tmp_path / "r.json")
     bench.prepare()
-    handler.tokenize = "broken"
+    handler.tokenize = broken
     (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
     bench.finish()
     assert trial["recounted_tokens"] is None
     assert "usage_not_recounted" in trial["invalid_reasons"]
-    assert "500" in trial["reason_details"]["usage_not_recounted"]
+    assert said in trial["reason_details"]["usage_not_recounted"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "claim", "reason"),
+    [
+        # the recount backs the claim (100 words streamed), but 60 of them came in one
+        # chunk after the window: a decode rate 2.5x too fast
+        ("burst", 100, "oversized_chunk"),
+        # a second choice (n=1 was asked) doubles the text the recount sees
+        ("second-choice", 80, "request_failed"),
+    ],
+)
+def test_text_the_window_never_decoded_is_no_valid_trial(
+    engine: tuple[str, type[Engine]], tmp_path: Path, mode: str, claim: int, reason: str
+) -> None:
+    from servegate.engine.adapters import VLLM
+
+    url, handler = engine
+    handler.tokenize, handler.mode, handler.claim = "words", mode, claim
+    spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=claim, warmup=False)  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    bench.finish()
+    assert reason in trial["invalid_reasons"], trial["reason_details"]
+    assert not trial["performance_valid"]
+    if mode == "burst":
+        assert trial["recounted_tokens"] == claim  # the recount alone would have passed it
+        assert "one chunk carried" in trial["reason_details"]["oversized_chunk"]
+    else:
+        assert "index 1" in trial["error"]
+
+
+def test_a_reasoning_models_thought_is_part_of_the_answer(
+    engine: tuple[str, type[Engine]], tmp_path: Path
+) -> None:
+    """Newer vLLM streams a reasoning model's thought as ``delta.reasoning``: it is text
+    the usage counts, so it is text the recount counts (not a usage that lies)."""
+    from servegate.engine.adapters import VLLM
+
+    url, handler = engine
+    handler.tokenize, handler.mode = "words", "reasoning"
+    spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    bench.finish()
+    assert trial["recounted_tokens"] == 40
+    assert trial["text_chunks"] == 40
+    assert not {r for r in trial["invalid_reasons"] if r.startswith("usage")}
 
 
 def test_a_vllm_server_whose_metrics_cannot_be_read_gives_no_valid_trial(
@@ -270,3 +337,57 @@ def test_a_running_group_says_its_phase_time_and_chunks(
     assert any(line.startswith("regular-128k #1: prefill ") and "(no token yet)" in line
                for line in lines), lines  # fmt: skip
     assert any("decode" in line and "chunk(s) received" in line for line in lines), lines
+
+
+GATE_CONFIG = """
+[stack]
+remote = "x"
+[host]
+root = "{root}"
+[service]
+command = ["x"]
+port = 5
+model = "m"
+[bench]
+profiles = ["regular"]
+tiers = ["1k"]
+repetitions = 1
+max_repetitions = 1
+max_starts = 1
+max_tokens = 40
+warmup = false
+reference = false
+[gate]
+checks = ["bench"]
+no_baseline = "first-release"
+"""
+
+
+@pytest.mark.parametrize("tokenize", ["", "words"])
+def test_the_gate_says_what_checked_the_candidates_token_counts(
+    engine: tuple[str, type[Engine]], tmp_path: Path, tokenize: str
+) -> None:
+    """A vLLM candidate whose /tokenize is gone (vLLM always serves it) could hide a usage
+    that lies: its gate FAILs. Counted by its own /tokenize, the gate says that the
+    evidence is weaker and what makes it stronger."""
+    from servegate import config
+    from servegate.engine.adapters import VLLM
+    from servegate.pipeline.stages import QuietReporter
+    from servegate.release import bench_gate
+
+    url, handler = engine
+    handler.tokenize = tokenize
+    cfg = config.parse(GATE_CONFIG.format(root=tmp_path), environ={})
+    ev = bench_gate.run(cfg, Endpoint(url, engine=VLLM), "m", "b" * 40, None, None,
+                        QuietReporter(), {}, first_release=True)  # fmt: skip
+    assert ev["verdict"] == "FAIL"  # (here also: its /metrics cannot be read)
+    weaker = [w for w in ev["weaker_evidence"] if "/tokenize" in w]
+    if not tokenize:
+        assert "the candidate's /tokenize does not answer" in ev["why"]
+        assert "token counts checked" in ev["why"]
+        assert ev["rows"] == []  # nothing was measured on its word
+    else:
+        assert weaker == [
+            "the answers' token counts were checked by the candidate's own /tokenize: "
+            "bench.tokenizer (the model directory) counts with files the release does not serve"
+        ]

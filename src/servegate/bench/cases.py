@@ -147,6 +147,7 @@ def spec_from_config(
             max_dominant_ratio=b.max_dominant_ratio,
             min_zlib_ratio=b.min_zlib_ratio,
             max_usage_excess=b.max_usage_excess,
+            max_chunk_share=b.max_chunk_share,
         ),
         window_log_patterns=tuple(b.window_log_patterns) or WINDOW_LOG_PATTERNS,
         reference=b.reference,

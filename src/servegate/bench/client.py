@@ -108,17 +108,23 @@ def tokenize(endpoint: Endpoint, model: str, messages: list[dict[str, Any]]) -> 
     return result
 
 
-def tokenize_text(endpoint: Endpoint, model: str, text: str) -> int:
+def tokenize_text(
+    endpoint: Endpoint, model: str, text: str, http: httpx.Client | None = None
+) -> int:
     """How many tokens ``text`` is for the engine's tokenizer, as it stands (no chat
-    template, no special tokens added): vLLM's ``/tokenize`` with a ``prompt``.
-    ValueError when the engine has none or the answer is no count."""
+    template, no special tokens added): vLLM's ``/tokenize`` with a ``prompt``, over the
+    run's pooled ``http`` client when given. ValueError when the engine has none or the
+    answer is no count."""
     path = endpoint.adapter.tokenize_path
     if not path:
         raise ValueError(f"the {endpoint.adapter.name} engine has no tokenize endpoint")
-    with endpoint.client(120.0) as client:
-        resp = client.post(path, json={"model": model, "prompt": text, "add_special_tokens": False})
+    with contextlib.ExitStack() as stack:
+        if http is None:
+            http = stack.enter_context(endpoint.client(120.0))
+        resp = http.post(path, json={"model": model, "prompt": text, "add_special_tokens": False})
         resp.raise_for_status()
-        count = resp.json().get("count")
+        body = resp.json()
+    count = body.get("count") if isinstance(body, dict) else None
     if type(count) is not int or count < 0:
         raise ValueError(f"{path} answered {count!r}, not a token count")
     return count

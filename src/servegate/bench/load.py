@@ -450,6 +450,8 @@ class Load:
         completion = measure.token_count(usage.get("completion_tokens"))
         if not st.error:
             st.error = _answer_error(st, usage, self.bench.spec.max_tokens, sent.exact)
+        if not st.error and completion is not None:
+            st.error = self._backed(st, completion)
         done = st.done_at or st.last_text_at
         ttft = st.first_text_at - st.started if st.first_text_at is not None else None
         e2el = done - st.started if done is not None else None
@@ -481,6 +483,21 @@ class Load:
             "ended_s": round(done, 6) if done is not None else None,
         }
         return rec, gaps if ok else []
+
+    def _backed(self, st: sse.Stream, completion: int) -> str:
+        """Why the streamed text does not back the answer's figures ("": it does): its
+        usage claims more tokens than the text counts again, or one chunk carried text
+        that was never decoded in the window (both shrink the latencies and inflate the
+        throughput, as in the single-stream bench's validity)."""
+        rules = self.bench.spec.rules
+        text = len(st.content)
+        if st.largest_chunk > max(measure.CHUNK_FLOOR, rules.max_chunk_share * text):
+            return (
+                f"one chunk carried {st.largest_chunk} of the answer's {text} characters: "
+                "text that arrived at once"
+            )
+        _, code, detail = self.bench.recount(st, completion)
+        return f"{code}: {detail}" if code else ""
 
     # -- one point -------------------------------------------------------------------
 
@@ -789,11 +806,12 @@ def run(
     try:
         bench.prepare()
         bench.warm_up()
-    finally:
-        bench.release()  # the sweep counts with the prompts' sizes; no helper stays up
-    if prepared:
-        prepared(bench)
-    sweep = Load(bench, load, output, reporter)
+        if prepared:
+            prepared(bench)
+        sweep = Load(bench, load, output, reporter)
+    except BaseException:
+        bench.release()
+        raise
     try:
         return sweep.sweep()
     except KeyboardInterrupt:
@@ -806,3 +824,5 @@ def run(
         raise BenchFailed(
             f"the load sweep failed: {exc!r}", hint=f"what finished is in {output}"
         ) from exc
+    finally:
+        bench.release()  # the tokenizer helper counted every answer; none stays up

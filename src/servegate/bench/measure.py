@@ -62,7 +62,16 @@ class Rules:
     min_itl_ms: float = 0.25
     #: how far a server's ``usage.completion_tokens`` may exceed its streamed text counted
     #: again by the tokenizer (a fraction; see ``Bench._recount``)
-    max_usage_excess: float = 0.10
+    max_usage_excess: float = 0.02
+    #: the largest share of the answer's text one chunk may carry (beyond
+    #: ``CHUNK_FLOOR`` characters): text that arrives at once was not decoded in the
+    #: window the rate divides by
+    max_chunk_share: float = 0.10
+
+
+#: characters any one chunk may carry whatever the answer's length (a speculative step's
+#: tokens, a run of spaces in code)
+CHUNK_FLOOR = 256
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -70,6 +79,7 @@ def content_stats(text: str) -> dict[str, Any]:
     counts = Counter(words)
     raw = text.encode()
     return {
+        "chars": len(text),
         "text_tokens": len(words),
         "unique_ratio": round(len(counts) / len(words), 6) if words else 0.0,
         "dominant_ratio": round(max(counts.values()) / len(words), 6) if words else 1.0,
@@ -127,6 +137,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "mean_inter_token_latency_ms": None,
         "output_tps_whole_request": None,
         "tokens_per_chunk": None,
+        "largest_chunk_chars": stream.largest_chunk,
         "recounted_tokens": None,
         "engine_prefill_tps": None,
         "engine_generation_tps": None,
@@ -228,6 +239,14 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
         r["prompt_cache_hit"] = ", ".join(f"{k}={v}" for k, v in hits.items())
     if t["stream_delivery"] != "incremental":
         r["stream_not_incremental"] = f"{t['text_chunks']} text chunk(s): no decode window"
+    chars = t["content"]["chars"]
+    largest = t["largest_chunk_chars"]
+    if largest > max(CHUNK_FLOOR, rules.max_chunk_share * chars):
+        r["oversized_chunk"] = (
+            f"one chunk carried {largest} of the answer's {chars} characters (> "
+            f"{rules.max_chunk_share:.0%} and > {CHUNK_FLOOR}): text that arrived at once, "
+            "not decoded within the window"
+        )
     return r
 
 

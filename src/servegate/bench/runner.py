@@ -28,7 +28,6 @@ import httpx
 
 from servegate.bench import client, document, fixtures, measure, prom, reference, sizing, telemetry
 from servegate.bench.cases import Case, Spec
-from servegate.bench.measure import Rules
 from servegate.bench.schema import Case as CaseDoc
 from servegate.bench.schema import Group, Result, ServerMetrics, Trial
 from servegate.bench.sse import Stream, now
@@ -434,7 +433,7 @@ class Bench:
             t["ignore_eos"] = bool(bodies[i].get("ignore_eos"))
             trials.append(t)
         for t, st in zip(trials, done, strict=True):
-            self._recount(t, st, rules)
+            self._recount(t, st)
         self._cross_checks(trials, before, after, mark)
         self._engine_clock(trials, before, after)
         totals = measure.group(trials, min(st.started for st in done), done)
@@ -448,35 +447,40 @@ class Bench:
             "telemetry": gpu,
         }
 
-    def _recount(self, t: Trial, stream: Stream, rules: Rules) -> None:
-        """The streamed text counted again by the tokenizer that sized the prompts: a
-        server whose ``usage`` claims more output tokens than it streamed would make its
-        decode rate look faster (``usage_exceeds_stream``). Counting a finished answer
-        costs one small request (or one call of the tokenizer helper) between groups,
-        outside every measured window. Where no tokenizer sized the prompts (an
-        estimate) there is nothing to count with: ``recounted_tokens`` stays null; where
-        one did and now cannot count, the trial is invalid (fail closed)."""
+    def recount(self, stream: Stream, claimed: int) -> tuple[int | None, str, str]:
+        """The streamed text counted again by the tokenizer that sized the prompts:
+        (the count, the reason code, its detail; "" when the claim holds). A server whose
+        ``usage`` claims more output tokens than it streamed would make its decode rate
+        look faster (``usage_exceeds_stream``). Counting a finished answer costs one small
+        request (or one call of the tokenizer helper) between groups or after a load
+        point, outside every measured window. Where no tokenizer sized the prompts (an
+        estimate) there is nothing to count with: (None, "", ""); where one did and now
+        cannot count, ``usage_not_recounted`` (fail closed)."""
+        tok = self._tokenizer
+        if tok is None or not tok.available:
+            return None, "", ""
+        try:
+            count = tok.count_text(self.spec.endpoint, self.spec.model, stream.content, self.http)
+        except (httpx.HTTPError, ValueError, OSError, BenchFailed) as exc:
+            return None, "usage_not_recounted", (
+                f"the streamed text could not be counted again ({tok.source}): {str(exc)[:200]}"
+            )  # fmt: skip
+        excess = self.spec.rules.max_usage_excess
+        if claimed > count * (1 + excess) + USAGE_SLACK:
+            return count, "usage_exceeds_stream", (
+                f"usage claims {claimed} output tokens; the streamed text is {count} "
+                f"({tok.source}): more than {excess:.0%} + {USAGE_SLACK} over"
+            )  # fmt: skip
+        return count, "", ""
+
+    def _recount(self, t: Trial, stream: Stream) -> None:
         t["recounted_tokens"] = None
         claimed = t["completion_tokens"]
-        tok = self._tokenizer
-        if not t["ok"] or claimed is None or tok is None or not tok.available:
+        if not t["ok"] or claimed is None:
             return
-        try:
-            count = tok.count_text(self.spec.endpoint, self.spec.model, stream.content)
-        except (httpx.HTTPError, ValueError, OSError, BenchFailed) as exc:
-            measure.invalidate(
-                t, "usage_not_recounted",
-                f"the streamed text could not be counted again ({tok.source}): "
-                f"{str(exc)[:200]}",
-            )  # fmt: skip
-            return
-        t["recounted_tokens"] = count
-        if claimed > count * (1 + rules.max_usage_excess) + USAGE_SLACK:
-            measure.invalidate(
-                t, "usage_exceeds_stream",
-                f"usage claims {claimed} output tokens; the streamed text is {count} "
-                f"({tok.source}): more than {rules.max_usage_excess:.0%} + {USAGE_SLACK} over",
-            )  # fmt: skip
+        t["recounted_tokens"], code, detail = self.recount(stream, claimed)
+        if code:
+            measure.invalidate(t, code, detail)
 
     def _cross_checks(
         self,

@@ -34,6 +34,8 @@ class Trial(TypedDict):
     mean_inter_token_latency_ms: float | None
     output_tps_whole_request: float | None
     tokens_per_chunk: float | None
+    #: the most characters one text chunk carried
+    largest_chunk_chars: int
     #: the streamed text counted again by the tokenizer that sized the prompts (null:
     #: none did, or the request failed)
     recounted_tokens: int | None

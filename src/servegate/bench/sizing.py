@@ -47,7 +47,11 @@ print(json.dumps({"ready": True}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
     if "text" in req:
-        ids = tok(req["text"], add_special_tokens=False)["input_ids"]
+        try:
+            ids = tok(req["text"], add_special_tokens=False)["input_ids"]
+        except Exception as exc:  # text no tokenizer takes (a lone surrogate): say so
+            print(json.dumps({"error": repr(exc)[:300]}), flush=True)
+            continue
         print(json.dumps({"count": len(ids)}), flush=True)
         continue
     ids = tok.apply_chat_template(req["messages"], add_generation_prompt=True, tokenize=True)
@@ -109,9 +113,10 @@ class LocalTokenizer:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"text": text}) + "\n")
         self.proc.stdin.flush()
-        count = self._read().get("count")
+        answer = self._read()
+        count = answer.get("count")
         if type(count) is not int:
-            raise ValueError(f"the tokenizer helper answered {count!r}, not a token count")
+            raise ValueError(f"the tokenizer could not count the text: {answer.get('error')}")
         return count
 
     def close(self) -> None:
@@ -150,12 +155,14 @@ class Tokenizer:
             return self.local.tokenize(messages)
         return client.tokenize(endpoint, model, messages)
 
-    def count_text(self, endpoint: Endpoint, model: str, text: str) -> int:
+    def count_text(
+        self, endpoint: Endpoint, model: str, text: str, http: httpx.Client | None = None
+    ) -> int:
         """A generated text counted again (what a server's ``usage`` is checked against).
         ValueError or an HTTP error when it cannot be counted."""
         if self.local is not None:
             return self.local.count_text(text)
-        return client.tokenize_text(endpoint, model, text)
+        return client.tokenize_text(endpoint, model, text, http)
 
 
 def probe(endpoint: Endpoint, model: str, local: LocalTokenizer | None = None) -> Tokenizer:

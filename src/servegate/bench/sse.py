@@ -2,7 +2,10 @@
 
 The parser is deliberately small: it reads ``data:`` lines, stamps every chunk that
 carries text, keeps the last ``usage`` and notes how the stream ended. Token counts
-always come from ``usage``; chunk stamps only bound the decode window.
+always come from ``usage``; chunk stamps only bound the decode window. The text is the
+answer's reasoning (``reasoning_content``, or ``reasoning`` as newer vLLM names it) and
+its content, in that order; only the one choice asked for (``index`` 0) is read: a
+stream that carries another is malformed, not twice the text.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class Stream:
     http_status: int = 0
     #: the time of every text chunk, when asked for (the load bench's inter-token gaps)
     stamps: list[float] | None = None
+    #: the most characters one text chunk carried
+    largest_chunk: int = 0
 
     @property
     def content(self) -> str:
@@ -76,7 +81,8 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
         return True
     for choice in event.get("choices") or ():
         delta = choice.get("delta") or {}
-        piece = delta.get("content") or delta.get("reasoning_content") or ""
+        thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+        piece = thought + (delta.get("content") or "")
         if piece:
             now = clock()
             if stream.first_text_at is None:
@@ -84,6 +90,7 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
             stream.last_text_at = now
             stream.text_chunks += 1
             stream.text.append(piece)
+            stream.largest_chunk = max(stream.largest_chunk, len(piece))
             if stream.stamps is not None:
                 stream.stamps.append(now)
         if choice.get("finish_reason"):
@@ -104,10 +111,12 @@ def _shape_error(event: dict[str, Any]) -> str:
     for choice in choices:
         if not isinstance(choice, dict):
             return "a choice is not an object"
+        if choice.get("index", 0) != 0:
+            return f"a choice of index {choice.get('index')!r}: one (index 0) was asked for"
         delta = choice.get("delta") or {}
         if not isinstance(delta, dict):
             return "delta is not an object"
-        for key in ("content", "reasoning_content"):
+        for key in ("content", "reasoning_content", "reasoning"):
             if delta.get(key) is not None and not isinstance(delta[key], str):
                 return f"{key} is not text"
         reason = choice.get("finish_reason")

@@ -437,16 +437,20 @@ def compare_live(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     outdir = o.output or Path("bench-results") / f"compare-{stamp}"
     with _maybe_lease(o.lease, f"servegate bench compare {a_url} {b_url}", cfg):
-        for name, bench in sides.items():
-            bench.output = outdir / f"{name}.json"
-            bench.prepare()
-            bench.warm_up()
-        for _ in range(rounds):
-            for case in sides["A"].spec.cases:
-                for name in ("A", "B"):
-                    sides[name].measure(case, 1)
-        for bench in sides.values():
-            bench.finish()
+        try:
+            for name, bench in sides.items():
+                bench.output = outdir / f"{name}.json"
+                bench.prepare()
+                bench.warm_up()
+            for _ in range(rounds):
+                for case in sides["A"].spec.cases:
+                    for name in ("A", "B"):
+                        sides[name].measure(case, 1)
+            for bench in sides.values():
+                bench.finish()
+        finally:
+            for bench in sides.values():
+                bench.release()  # whatever stopped it: no tokenizer helper left behind
     sa = results.from_result(sides["A"].result, a_url)
     sb = results.from_result(sides["B"].result, b_url)
     rows = verdict.compare_table(sa, sb, METRICS, confidence)

@@ -65,6 +65,8 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
             except BenchFailed as exc:
                 bench.fail("failed", str(exc))
                 raise
+            finally:
+                bench.release()  # whatever stopped it: no tokenizer helper left behind
             starts.append(results.from_result(bench.finish(), str(output)))
             files.append(str(output))
     found = noise.measure(starts, METRICS)

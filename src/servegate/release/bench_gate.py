@@ -228,6 +228,7 @@ def run(
     evidence["starts"] = starts
     try:
         bench.prepare()
+        _check_counts(bench, evidence, reporter)
         bench.warm_up()
         for chunk, count in enumerate(spread(first, starts)):
             if chunk:
@@ -274,6 +275,8 @@ def run(
         bench.fail("failed", str(exc))
         return {**evidence, "verdict": verdict.FAIL, "why": f"the bench could not measure: {exc}",
                 "rows": [], "samples": results.from_result(bench.result).as_dict()}  # fmt: skip
+    finally:
+        bench.release()  # whatever stopped it: no tokenizer helper left behind
     bench.result["gate"] = decision
     bench.finish()
     decided_at = {c["id"]: len(c["groups"]) for c in bench.result["cases"]}
@@ -288,6 +291,32 @@ def run(
         "table": bench.result["performance_table"],
         "samples": candidate.as_dict(),
     }
+
+
+def _check_counts(bench: Bench, evidence: dict[str, Any], reporter: Reporter) -> None:
+    """What checks the candidate's token counts, which the candidate itself reports.
+
+    A vLLM candidate whose ``/tokenize`` does not answer (vLLM always serves it) could
+    not have its prompts sized nor its answers counted again: the check fails (a release
+    that hides its tokenizer must not pass on its own ``usage``). Counted by the
+    candidate's own ``/tokenize``, the check is weaker evidence, and says so: the model's
+    tokenizer files (``bench.tokenizer``) count with nothing the release serves."""
+    source = bench.result["engine"]["tokenizer_source"]
+    adapter = bench.spec.endpoint.adapter
+    if source == "estimate" and adapter.tokenize_path:
+        raise BenchFailed(
+            f"the candidate's {adapter.tokenize_path} does not answer ({adapter.name} serves "
+            "it): its prompts could not be sized nor its answers' token counts checked",
+            hint="set bench.tokenizer to the model directory (and bench.tokenizer_python to "
+            "a Python with transformers) to size and count with the model's own files",
+        )
+    if source == "server /tokenize":
+        line = (
+            "the answers' token counts were checked by the candidate's own /tokenize: "
+            "bench.tokenizer (the model directory) counts with files the release does not serve"
+        )
+        evidence["weaker_evidence"].append(line)
+        reporter.note(f"bench gate, weaker evidence: {line}")
 
 
 def spread(total: int, starts: int) -> list[int]:
