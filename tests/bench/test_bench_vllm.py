@@ -87,8 +87,8 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
                         511 / t["decode_window_s"], rel=1e-3
                     )
                 assert t["tokens_per_chunk"] >= 1.0
-                # the answer counted again by /tokenize backs usage's 512 (within 2 % + 2)
-                assert t["recounted_tokens"] * 1.02 + 2 >= 512, t["recounted_tokens"]
+                # the answer counted again by /tokenize backs usage's 512 (within 2 % + 12)
+                assert t["recounted_tokens"] * 1.02 + 12 >= 512, t["recounted_tokens"]
                 # the engine's own clock for the same request
                 assert t["engine_prefill_tps"] > 0
                 assert t["engine_generation_tps"] > 0

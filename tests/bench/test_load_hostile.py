@@ -96,10 +96,10 @@ def server() -> Iterator[Callable[[Script], str]]:
         srv.server_close()
 
 
-def bench_at(url: str, timeout: float = 30.0) -> Bench:
+def bench_at(url: str, timeout: float = 30.0, max_tokens: int = MAX_TOKENS) -> Bench:
     bench_spec = cases.Spec(
         Endpoint(url, "", adapters.VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
-        max_tokens=MAX_TOKENS, warmup=False, timeout=timeout,
+        max_tokens=max_tokens, warmup=False, timeout=timeout,
     )  # fmt: skip
     bench = Bench(bench_spec, None)
     bench.prompts = {"regular-1k": fixtures.load("regular").head(2000)}
@@ -217,24 +217,24 @@ def burst() -> Script:
 
 
 @pytest.mark.parametrize(
-    ("script", "error"),
+    ("script", "max_tokens", "error"),
     [
-        (answer(), ""),  # the control: eight words streamed, eight claimed
-        # five words streamed, eight claimed: TPOT and ITL 8/5 too short, throughput inflated
-        (answer(n=5, usage={"prompt_tokens": 1000, "completion_tokens": MAX_TOKENS}),
-         "usage_exceeds_stream: usage claims 8 output tokens; the streamed text is 5"),
-        (burst(), "one chunk carried 301"),
+        (answer(n=40), 40, ""),  # the control: 40 words streamed, 40 claimed
+        # 20 words streamed, 40 claimed: TPOT and ITL half what they were, throughput 2x
+        (answer(n=20, usage={"prompt_tokens": 1000, "completion_tokens": 40}), 40,
+         "usage_exceeds_stream: usage claims 40 output tokens; the streamed text is 20"),
+        (burst(), MAX_TOKENS, "one chunk carried 301"),
     ],
     ids=["honest", "usage-lies", "burst"],
 )  # fmt: skip
 def test_a_load_answer_whose_text_does_not_back_its_usage_fails(
-    server: Callable[[Script], str], script: Script, error: str
+    server: Callable[[Script], str], script: Script, max_tokens: int, error: str
 ) -> None:
     """The load sweep counts every answer again after its point, as the single-stream
     bench does after each group: usage that claims tokens the text does not hold, or a
     chunk of text never decoded in the window, is a failed request, never a good one."""
     url = server(counted(script))
-    bench = bench_at(url)
+    bench = bench_at(url, max_tokens=max_tokens)
     bench._tokenizer = sizing.Tokenizer("words", None)  # what prepare() found: /tokenize
     p = load.Load(bench, load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), None).point(8.0)
     bench.release()

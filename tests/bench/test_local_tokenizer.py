@@ -215,3 +215,15 @@ def test_the_gate_leaves_no_tokenizer_helper_whatever_stops_it(
                        None, Boom(), {"XDG_CACHE_HOME": str(tmp_path)},
                        first_release=True)  # fmt: skip
     assert _helpers() == before
+
+
+def test_a_helper_that_prints_something_else_is_a_clear_failure(tmp_path: Path) -> None:
+    """A Python whose startup prints a line on stdout (a wrapper's banner) would shift
+    every count by one answer: it is refused, and the helper goes with its directory."""
+    noisy = tmp_path / "python"
+    noisy.write_text("#!/bin/sh\necho 'welcome to the cluster'\ncat > /dev/null\n")
+    noisy.chmod(0o755)
+    before = _helpers()
+    with pytest.raises(BenchFailed, match="printed 'welcome to the cluster"):
+        sizing.LocalTokenizer(tmp_path, str(noisy))
+    assert _helpers() == before

@@ -173,3 +173,25 @@ def test_a_stream_held_back_and_delivered_at_once_is_no_client_measurement() -> 
     steady = measure.trial(stream_of(varied(512), 2048, 512), measure.Rules(max_tokens=512))
     assert steady["client_timing"] == ""
     assert steady["generation_tps"] is not None
+
+
+def test_one_chunk_out_of_its_streams_measure_is_text_never_decoded() -> None:
+    """A dump of text at the end stands out of its stream; vLLM's ``--stream-interval``
+    sends large chunks, but evenly, and a short answer's chunk is no dump."""
+    assert measure.oversized(400, 400, 2000, 0.10) == ""  # every chunk that size
+    assert measure.oversized(200, 5, 2000, 0.10) == ""  # under the 256-character floor
+    assert measure.oversized(300, 5, 9000, 0.10) == ""  # a tenth of a long answer is more
+    why = measure.oversized(400, 5, 2000, 0.10)
+    assert "one chunk carried 400 of the answer's 2000 characters" in why
+
+
+def test_a_stream_with_two_choices_is_malformed_whatever_their_index() -> None:
+    """One choice was asked for: a second one, even one that says index 0, would be
+    read as more text of the answer."""
+    for second in ({"index": 0}, {}, {"index": 1}):
+        event = {"choices": [{"index": 0, "delta": {"content": "a"}},
+                             {**second, "delta": {"content": "b"}}]}  # fmt: skip
+        lines = ["data: " + json.dumps(event), "data: [DONE]"]
+        st = parse_lines(lines, Stream(started=0.0), lambda: 1.0)
+        assert st.error.startswith("malformed stream event (2 choices"), st.error
+        assert st.content == ""

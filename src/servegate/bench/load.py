@@ -490,12 +490,10 @@ class Load:
         that was never decoded in the window (both shrink the latencies and inflate the
         throughput, as in the single-stream bench's validity)."""
         rules = self.bench.spec.rules
-        text = len(st.content)
-        if st.largest_chunk > max(measure.CHUNK_FLOOR, rules.max_chunk_share * text):
-            return (
-                f"one chunk carried {st.largest_chunk} of the answer's {text} characters: "
-                "text that arrived at once"
-            )
+        why = measure.oversized(st.largest_chunk, measure.median_chunk(st), len(st.content),
+                                rules.max_chunk_share)  # fmt: skip
+        if why:
+            return f"oversized_chunk: {why}"
         _, code, detail = self.bench.recount(st, completion)
         return f"{code}: {detail}" if code else ""
 

@@ -23,6 +23,7 @@ Token counts come from ``usage`` only.
 from __future__ import annotations
 
 import re
+import statistics
 import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -72,6 +73,8 @@ class Rules:
 #: characters any one chunk may carry whatever the answer's length (a speculative step's
 #: tokens, a run of spaces in code)
 CHUNK_FLOOR = 256
+#: times the stream's median chunk one chunk may carry
+CHUNK_SPREAD = 8
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -138,6 +141,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "output_tps_whole_request": None,
         "tokens_per_chunk": None,
         "largest_chunk_chars": stream.largest_chunk,
+        "median_chunk_chars": median_chunk(stream),
         "recounted_tokens": None,
         "engine_prefill_tps": None,
         "engine_generation_tps": None,
@@ -239,15 +243,30 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
         r["prompt_cache_hit"] = ", ".join(f"{k}={v}" for k, v in hits.items())
     if t["stream_delivery"] != "incremental":
         r["stream_not_incremental"] = f"{t['text_chunks']} text chunk(s): no decode window"
-    chars = t["content"]["chars"]
-    largest = t["largest_chunk_chars"]
-    if largest > max(CHUNK_FLOOR, rules.max_chunk_share * chars):
-        r["oversized_chunk"] = (
-            f"one chunk carried {largest} of the answer's {chars} characters (> "
-            f"{rules.max_chunk_share:.0%} and > {CHUNK_FLOOR}): text that arrived at once, "
-            "not decoded within the window"
-        )
+    why = oversized(t["largest_chunk_chars"], t["median_chunk_chars"], t["content"]["chars"],
+                    rules.max_chunk_share)  # fmt: skip
+    if why:
+        r["oversized_chunk"] = why
     return r
+
+
+def median_chunk(stream: Stream) -> float:
+    return statistics.median(len(p) for p in stream.text) if stream.text else 0.0
+
+
+def oversized(largest: int, median: float, chars: int, share: float) -> str:
+    """Why one chunk carried text that was not decoded within the window ("": none did):
+    more than ``share`` of the answer, more than ``CHUNK_FLOOR`` characters and more than
+    ``CHUNK_SPREAD`` times the stream's median chunk. A server that sends every N tokens
+    at once (vLLM's ``--stream-interval``) has large chunks, evenly; a dump at the end
+    stands out of its stream."""
+    if largest > max(CHUNK_FLOOR, share * chars, CHUNK_SPREAD * median):
+        return (
+            f"one chunk carried {largest} of the answer's {chars} characters (> {share:.0%}, "
+            f"> {CHUNK_FLOOR} and > {CHUNK_SPREAD}x the median chunk's {median:g}): text "
+            "that arrived at once, not decoded within the window"
+        )
+    return ""
 
 
 def invalidate(t: Trial, code: str, detail: str) -> None:

@@ -59,8 +59,9 @@ class LogWindow:
 
 
 #: tokens a server's usage may claim beyond the recount of its streamed text, whatever
-#: its length: an end-of-sequence or other special token the text does not show
-USAGE_SLACK = 2
+#: its length: special tokens the text does not show (a reasoning model's think tags, the
+#: 9 or so markers of gpt-oss's harmony format)
+USAGE_SLACK = 12
 
 
 class Bench:
@@ -260,7 +261,9 @@ class Bench:
         if s.endpoint.adapter.extended_sampling:
             body.update(top_k=s.sampling.top_k, min_p=s.sampling.min_p, cache_salt=tag)
             if ignore_eos:
-                body["ignore_eos"] = True
+                # the tokens past an end-of-sequence show in the text, so the answer's
+                # recount sees what usage counts (they are special tokens, else hidden)
+                body.update(ignore_eos=True, skip_special_tokens=False)
         if s.chat_template_kwargs:
             body["chat_template_kwargs"] = dict(s.chat_template_kwargs)
         return body

@@ -36,6 +36,7 @@ class Trial(TypedDict):
     tokens_per_chunk: float | None
     #: the most characters one text chunk carried
     largest_chunk_chars: int
+    median_chunk_chars: float
     #: the streamed text counted again by the tokenizer that sized the prompts (null:
     #: none did, or the request failed)
     recounted_tokens: int | None

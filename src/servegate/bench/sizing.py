@@ -99,7 +99,16 @@ class LocalTokenizer:
                 hint="--tokenizer: the model directory (tokenizer files and chat template); "
                 "--tokenizer-python: a Python that has transformers",
             )
-        answer: dict[str, Any] = json.loads(line)
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):  # a stray line: every later answer would be off
+            self.close()
+            raise BenchFailed(
+                f"the tokenizer helper for {self.path} printed {line[:200]!r}, not an answer",
+                hint="--tokenizer-python: a Python whose startup prints nothing on stdout",
+            )
         return answer
 
     def tokenize(self, messages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -108,6 +108,8 @@ def _shape_error(event: dict[str, Any]) -> str:
     choices = event.get("choices") or []
     if not isinstance(choices, list):
         return "choices is not a list"
+    if len(choices) > 1:
+        return f"{len(choices)} choices: one was asked for"
     for choice in choices:
         if not isinstance(choice, dict):
             return "a choice is not an object"
