@@ -34,12 +34,15 @@ class Stream:
     http_status: int = 0
     #: the time of every text chunk, when asked for (the load bench's inter-token gaps)
     stamps: list[float] | None = None
-    #: the most characters one text chunk carried
-    largest_chunk: int = 0
 
     @property
     def content(self) -> str:
         return "".join(self.text)
+
+    @property
+    def largest_chunk(self) -> int:
+        """The most characters one text chunk carried."""
+        return max(map(len, self.text), default=0)
 
 
 def parse_lines(lines: Iterable[str], stream: Stream, clock: Callable[[], float]) -> Stream:
@@ -90,7 +93,6 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
             stream.last_text_at = now
             stream.text_chunks += 1
             stream.text.append(piece)
-            stream.largest_chunk = max(stream.largest_chunk, len(piece))
             if stream.stamps is not None:
                 stream.stamps.append(now)
         if choice.get("finish_reason"):
