@@ -2,10 +2,12 @@
 transformers``, on the CPU (gfx1030 kernels built with hipcc and loaded, float32, the
 4k tier, 128 tokens out; two minutes on two quiet cores, nine with one kept busy) and
 on a real NVIDIA GPU (``--arch sm_XX``: the kernels built with nvcc for this GPU's
-arch, bfloat16 on the GPU, the 16k tier; about five and a half minutes on one H200).
-Two good releases are released; a release that maps its kernels from outside itself is
-rolled back by provenance; a release that serves with eager attention is rolled back by
-the bench gate.
+arch, a 2B-parameter model in bfloat16 served with continuous batching and CUDA graphs,
+the 16k tier, rules of 5 % on prefill and 15 % on decode). Two good releases are
+released; a release that maps its kernels from outside itself is rolled back by
+provenance; a slower release is rolled back by the bench gate: on the CPU eager
+attention (about five times slower to prefill), on the GPU a batching step of 8,192
+tokens instead of 2,048 (a modest loss of prefill, about 0.91x on one H200).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def test_cpu_demo_releases_two_and_rolls_back_foreign_kernels_and_eager_attentio
 
 
 @pytest.mark.gpu
-def test_gpu_demo_releases_two_and_rolls_back_foreign_kernels_and_eager_attention(
+def test_gpu_demo_releases_two_and_rolls_back_foreign_kernels_and_a_modest_prefill_loss(
     tmp_path: Path,
 ) -> None:
     _demo(tmp_path, nvidia_arch(), dict(os.environ))
@@ -74,10 +76,10 @@ def _demo(tmp_path: Path, arch: str, env: dict[str, str]) -> None:
             "--workdir", str(workdir), "--json"]  # fmt: skip
     if arch.startswith("sm_"):
         argv += ["--arch", arch]
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, check=False)
-    (tmp_path / "demo.json").write_text(run.stdout)
-    (tmp_path / "demo.stderr").write_text(run.stderr)
-    doc = json.loads(run.stdout)["result"]
+    # written as they come: a run cut short still shows how far it got
+    with (tmp_path / "demo.json").open("w") as out, (tmp_path / "demo.stderr").open("w") as err:
+        run = subprocess.run(argv, stdout=out, stderr=err, timeout=1800, env=env, check=False)
+    doc = json.loads((tmp_path / "demo.json").read_text())["result"]
     steps = doc["steps"]
     summary = [(s["step"], s["verdict"], s["reason"][:300]) for s in steps]
     assert run.returncode == 0, (doc.get("reason"), summary)
@@ -94,7 +96,9 @@ def _demo(tmp_path: Path, arch: str, env: dict[str, str]) -> None:
     assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
     objects = first["record"]["code_objects"]["build/libdemo_kernels.so"]
     assert arch in [o["arch"] for o in objects], objects
-    assert first["record"]["launch"]["profile"] == "transformers-demo"
+    gpu = arch.startswith("sm_")
+    profile = "transformers-demo-gpu" if gpu else "transformers-demo"
+    assert first["record"]["launch"]["profile"] == profile
 
     # the second good release was judged against the first at the 16k tier
     b2 = _bench(second)
@@ -110,6 +114,9 @@ def _demo(tmp_path: Path, arch: str, env: dict[str, str]) -> None:
     assert b4["verdict"] == "FAIL", b4["evidence"]["rows"]
     prefill = next(r for r in b4["evidence"]["rows"] if r["metric"] == "prefill_tps")
     assert prefill["verdict"] == "FAIL", prefill
+    if gpu:  # a modest loss, caught by the 5 % rule, not a collapse
+        assert 0.75 < prefill["ratio"] < 0.95, prefill
+        assert prefill["tolerance"] == 0.05, prefill
     assert slow["exit_code"] == 9
     assert slow["rollback"]["ok"] is True
     assert slow["rollback"]["sha"] == second["sha"]
