@@ -313,7 +313,9 @@ def main() -> int:
         cfg = load_cfg(work, model, args, "live")
         if args.resume:
             # the noise as the first run measured it (the bench fingerprint is the same)
-            found = {k: noise.Noise(**v) for k, v in report["noise"].items()}
+            fields = ("cv", "offset", "starts", "samples", "offset_estimate")
+            found = {k: noise.Noise(**{f: v[f] for f in fields if f in v})
+                     for k, v in report["noise"].items()}  # fmt: skip
             noise.save(cfg.host_root, found, report["fingerprint"], "A", "gpu", [])
         else:
             # 1. the noise, as `servegate bench noise` measures it: A over several starts

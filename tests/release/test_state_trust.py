@@ -100,11 +100,14 @@ def test_a_crafted_lock_holder_is_an_unknown_holder_never_a_crash(
 
 def test_a_noise_file_with_wrong_types_is_ignored_with_the_reason(tmp_path: Path) -> None:
     path = tmp_path / noise.FILE
-    for doc in ({"schema": 1, "fingerprint": "x"},
-                {"schema": 1, "fingerprint": {"digest": "d"}, "rows": {"a": {"cv": "x"}}},
-                {"schema": 1, "fingerprint": {"digest": "d"}, "rows": ["a"]},
-                {"schema": 1, "fingerprint": {"digest": "d"}, "sha": 5,
-                 "rows": {"a": {"cv": 0.1, "offset": 0, "starts": 3, "samples": 9}}}):  # fmt: skip
+    v = noise.SCHEMA
+    row = {"cv": 0.1, "offset": 0, "starts": 3, "samples": 9}
+    for doc in ({"schema": v, "fingerprint": "x"},
+                {"schema": v, "fingerprint": {"digest": "d"}, "rows": {"a": {"cv": "x"}}},
+                {"schema": v, "fingerprint": {"digest": "d"}, "rows": ["a"]},
+                {"schema": v, "fingerprint": {"digest": "d"},
+                 "rows": {"a": {**row, "offset_estimate": "0"}}},
+                {"schema": v, "fingerprint": {"digest": "d"}, "sha": 5, "rows": {"a": row}}):  # fmt: skip
         path.write_text(json.dumps(doc))
         rows, why = noise.load(tmp_path, "d")
         assert why, doc

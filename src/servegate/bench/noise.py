@@ -6,7 +6,18 @@ cases, the same repetitions each) and estimates, per case and metric, on log rat
 - ``cv``: the pooled within-start standard deviation (what more trials average away);
 - ``offset``: the standard deviation of a start's mean beyond what ``cv`` explains
   (what no number of trials inside one start averages away: the baseline and the
-  candidate always run in different starts).
+  candidate always run in different starts), as an upper confidence bound
+  (:data:`CONFIDENCE`, 80 %) from the starts measured; ``offset_estimate`` is the point
+  estimate beside it.
+
+Why a bound: a handful of starts barely measures a variance between them (three starts
+give two degrees of freedom), and the method-of-moments estimate is often exactly 0
+when the starts' means happen to agree. A gate that takes that 0 at its word narrows its
+interval below what the box can hold: on one H200 a prefill offset estimated at 0.0 % from
+three starts let an identical release FAIL once in ten gates, and with a 2 % offset a
+release 5 % slower PASSes more often than ``gate.miss`` allows (``tests/bench/
+test_noise_plan.py`` replays both). The bound shrinks toward the estimate as starts are
+added (``bench noise --restarts``), so a box measured more is planned more tightly.
 
 The estimate lives with the host's records (``<host.root>/noise.json``) and is tied to
 the bench fingerprint it was measured with; the gate reads it to plan its repetitions,
@@ -24,32 +35,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scipy.special import chdtri  # type: ignore[import-untyped]
+
 from servegate.bench import stats
 from servegate.bench.results import Samples
 from servegate.pipeline import atomic
 
-SCHEMA = 1
+#: 2: ``offset`` is an upper confidence bound (1 held the point estimate)
+SCHEMA = 2
 FILE = "noise.json"
+#: the one-sided confidence of the restart offset the gate uses
+CONFIDENCE = 0.80
 
 
 @dataclass(frozen=True)
 class Noise:
     cv: float
+    #: what the gate uses: the offset's upper confidence bound
     offset: float
     starts: int
     samples: int
+    #: the point estimate (method of moments; None: not known, e.g. set by hand)
+    offset_estimate: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "cv": round(self.cv, 5),
             "offset": round(self.offset, 5),
             "starts": self.starts,
             "samples": self.samples,
         }
+        if self.offset_estimate is not None:
+            out["offset_estimate"] = round(self.offset_estimate, 5)
+            out["offset_confidence"] = CONFIDENCE
+        return out
 
 
 def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
-    """One-way random effects on log values: ``groups`` are the samples of each start."""
+    """One-way random effects on log values: ``groups`` are the samples of each start.
+
+    The between-start variance of a start's mean, ``s_b²`` on ``k - 1`` degrees of
+    freedom, estimates ``offset² + cv² / n``; its upper bound at :data:`CONFIDENCE` is
+    ``(k - 1) s_b² / χ²(k - 1)`` at the lower ``1 - CONFIDENCE`` quantile (the textbook
+    interval for a variance), less ``cv² / n``."""
     logs = [[math.log(v) for v in g if v > 0] for g in groups]
     logs = [g for g in logs if len(g) >= 2]
     if not logs:
@@ -57,13 +85,16 @@ def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
     within_ss = sum(math.fsum((x - math.fsum(g) / len(g)) ** 2 for x in g) for g in logs)
     within_df = sum(len(g) - 1 for g in logs)
     cv = math.sqrt(within_ss / within_df) if within_df else 0.0
-    offset = 0.0
+    offset = point = 0.0
     if len(logs) >= 2:
         means = [math.fsum(g) / len(g) for g in logs]
         n_bar = sum(len(g) for g in logs) / len(logs)
         between = stats.log_sd([math.exp(m) for m in means]) ** 2
-        offset = math.sqrt(max(0.0, between - cv**2 / n_bar))
-    return Noise(cv, offset, len(logs), sum(len(g) for g in logs))
+        point = math.sqrt(max(0.0, between - cv**2 / n_bar))
+        df = len(logs) - 1
+        upper = df * between / float(chdtri(df, CONFIDENCE))
+        offset = max(point, math.sqrt(max(0.0, upper - cv**2 / n_bar)))
+    return Noise(cv, offset, len(logs), sum(len(g) for g in logs), point)
 
 
 def measure(starts: Sequence[Samples], metrics: Sequence[str]) -> dict[str, Noise]:
@@ -114,6 +145,12 @@ def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
         return {}, "no noise measurement on this host (`servegate bench noise`)"
     except (OSError, ValueError, RecursionError) as exc:
         return {}, f"{path} is unreadable ({str(exc)[:200]}): re-run `servegate bench noise`"
+    if isinstance(doc, dict) and doc.get("schema") == 1:
+        return {}, (
+            f"{path} was measured by an earlier servegate, whose restart offset was a point "
+            "estimate (three starts often put it at 0, too narrow for the gate): re-run "
+            "`servegate bench noise`"
+        )
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         return {}, f"{path} is not a noise record of schema {SCHEMA}"
     fingerprint = doc.get("fingerprint")
@@ -122,9 +159,11 @@ def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
     rows: dict[str, Noise] = {}
     try:
         for k, v in (doc.get("rows") or {}).items():
+            point = v.get("offset_estimate")
             rows[str(k)] = Noise(
-                _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"])
-            )
+                _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"]),
+                None if point is None else _number(point),
+            )  # fmt: skip
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
         return {}, (
             f"{path} holds a row that is not a noise estimate (cv, offset, starts, samples "

@@ -85,8 +85,10 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
         return out.emit(doc)
     out.table(
         f"box noise — {restarts + 1} start(s) x {repetitions} of {live.sha[:12]}",
-        ["case", "metric", "CV", "restart offset", "samples"],
-        [[k.split(":")[0], k.split(":")[1], f"{v.cv:.2%}", f"{v.offset:.2%}", str(v.samples)]
+        ["case", "metric", "CV", f"restart offset ({noise.CONFIDENCE:.0%} bound)", "estimate",
+         "samples"],
+        [[k.split(":")[0], k.split(":")[1], f"{v.cv:.2%}", f"{v.offset:.2%}",
+          "-" if v.offset_estimate is None else f"{v.offset_estimate:.2%}", str(v.samples)]
          for k, v in found.items()],
     )  # fmt: skip
     out.table(
