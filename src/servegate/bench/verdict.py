@@ -9,8 +9,8 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
   (:mod:`servegate.bench.stats`): ``tolerance`` is the smallest loss that must be caught;
 - when the box itself changed between the baseline and the candidate (the
   release-independent reference workload measured beside every group moved by more than
-  ``drift``), the row is INCONCLUSIVE with that reason unless the loss is decisive even
-  after crediting the box's change;
+  ``drift``), the row is INCONCLUSIVE with that reason unless the loss is decisive both
+  as measured and after crediting the box's change;
 - without a comparable baseline, ``no_baseline`` decides (see :class:`Settings`).
 """
 
@@ -284,7 +284,15 @@ def _judge_drifted(
     st: Settings,
     final: bool,
 ) -> tuple[str, str]:
-    """The box changed: only a loss decisive even after crediting that change FAILs."""
+    """The box changed: only a loss decisive both as measured and after crediting that
+    change FAILs.
+
+    The credit assumes the server scales like the reference workload. A neighbour that
+    slows the reference more than the server (during the baseline only, say) breaks
+    that, and crediting a "faster" box would then turn an unchanged release into a
+    decisive loss: a loss that only the credit shows is left open, and at the cap the
+    credited estimate decides by ``inconclusive`` (an estimate beyond the tolerance still
+    rolls the release back, so a real loss hidden by a faster box is not released)."""
     n = f"n {c.n_base}+{c.n_cand}"
     way = "slower" if drift["change"] < 0 else "faster"
     box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline"
@@ -293,10 +301,19 @@ def _judge_drifted(
         c.d - sign * drift["log_change"], math.hypot(c.se, drift["se"]), c.df, c.n_base, c.n_cand
     )
     if stats.decide(credited, rule.tolerance, levels) == FAIL:
-        return FAIL, (
-            f"ratio {c.ratio:.3f}; {box}, and even credited with that the ratio "
-            f"{credited.ratio:.3f} is a decisive loss ({n})"
+        if stats.decide(c, rule.tolerance, levels) == FAIL:
+            return FAIL, (
+                f"ratio {c.ratio:.3f}; {box}, and even credited with that the ratio "
+                f"{credited.ratio:.3f} is a decisive loss ({n})"
+            )
+        why = (
+            f"{box} (reference workload): credited with that the ratio {credited.ratio:.3f} "
+            f"would be a loss, but as measured the ratio {c.ratio:.3f} is not decisive: a "
+            f"loss only the credit shows is not a verdict on the release ({n})"
         )
+        if not final:
+            return INCONCLUSIVE, why
+        return _policy(credited, rule, levels, st, why)
     why = f"{box} (reference workload): ratio {c.ratio:.3f} is not a verdict on the release ({n})"
     if not final:
         return INCONCLUSIVE, why
