@@ -313,6 +313,11 @@ def main() -> int:
         cfg = load_cfg(work, model, args, "live")
         if args.resume:
             # the noise as the first run measured it (the bench fingerprint is the same)
+            if any("offset_estimate" not in v for v in report["noise"].values()):
+                raise SystemExit(
+                    f"{args.resume} holds the noise as measured before the gate bounded the "
+                    "restart offset (a point estimate): start a new run without --resume"
+                )
             fields = ("cv", "offset", "starts", "samples", "offset_estimate")
             found = {k: noise.Noise(**{f: v[f] for f in fields if f in v})
                      for k, v in report["noise"].items()}  # fmt: skip

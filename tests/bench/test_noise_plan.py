@@ -36,6 +36,34 @@ def test_the_estimate_separates_within_start_noise_from_the_restart_offset() -> 
     assert quiet is not None
     assert (quiet.cv, quiet.offset) == (0.0, 0.0)
     assert noise.estimate([[100.0]]) is None  # one sample a start: no within-start spread
+    # one start (the others' samples spoilt) bounds no offset between starts: no estimate
+    assert noise.estimate([[100.0, 101.0, 99.0], [], [103.0]]) is None
+
+
+def test_a_noise_record_that_would_narrow_the_gate_is_not_used(tmp_path: Path) -> None:
+    cfg = config.load(_cfg(tmp_path), {})
+    for bad in ({"offset": 0.0, "offset_estimate": 0.03},  # a "bound" below its estimate
+                {"offset": 1e200},  # overflows the gate's arithmetic
+                {"cv": -0.01},
+                {"starts": 1}):  # fmt: skip
+        _noise_file(tmp_path, cfg, cv=0.01, offset=0.03)
+        doc = json.loads((tmp_path / noise.FILE).read_text())
+        for row in doc["rows"].values():
+            row.update(bad)
+        (tmp_path / noise.FILE).write_text(json.dumps(doc))
+        found, about = noise.load(tmp_path, _digest(cfg))
+        assert found == {}, bad
+        assert "not a noise estimate" in about
+
+
+def test_bench_noise_refuses_a_single_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _cfg(tmp_path)
+    assert main(["bench", "noise", "--restarts", "0", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "the restart offset needs two service starts" in err
+    assert "--restarts 2" in err
 
 
 def _starts(rng: random.Random, k: int, n: int, cv: float, offset: float) -> list[list[float]]:

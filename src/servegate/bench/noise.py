@@ -46,6 +46,8 @@ SCHEMA = 2
 FILE = "noise.json"
 #: the one-sided confidence of the restart offset the gate uses
 CONFIDENCE = 0.80
+#: the largest CV or offset (log SD) a record may hold: 5 is a factor of about 150
+MAX_LOG_SD = 5.0
 
 
 @dataclass(frozen=True)
@@ -80,20 +82,18 @@ def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
     interval for a variance), less ``cv² / n``."""
     logs = [[math.log(v) for v in g if v > 0] for g in groups]
     logs = [g for g in logs if len(g) >= 2]
-    if not logs:
+    if len(logs) < 2:  # one start bounds nothing between starts: no estimate, not a 0
         return None
     within_ss = sum(math.fsum((x - math.fsum(g) / len(g)) ** 2 for x in g) for g in logs)
     within_df = sum(len(g) - 1 for g in logs)
     cv = math.sqrt(within_ss / within_df) if within_df else 0.0
-    offset = point = 0.0
-    if len(logs) >= 2:
-        means = [math.fsum(g) / len(g) for g in logs]
-        n_bar = sum(len(g) for g in logs) / len(logs)
-        between = stats.log_sd([math.exp(m) for m in means]) ** 2
-        point = math.sqrt(max(0.0, between - cv**2 / n_bar))
-        df = len(logs) - 1
-        upper = df * between / float(chdtri(df, CONFIDENCE))
-        offset = max(point, math.sqrt(max(0.0, upper - cv**2 / n_bar)))
+    means = [math.fsum(g) / len(g) for g in logs]
+    n_bar = sum(len(g) for g in logs) / len(logs)
+    between = stats.log_sd([math.exp(m) for m in means]) ** 2
+    point = math.sqrt(max(0.0, between - cv**2 / n_bar))
+    df = len(logs) - 1
+    upper = df * between / float(chdtri(df, CONFIDENCE))
+    offset = max(point, math.sqrt(max(0.0, upper - cv**2 / n_bar)))
     return Noise(cv, offset, len(logs), sum(len(g) for g in logs), point)
 
 
@@ -160,14 +160,22 @@ def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
     try:
         for k, v in (doc.get("rows") or {}).items():
             point = v.get("offset_estimate")
-            rows[str(k)] = Noise(
+            row = Noise(
                 _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"]),
                 None if point is None else _number(point),
             )  # fmt: skip
+            if not (0 <= row.cv <= MAX_LOG_SD and 0 <= row.offset <= MAX_LOG_SD):
+                raise ValueError(f"cv {row.cv} or offset {row.offset} outside 0..{MAX_LOG_SD}")
+            if row.offset_estimate is not None and row.offset < row.offset_estimate:
+                raise ValueError("an upper bound below its own estimate")
+            if row.starts < 2:
+                raise ValueError("one start bounds no offset between starts")
+            rows[str(k)] = row
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
         return {}, (
             f"{path} holds a row that is not a noise estimate (cv, offset, starts, samples "
-            "numbers): it is ignored; re-run `servegate bench noise`"
+            "numbers; an offset bound not below its estimate; two starts or more): it is "
+            "ignored; re-run `servegate bench noise`"
         )
     sha = doc.get("sha")
     shown = sha[:12] if isinstance(sha, str) else "?"

@@ -9,8 +9,9 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
   (:mod:`servegate.bench.stats`): ``tolerance`` is the smallest loss that must be caught;
 - when the box itself changed between the baseline and the candidate (the
   release-independent reference workload measured beside every group moved by more than
-  ``drift``), the row is INCONCLUSIVE with that reason unless the loss is decisive both
-  as measured and after crediting the box's change;
+  ``drift``), the row is INCONCLUSIVE with that reason; a loss decisive both as measured
+  and after crediting the box's change FAILs, and one only the credit shows is never
+  released;
 - without a comparable baseline, ``no_baseline`` decides (see :class:`Settings`).
 """
 
@@ -284,21 +285,23 @@ def _judge_drifted(
     st: Settings,
     final: bool,
 ) -> tuple[str, str]:
-    """The box changed: only a loss decisive both as measured and after crediting that
-    change FAILs.
+    """The box changed: a loss decisive both as measured and after crediting that change
+    FAILs; a loss only the credit shows is never released, and never called a FAIL.
 
-    The credit assumes the server scales like the reference workload. A neighbour that
-    slows the reference more than the server (during the baseline only, say) breaks
-    that, and crediting a "faster" box would then turn an unchanged release into a
-    decisive loss: a loss that only the credit shows is left open, and at the cap the
-    credited estimate decides by ``inconclusive`` (an estimate beyond the tolerance still
-    rolls the release back, so a real loss hidden by a faster box is not released)."""
+    The credit assumes the server scales like the reference workload (a rate: on a box
+    ``r`` times faster a rate is ``r`` times higher and a latency ``r`` times lower, so
+    both directions' log ratio moves by ``log r``). A neighbour that slows the reference
+    more than the server (during the baseline only, say) breaks that, and crediting a
+    "faster" box then turns an unchanged release into a "decisive" loss. When the
+    measured rates show no decisive loss and the credited ones do, the box cannot tell:
+    the row stays INCONCLUSIVE (measured again up to the cap, then rolled back; FAIL
+    under ``inconclusive = "fail"``) whatever the policy, since a real loss hidden by a
+    faster box looks exactly the same."""
     n = f"n {c.n_base}+{c.n_cand}"
     way = "slower" if drift["change"] < 0 else "faster"
     box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline"
-    sign = -1.0 if rule.direction == "lower" else 1.0
     credited = stats.Comparison(
-        c.d - sign * drift["log_change"], math.hypot(c.se, drift["se"]), c.df, c.n_base, c.n_cand
+        c.d - drift["log_change"], math.hypot(c.se, drift["se"]), c.df, c.n_base, c.n_cand
     )
     if stats.decide(credited, rule.tolerance, levels) == FAIL:
         if stats.decide(c, rule.tolerance, levels) == FAIL:
@@ -307,13 +310,13 @@ def _judge_drifted(
                 f"{credited.ratio:.3f} is a decisive loss ({n})"
             )
         why = (
-            f"{box} (reference workload): credited with that the ratio {credited.ratio:.3f} "
-            f"would be a loss, but as measured the ratio {c.ratio:.3f} is not decisive: a "
-            f"loss only the credit shows is not a verdict on the release ({n})"
+            f"{box} (reference workload): as measured the ratio {c.ratio:.3f} is no "
+            f"decisive loss, credited with that change {credited.ratio:.3f} is one: the box "
+            f"cannot tell a neighbour from a loss, not a pass ({n})"
         )
-        if not final:
-            return INCONCLUSIVE, why
-        return _policy(credited, rule, levels, st, why)
+        if final and st.inconclusive == "fail":
+            return FAIL, f"{why}; at the cap policy 'fail' decides"
+        return INCONCLUSIVE, why
     why = f"{box} (reference workload): ratio {c.ratio:.3f} is not a verdict on the release ({n})"
     if not final:
         return INCONCLUSIVE, why

@@ -21,7 +21,7 @@ from servegate.bench.cases import METRICS, spec_from_config
 from servegate.bench.runner import Bench
 from servegate.commands.bench import served_model
 from servegate.engine.health import wait_healthy
-from servegate.errors import BenchFailed, PreflightFailed
+from servegate.errors import BenchFailed, ConfigError, PreflightFailed
 from servegate.output import Output
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
@@ -30,6 +30,12 @@ from servegate.release.context import Context
 
 
 def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
+    if restarts < 1 or repetitions < 2:
+        raise ConfigError(
+            f"--restarts {restarts} --repetitions {repetitions}: the restart offset needs two "
+            "service starts or more, and the within-start CV two groups a start",
+            hint="--restarts 2 (the default) or more, --repetitions 2 or more",
+        )
     environ = dict(os.environ)
     cfg = config_mod.load(cfg_path, environ)
     reporter = out.reporter()
