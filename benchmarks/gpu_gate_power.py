@@ -318,9 +318,7 @@ def main() -> int:
                     f"{args.resume} holds the noise as measured before the gate bounded the "
                     "restart offset (a point estimate): start a new run without --resume"
                 )
-            fields = ("cv", "offset", "starts", "samples", "offset_estimate")
-            found = {k: noise.Noise(**{f: v[f] for f in fields if f in v})
-                     for k, v in report["noise"].items()}  # fmt: skip
+            found = {k: noise.Noise.from_dict(v) for k, v in report["noise"].items()}
             noise.save(cfg.host_root, found, report["fingerprint"], "A", "gpu", [])
         else:
             # 1. the noise, as `servegate bench noise` measures it: A over several starts

@@ -72,6 +72,24 @@ class Noise:
             out["offset_confidence"] = CONFIDENCE
         return out
 
+    @classmethod
+    def from_dict(cls, v: Mapping[str, Any]) -> Noise:
+        """A row as :meth:`as_dict` wrote it; ValueError (or KeyError, TypeError) when it
+        is not one the gate may use: a bound below its own estimate, out of range, or
+        from one start."""
+        point = v.get("offset_estimate")
+        row = cls(
+            _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"]),
+            None if point is None else _number(point),
+        )  # fmt: skip
+        if not (0 <= row.cv <= MAX_LOG_SD and 0 <= row.offset <= MAX_LOG_SD):
+            raise ValueError(f"cv {row.cv} or offset {row.offset} outside 0..{MAX_LOG_SD}")
+        if row.offset_estimate is not None and row.offset < row.offset_estimate:
+            raise ValueError("an upper bound below its own estimate")
+        if row.starts < 2:
+            raise ValueError("one start bounds no offset between starts")
+        return row
+
 
 def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
     """One-way random effects on log values: ``groups`` are the samples of each start.
@@ -92,8 +110,8 @@ def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
     between = stats.log_sd([math.exp(m) for m in means]) ** 2
     point = math.sqrt(max(0.0, between - cv**2 / n_bar))
     df = len(logs) - 1
-    upper = df * between / float(chdtri(df, CONFIDENCE))
-    offset = max(point, math.sqrt(max(0.0, upper - cv**2 / n_bar)))
+    upper = df * between / float(chdtri(df, CONFIDENCE))  # >= between: the quantile < df
+    offset = math.sqrt(max(0.0, upper - cv**2 / n_bar))
     return Noise(cv, offset, len(logs), sum(len(g) for g in logs), point)
 
 
@@ -159,18 +177,7 @@ def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
     rows: dict[str, Noise] = {}
     try:
         for k, v in (doc.get("rows") or {}).items():
-            point = v.get("offset_estimate")
-            row = Noise(
-                _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"]),
-                None if point is None else _number(point),
-            )  # fmt: skip
-            if not (0 <= row.cv <= MAX_LOG_SD and 0 <= row.offset <= MAX_LOG_SD):
-                raise ValueError(f"cv {row.cv} or offset {row.offset} outside 0..{MAX_LOG_SD}")
-            if row.offset_estimate is not None and row.offset < row.offset_estimate:
-                raise ValueError("an upper bound below its own estimate")
-            if row.starts < 2:
-                raise ValueError("one start bounds no offset between starts")
-            rows[str(k)] = row
+            rows[str(k)] = Noise.from_dict(v)
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
         return {}, (
             f"{path} holds a row that is not a noise estimate (cv, offset, starts, samples "

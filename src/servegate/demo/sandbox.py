@@ -191,23 +191,23 @@ def _transformers_config(sb: Sandbox) -> str:
     if sb.gpu:
         profile, tier, max_tokens, reps, cap = "transformers-demo-gpu", "16k", 64, 4, 10
         prefill_tol, decode_tol = 0.05, 0.15
-    else:  # on two CPU cores a 256-token answer of the slow release takes ~15 s
-        profile, tier, max_tokens, reps, cap = "transformers-demo", "4k", 128, 4, 6
-        prefill_tol = decode_tol = 0.50
-    device, dtype = ("cuda:0", "bfloat16") if sb.gpu else ("cpu", "float32")
-    # the reference workload is a CPU matrix product: on a GPU server it measures the host's
-    # CPU, not what sets the pace; the GPU's clocks, power and temperature are recorded
-    # beside every group instead
-    reference = "\nreference = false" if sb.gpu else ""
-    if sb.gpu:  # the rules for text judge a real model's answers; timing rules all stay
-        content = f"""# random weights: the 2B model's answers are noise in which a few byte pieces
+        device, dtype = "cuda:0", "bfloat16"
+        # the reference workload is a CPU matrix product: on a GPU server it measures the
+        # host's CPU, not what sets the pace; the GPU's clocks, power and temperature are
+        # recorded beside every group instead. The rules for text judge a real model's
+        # answers; the timing rules all stay.
+        content = f"""reference = false
+# random weights: the 2B model's answers are noise in which a few byte pieces
 # repeat (two of four 64-token answers past a 35 % dominance rule on one H200), so the
 # content rules are off; the timing rules and the recount of usage stay
 max_dominant_ratio = 1.0
 min_unique_ratio = 0.0
 min_zlib_ratio = 0.0
 min_text_tokens = {max_tokens // 4}"""
-    else:
+    else:  # on two CPU cores a 256-token answer of the slow release takes ~15 s
+        profile, tier, max_tokens, reps, cap = "transformers-demo", "4k", 128, 4, 6
+        prefill_tol = decode_tol = 0.50
+        device, dtype = "cpu", "float32"
         content = f"""# random weights, sampled: the text is noise in which one token can pass the
 # field's 20 %, and byte pieces: about one word in two tokens, fewer than the field's
 # 128 in 256
@@ -238,7 +238,7 @@ max_repetitions = {cap}
 max_tokens = {max_tokens}
 seed = -1
 tokenizer = {q(str(sb.model))}
-tokenizer_python = {q(str(sb.python))}{reference}
+tokenizer_python = {q(str(sb.python))}
 {content}
 
 # prefill and decode by the client's clock against the live release's recorded samples
