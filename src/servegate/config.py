@@ -264,6 +264,10 @@ class Bench:
     #: validity: the largest share of an answer's text one chunk may carry (beyond 256
     #: characters)
     max_chunk_share: float = 0.10
+    #: validity where the engine has no TTFT clock of its own: the longest wait after the
+    #: first text chunk, as a share of the time to it, before that chunk counts as sent
+    #: ahead of the prefill
+    max_first_gap_share: float = 0.5
     #: measure the reference workload (a fixed CPU matrix product) beside every group,
     #: so the gate can tell a change of the box from a change of the release
     reference: bool = True
@@ -686,6 +690,11 @@ def _validate_bench(cfg: Config) -> None:
         raise ConfigError(
             f"bench.max_chunk_share = {b.max_chunk_share}: give a fraction in (0, 1] (0.10: "
             "one chunk may carry a tenth of the answer's text, or 256 characters)"
+        )
+    if not 0 < b.max_first_gap_share <= 100:
+        raise ConfigError(
+            f"bench.max_first_gap_share = {b.max_first_gap_share}: give a share > 0 (0.5: "
+            "the wait after the first text chunk may be half the time to it)"
         )
     if b.chat_template_kwargs:
         try:

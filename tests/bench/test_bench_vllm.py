@@ -6,14 +6,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from servegate.bench import cases, measure, probes, results, runner, verdict
 from servegate.demo.local_server import Server, vllm_server
+from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from tests.conftest import REAL_HOME
 
@@ -413,3 +417,77 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     assert second["verdict"] in ("PASS", "INCONCLUSIVE"), second["rows"]
     assert reported["verdict"] == "REPORT"
     assert reported["candidate"] > 0  # every request met TTFT <= 5 s
+
+
+class EarlyText(BaseHTTPRequestHandler):
+    """A hostile frontend in front of the real server: it answers every chat request
+    with a space at once, then the model's own stream. The first text is what TTFT
+    times, so the prefill would look as fast as the proxy's reply."""
+
+    upstream = ""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._forward("GET", b"")
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path != "/v1/chat/completions":
+            self._forward("POST", body)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": " "}}]}\n\n')
+        self.wfile.flush()
+        with httpx.stream("POST", self.upstream + self.path, content=body, timeout=600,
+                          headers={"Content-Type": "application/json"}) as up:  # fmt: skip
+            for line in up.iter_lines():
+                self.wfile.write(line.encode() + b"\n")
+                self.wfile.flush()
+
+    def _forward(self, method: str, body: bytes) -> None:
+        up = httpx.request(method, self.upstream + self.path, content=body or None, timeout=60,
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+        self.send_response(up.status_code)
+        self.send_header("Content-Type", up.headers.get("content-type", "text/plain"))
+        self.send_header("Content-Length", str(len(up.content)))
+        self.end_headers()
+        self.wfile.write(up.content)
+
+
+def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
+    server: Server, tmp_path: Path
+) -> None:
+    """A space before the prefill ends makes the real server's 2k prefill look many
+    times faster; vLLM's TTFT histogram (arrival → first token) says the client got
+    text before the model had any, and no trial of the group is valid."""
+    handler = type("H", (EarlyText,), {"upstream": server.url})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+        spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
+                          cases.parse_cases(["regular"], ["2k"], [1, 2]), repetitions=1,
+                          max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
+                          rules=RULES)  # fmt: skip
+        bench = runner.Bench(spec, tmp_path / "r.json")
+        bench.prepare()
+        for case in spec.cases:  # one request, then two at once (the group's mean)
+            group = bench.measure(case, 1)["groups"][0]
+            for t in group["trials"]:
+                assert "text_before_first_token" in t["invalid_reasons"], t["reason_details"]
+                assert not t["performance_valid"]
+                why = t["reason_details"]["text_before_first_token"]
+                assert "before the model had any" in why
+            sm = group["server_metrics"]
+            seen = [t["ttft_s"] for t in group["trials"] if t["ttft_s"] is not None]
+            engine = sm["ttft_mean_s"]
+            assert engine is not None
+            if seen:  # what the lie showed: text long before vLLM's first token
+                assert max(seen) < engine
+    finally:
+        proxy.shutdown()
+        proxy.server_close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servegate.bench import cases, client, runner
+from servegate.bench import cases, client, measure, runner
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -73,11 +73,17 @@ class Engine(BaseHTTPRequestHandler):
         if self.mode == "503":
             self._json(503, {"error": {"message": "overloaded"}})
             return
-        if self.mode == "slow":  # a long prefill, then a slow decode
-            time.sleep(0.8)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        if self.mode == "early-late":  # 0.6 s of the 0.8 s prefill before the space
+            time.sleep(0.6)
+        if self.mode in ("early", "early-late"):  # text ahead of the prefill, to hide it
+            self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": " "}}]}\n\n')
+            self.wfile.flush()
+            time.sleep(0.8 if self.mode == "early" else 0.2)
+        if self.mode in ("slow", "stall"):  # a long prefill, then a slow decode
+            time.sleep(0.8)
         for i in range(40):
             word = WORDS[i % len(WORDS)] + " "
             # "reasoning": the first half as newer vLLM streams a reasoning model's thought
@@ -87,9 +93,10 @@ class Engine(BaseHTTPRequestHandler):
                 choices.append({"index": 1, "delta": {"content": word}})
             event = {"choices": choices}
             self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-            if self.mode == "slow":
+            if self.mode in ("slow", "stall", "early", "early-late"):
                 self.wfile.flush()
-                time.sleep(0.03)
+                # "stall": a neighbour holds the honest stream 0.25 s after its first token
+                time.sleep(0.25 if self.mode == "stall" and i == 0 else 0.03)
             if self.mode == "error" and i == 10:
                 self.wfile.write(b'data: {"error": {"message": "EngineCore died"}}\n\n')
                 return
@@ -391,3 +398,41 @@ def test_the_gate_says_what_checked_the_candidates_token_counts(
             "the answers' token counts were checked by the candidate's own /tokenize: "
             "bench.tokenizer (the model directory) counts with files the release does not serve"
         ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "ahead"),
+    [
+        ("slow", False),  # 0.8 s of prefill, then 30 ms a token: honest
+        ("stall", False),  # honest, held 0.25 s after its first token: under half the TTFT
+        ("early", True),  # a space at once, the 0.8 s of prefill after it
+        # a space at 0.6 s of 0.8 (a prefill 25 % faster than it was): within the check's
+        # limit, which docs/bench.md states; vLLM's own clock catches this one
+        ("early-late", False),
+    ],
+)
+def test_a_first_chunk_sent_ahead_of_the_prefill_is_no_ttft(
+    engine: tuple[str, type[Engine]], tmp_path: Path, mode: str, ahead: bool
+) -> None:
+    """A frontend that sends a space as soon as a request arrives would pass a slow
+    prefill as a fast one: the first text is what TTFT times. This engine has no TTFT
+    clock of its own, so the stream's pace judges: the prefill it hid is spent between
+    its first and second chunks."""
+    url, handler = engine
+    handler.mode = mode
+    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                       repetitions=1, max_tokens=40, warmup=False,
+                       rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    t = bench.measure(spec.cases[0], 1)["groups"][0]["trials"][0]
+    ttft, gap = t["ttft_s"], t["first_gap_s"]
+    assert ttft is not None
+    assert gap is not None
+    if ahead:
+        assert ttft < 0.1 < 0.7 < gap
+        assert t["invalid_reasons"] == ["first_text_ahead"], t["reason_details"]
+        assert "sent ahead of the prefill" in t["reason_details"]["first_text_ahead"]
+        assert not t["performance_valid"]
+    else:
+        assert "first_text_ahead" not in t["invalid_reasons"], t["reason_details"]

@@ -148,6 +148,7 @@ def spec_from_config(
             min_zlib_ratio=b.min_zlib_ratio,
             max_usage_excess=b.max_usage_excess,
             max_chunk_share=b.max_chunk_share,
+            max_first_gap_share=b.max_first_gap_share,
         ),
         window_log_patterns=tuple(b.window_log_patterns) or WINDOW_LOG_PATTERNS,
         reference=b.reference,

@@ -3,6 +3,7 @@
 Definitions (the ones llm-context-bench and the seeds use):
 
 - ``ttft_s``: request sent → first chunk carrying text
+- ``first_gap_s``: first text chunk → second (one inter-token gap on an honest stream)
 - ``prefill_tps``: ``prompt_tokens / ttft_s``
 - ``decode_window_s``: first text chunk → last text chunk
 - ``generation_tps``: ``(completion_tokens - 1) / decode_window_s``
@@ -68,6 +69,9 @@ class Rules:
     #: ``CHUNK_FLOOR`` characters): text that arrives at once was not decoded in the
     #: window the rate divides by
     max_chunk_share: float = 0.10
+    #: the longest wait after the first text chunk, as a share of the time to it, before
+    #: that chunk counts as sent ahead of the prefill (``first_text_ahead``)
+    max_first_gap_share: float = 0.5
 
 
 #: characters any one chunk may carry whatever the answer's length (a speculative step's
@@ -75,6 +79,11 @@ class Rules:
 CHUNK_FLOOR = 256
 #: times the stream's median chunk one chunk may carry
 CHUNK_SPREAD = 8
+#: times the stream's mean inter-token gap the first gap may last before the first text
+#: chunk counts as sent ahead of the prefill (with ``Rules.max_first_gap_share``)
+FIRST_GAP_SPREAD = 10
+#: seconds the first gap may last whatever the stream's pace
+FIRST_GAP_FLOOR = 0.05
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -134,6 +143,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "events": stream.events,
         "wall_s": _r(wall),
         "ttft_s": None,
+        "first_gap_s": None,
         "prefill_tps": None,
         "decode_window_s": None,
         "generation_tps": None,
@@ -161,6 +171,8 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["ttft_s"] = _r(ttft)
         if prompt and ttft > 0:
             out["prefill_tps"] = _r(prompt / ttft, 4)
+        if stream.second_text_at is not None:
+            out["first_gap_s"] = _r(stream.second_text_at - first)
     if first is not None and last is not None:
         window = last - first
         out["stream_delivery"] = "incremental" if stream.text_chunks > 1 else "buffered"
@@ -175,7 +187,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
     out["client_timing"] = _burst(out, rules)
     if out["client_timing"]:  # what the client's clock measured is dropped
-        out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = None
+        out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = out["first_gap_s"] = None
         out["generation_tps"] = out["mean_inter_token_latency_ms"] = None
         out["output_tps_whole_request"] = None
     reasons = _reasons(out, rules)
@@ -188,6 +200,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
 #: what the client's clock measured (dropped from a burst)
 CLIENT_TIMINGS = (
     "ttft_s",
+    "first_gap_s",
     "prefill_tps",
     "decode_window_s",
     "generation_tps",
@@ -248,6 +261,37 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
     if why:
         r["oversized_chunk"] = why
     return r
+
+
+def first_text_ahead(t: Mapping[str, Any], rules: Rules) -> str:
+    """Why the first text chunk looks sent before the prefill ended ("": it does not).
+
+    The first chunk is what ``ttft_s`` times, so a frontend that sends a chunk of text
+    (a space, a newline) as soon as a request arrives, and the model's tokens only after
+    the prefill, would pass a slower prefill as a faster one. Such a stream betrays
+    itself by its first gap: the prefill it hid is spent between its first and second
+    chunks, where an honest stream spends one inter-token gap. The first chunk counts as
+    sent ahead when that gap is longer than ``rules.max_first_gap_share`` of the time to
+    it, than ``FIRST_GAP_SPREAD`` times the stream's mean gap after it, and than
+    ``FIRST_GAP_FLOOR``, while the rest of the stream kept its pace (a frontend starved
+    by a neighbour holds the rest back too, and sends it in a burst). A neighbour can
+    still stall an honest stream that long at any token, the second too, so this is the
+    check of last resort: where the engine has a clock of its own (vLLM's TTFT
+    histogram) the bench asks it instead, a check with no false alarms
+    (``Bench._first_token_check``)."""
+    ttft, gap, window = t["ttft_s"], t["first_gap_s"], t["decode_window_s"]
+    if ttft is None or gap is None or window is None or t["text_chunks"] < 3:
+        return ""
+    rest = (window - gap) / (t["text_chunks"] - 2)
+    if rest * 1000 < rules.min_itl_ms:
+        return ""  # the rest arrived in a burst: a starved frontend, not a paced lie
+    if gap > max(rules.max_first_gap_share * ttft, FIRST_GAP_SPREAD * rest, FIRST_GAP_FLOOR):
+        return (
+            f"the second text chunk came {gap:.3f} s after the first, which came {ttft:.3f} s "
+            f"after the request (the gaps after it average {rest * 1000:.1f} ms): the first "
+            "chunk was sent ahead of the prefill, so the time to it is not a TTFT"
+        )
+    return ""
 
 
 def median_chunk(stream: Stream) -> float:

@@ -15,6 +15,7 @@ import datetime as dt
 import functools
 import json
 import re
+import statistics
 import sys
 import threading
 import time
@@ -62,6 +63,9 @@ class LogWindow:
 #: its length: special tokens the text does not show (a reasoning model's think tags, the
 #: 9 or so markers of gpt-oss's harmony format)
 USAGE_SLACK = 12
+#: (seconds, share) by which a group's mean client TTFT may fall short of the engine's
+#: before its text counts as sent ahead of the model (``Bench._first_token_check``)
+FIRST_TOKEN_SLACK = (0.005, 0.01)
 
 
 class Bench:
@@ -439,6 +443,7 @@ class Bench:
             self._recount(t, st)
         self._cross_checks(trials, before, after, mark)
         self._engine_clock(trials, before, after)
+        self._first_token_check(trials, done, before, after)
         totals = measure.group(trials, min(st.started for st in done), done)
         return {
             "group": n,
@@ -548,6 +553,42 @@ class Bench:
                 t["engine_prefill_tps"] = round(t["prompt_tokens"] / prefill[0], 4)
             if decode and decode[1] == len(trials) and decode[0] > 0 and t["completion_tokens"] > 1:
                 t["engine_generation_tps"] = round((t["completion_tokens"] - 1) / decode[0], 4)
+
+    def _first_token_check(
+        self,
+        trials: list[Trial],
+        streams: list[Stream],
+        before: dict[str, float],
+        after: dict[str, float],
+    ) -> None:
+        """Was the first text the model's, or sent ahead of the prefill to pass a slower
+        prefill as a faster one? The client cannot see a token before the engine made
+        it: vLLM's TTFT histogram times each request from its arrival at the server to
+        its first token, so on an honest server every client's time to its first text
+        (sent → received) is longer, and so is the group's mean. A group whose mean is
+        shorter got text the engine had not generated: every trial is invalid
+        (``text_before_first_token``); ``FIRST_TOKEN_SLACK`` covers the two clocks (the
+        server's wall clock, the client's monotonic one). Where the engine has no such
+        clock, or it did not count exactly this group, each stream's own pace is the
+        judge (:func:`measure.first_text_ahead`)."""
+        names = self.spec.endpoint.adapter.metrics
+        engine = prom.histogram_mean_delta(before, after, names.ttft)
+        seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
+        if not engine or engine[1] != len(trials) or len(seen) != len(trials):
+            for t in trials:
+                why = measure.first_text_ahead(t, self.spec.rules)
+                if why:
+                    measure.invalidate(t, "first_text_ahead", why)
+            return
+        client = statistics.fmean(seen)
+        if client < engine[0] * (1 - FIRST_TOKEN_SLACK[1]) - FIRST_TOKEN_SLACK[0]:
+            detail = (
+                f"the client got its first text {client:.3f} s after sending (the group's "
+                f"mean), the engine made its first token {engine[0]:.3f} s after the request "
+                f"arrived ({names.ttft[0]}): the stream carried text before the model had any"
+            )  # fmt: skip
+            for t in trials:
+                measure.invalidate(t, "text_before_first_token", detail)
 
     def _metric_deltas(self, before: dict[str, float], after: dict[str, float]) -> ServerMetrics:
         names = self.spec.endpoint.adapter.metrics

@@ -28,6 +28,8 @@ class Trial(TypedDict):
     events: int
     wall_s: float | None
     ttft_s: float | None
+    #: first text chunk → second (one inter-token gap on an honest stream)
+    first_gap_s: float | None
     prefill_tps: float | None
     decode_window_s: float | None
     generation_tps: float | None

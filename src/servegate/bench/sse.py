@@ -21,6 +21,9 @@ from typing import Any
 class Stream:
     started: float
     first_text_at: float | None = None
+    #: the second text chunk's time: one inter-token gap after the first on an honest
+    #: stream (a first chunk sent before the prefill ended stands apart from the rest)
+    second_text_at: float | None = None
     last_text_at: float | None = None
     done_at: float | None = None
     text_chunks: int = 0
@@ -90,6 +93,8 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
             now = clock()
             if stream.first_text_at is None:
                 stream.first_text_at = now
+            elif stream.second_text_at is None:
+                stream.second_text_at = now
             stream.last_text_at = now
             stream.text_chunks += 1
             stream.text.append(piece)
