@@ -436,3 +436,27 @@ def test_a_first_chunk_sent_ahead_of_the_prefill_is_no_ttft(
         assert not t["performance_valid"]
     else:
         assert "first_text_ahead" not in t["invalid_reasons"], t["reason_details"]
+
+
+def test_a_crash_inside_the_first_group_keeps_its_own_error(
+    engine: tuple[str, type[Engine]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug inside the first group (here: making a trial raises) fails the run with that
+    error, in the exception and in the result file; the file's table, which that case
+    has no summary for yet, does not replace it with its own."""
+    url, _ = engine
+
+    def broken(stream: Stream, rules: measure.Rules) -> None:
+        raise RuntimeError("the trial could not be made")
+
+    monkeypatch.setattr(measure, "trial", broken)
+    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
+    out = tmp_path / "r.json"
+    with pytest.raises(RuntimeError, match="the trial could not be made"):
+        runner.run(spec, out)
+    saved = json.loads(out.read_text())
+    assert saved["status"] == "failed"
+    assert "the trial could not be made" in saved["error"]
+    (row,) = saved["performance_table"]
+    assert (row["trials"], row["valid_trials"], row["performance_valid"]) == (0, 0, False)

@@ -118,7 +118,9 @@ def summarize(case: Case) -> None:
 
 
 def table(result: Result) -> list[dict[str, Any]]:
-    """The flat per-case table (``performance_table``)."""
+    """The flat per-case table (``performance_table``). A case cut off before its first
+    group ended (a run that failed) has no summary yet: its row says it has no trials,
+    so the run's own error is what the caller sees, not this table's."""
     rows = []
     for case in result["cases"]:
         s = case["summary"]
@@ -132,10 +134,10 @@ def table(result: Result) -> list[dict[str, Any]]:
                 **{m: s.get(m) for m in (*METRICS, "prompt_tokens")},
                 "prefill_tps_total": s.get("prefill_tps_total"),
                 "token_generation_tps_total": s.get("token_generation_tps_total"),
-                "valid_trials": s["valid_trials"],
-                "trials": s["trials"],
-                "performance_valid": s["performance_valid"],
-                "invalid_reason_totals": s["invalid_reason_totals"],
+                "valid_trials": s.get("valid_trials", 0),
+                "trials": s.get("trials", 0),
+                "performance_valid": s.get("performance_valid", False),
+                "invalid_reason_totals": s.get("invalid_reason_totals", {}),
             }
         )
     return rows
