@@ -4,7 +4,8 @@ release and 10 of a slower one, on a real GPU server.
     python3 benchmarks/gpu_gate_power.py --out DIR [--runs 10] [--tier 16k]
         [--max-tokens 64] [--hidden 4096 --layers 16] [--serve "OPTIONS"]
         [--slow "CHANGE" --slow "CHANGE" ...] [--min-loss 0.07]
-        [--tolerance 0.05] [--decode-tolerance 0.15] [--starts 3] [--deadline S]
+        [--tolerance 0.05] [--decode-tolerance 0.15] [--starts 3] [--noise-reps 4]
+        [--base-reps 5] [--base-starts 1] [--deadline S]
         [--resume DIR/gate-power.json] [--work DIR]
 
 The rounds take about 100 s each with their restarts; where one command may run only so
@@ -225,6 +226,17 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=3, help="service starts for the noise")
     parser.add_argument("--noise-reps", type=int, default=4)
     parser.add_argument(
+        "--base-reps", type=int, default=5, help="the baseline's repetitions each round"
+    )
+    parser.add_argument(
+        "--base-starts",
+        type=int,
+        default=1,
+        help="service starts the baseline's repetitions are spread over each round; a "
+        "release promote's baseline is the live release's own gate, spread over as many "
+        "starts as that gate chose (up to bench.max_starts = 3)",
+    )
+    parser.add_argument(
         "--serve",
         default=QUIET,
         help="options every server gets (default: the quiet server found on an H200)",
@@ -366,7 +378,7 @@ def main() -> int:
                 print(f"deadline: {i} of {args.runs} rounds done", flush=True)
                 break
             base = work / f"base-{i:02d}.json"
-            measure(cfg, servers["A"], 5, base)
+            measure(cfg, servers["A"], args.base_reps, base, args.base_starts)
             gcfg = load_cfg(work, model, args, str(base))
             order = ["A'", "B"] if i % 2 == 0 else ["B", "A'"]
             for name in order:
@@ -382,6 +394,7 @@ def main() -> int:
                     "verdict": ev["verdict"],
                     "repetitions": ev.get("repetitions"),
                     "starts": ev.get("starts"),
+                    "baseline": {"repetitions": args.base_reps, "starts": args.base_starts},
                     "rows": [{k: r.get(k) for k in keys} for r in ev["rows"]],
                 }
                 report["gates"].append(row)
@@ -409,12 +422,17 @@ def split_change(change: str) -> tuple[list[str], dict[str, str]]:
 
 
 def save(report: dict[str, Any], out: Path) -> None:
-    """``gate-power.json`` with the summary so far (a run cut short keeps its rounds)."""
+    """``gate-power.json`` with the summary so far (a run cut short keeps its rounds). A
+    gate that does not PASS rolls the release back, so it counts as a catch (of B) or a
+    false alarm (of A'); how many of those were a FAIL (the loss resolved) and how many
+    INCONCLUSIVE (rolled back without resolving it) is said beside them."""
     same = [g["verdict"] for g in report["gates"] if g["release"] == "A'"]
     slow = [g["verdict"] for g in report["gates"] if g["release"] == "B"]
     report["summary"] = {
         "identical_false_alarms": sum(v != "PASS" for v in same), "identical_gates": len(same),
         "slow_caught": sum(v != "PASS" for v in slow), "slow_gates": len(slow),
+        "identical_verdicts": {v: same.count(v) for v in sorted(set(same))},
+        "slow_verdicts": {v: slow.count(v) for v in sorted(set(slow))},
     }  # fmt: skip
     (out / "gate-power.json").write_text(json.dumps(report, indent=2))
 

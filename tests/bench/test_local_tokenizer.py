@@ -4,9 +4,11 @@ model's own tokenizer files, read by the serving environment's Python."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
-import tempfile
+import time
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -126,7 +128,7 @@ def test_the_tokenizer_helper_runs_no_module_from_the_working_directory(
 ) -> None:
     """``python -c`` puts its working directory first on sys.path: servegate run from a
     checkout that holds a ``transformers/`` package (or a ``json.py``) must not run it.
-    The helper starts in an empty private directory."""
+    The helper takes its working directory off its module path first."""
     checkout = tmp_path / "checkout"
     marker = tmp_path / "ran"
     for name in ("transformers/__init__.py", "json.py"):
@@ -182,9 +184,48 @@ def test_a_cached_size_is_counted_again_and_redone_when_the_tokenizer_changed(
     assert abs((changed.tokens or 0) - 4096) <= 8
 
 
-def _helpers() -> set[Path]:
-    """The tokenizer helpers up now (each runs in a private directory of this name)."""
-    return set(Path(tempfile.gettempdir()).glob("servegate-tokenizer-*"))
+def _helpers() -> set[int]:
+    """The tokenizer helpers this test process has up now (their pids)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == os.getpid() and b"-c" in argv and sizing._LOCAL.encode() in argv:
+            found.add(int(proc.name))
+    return found
+
+
+def test_a_bench_killed_outright_leaves_no_helper_and_nothing_on_disk(
+    model: Path, tmp_path: Path
+) -> None:
+    """SIGKILL gives the bench no chance to clean up: the helper must end by itself (its
+    stdin closes with the bench) and must have made nothing on disk to leave behind."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from servegate.bench import sizing\n"
+        f"helper = sizing.LocalTokenizer(Path({str(model)!r}), {str(PYTHON)!r})\n"
+        "print(helper.proc.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TMPDIR": str(tmp)})  # fmt: skip
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    helper = int(run.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{helper}").exists() and time.monotonic() < deadline:
+        if (Path(f"/proc/{helper}") / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break  # ended; a zombie until its new parent reaps it
+        time.sleep(0.1)
+    stat = Path(f"/proc/{helper}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    # torch, imported by transformers, keeps its compile cache there for every run
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_the_gate_leaves_no_tokenizer_helper_whatever_stops_it(
@@ -219,7 +260,7 @@ def test_the_gate_leaves_no_tokenizer_helper_whatever_stops_it(
 
 def test_a_helper_that_prints_something_else_is_a_clear_failure(tmp_path: Path) -> None:
     """A Python whose startup prints a line on stdout (a wrapper's banner) would shift
-    every count by one answer: it is refused, and the helper goes with its directory."""
+    every count by one answer: it is refused, and the helper is stopped."""
     noisy = tmp_path / "python"
     noisy.write_text("#!/bin/sh\necho 'welcome to the cluster'\ncat > /dev/null\n")
     noisy.chmod(0o755)

@@ -15,9 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +38,10 @@ Messages = Callable[[str], list[dict[str, Any]]]
 
 #: the helper that counts with the model's tokenizer files: one JSON request a line
 _LOCAL = r"""
-import json, sys
+import sys
+if sys.path and sys.path[0] == "":  # python -c: the working directory, first; not here
+    del sys.path[0]
+import json
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(sys.argv[1])
 print(json.dumps({"ready": True}), flush=True)
@@ -67,10 +68,11 @@ class LocalTokenizer:
 
     def __init__(self, path: Path, python: str) -> None:
         self.path = path
-        # ``python -c`` puts its working directory first on sys.path: run it in an empty
-        # private one, so no module beside servegate's own (a checkout's ``json.py`` or
-        # ``transformers/``) stands in for the real ones
-        self._cwd = tempfile.mkdtemp(prefix="servegate-tokenizer-")
+        # ``python -c`` puts its working directory first on sys.path: the helper's first
+        # line takes it off, so no module there (a checkout's ``json.py`` or
+        # ``transformers/``) stands in for the real ones. Nothing is made on disk for
+        # it, so a bench killed outright leaves nothing behind: the helper ends with its
+        # stdin
         try:
             self.proc = subprocess.Popen(
                 [python, "-c", _LOCAL, str(path.resolve())],
@@ -78,10 +80,8 @@ class LocalTokenizer:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                cwd=self._cwd,
             )
         except OSError as exc:
-            shutil.rmtree(self._cwd, ignore_errors=True)
             raise BenchFailed(
                 f"cannot start {python} to read the tokenizer: {exc}",
                 hint="--tokenizer-python: a Python that has transformers (the serving venv's)",
@@ -135,7 +135,6 @@ class LocalTokenizer:
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
-        shutil.rmtree(self._cwd, ignore_errors=True)
 
 
 @dataclass(frozen=True)
