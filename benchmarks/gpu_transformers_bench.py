@@ -3,6 +3,7 @@
 
     python3 benchmarks/gpu_transformers_bench.py --out DIR [--tiers 16k,128k]
         [--profiles regular,coding] [--repetitions 2] [--max-tokens 256]
+        [--serve "OPTIONS"] [--load-rates 1,4,16 [--load-only] ...]
 
 Run on a machine with a CUDA GPU and a Python that has torch, transformers and the
 ``transformers serve`` extras (fastapi, uvicorn, openai); servegate on ``PYTHONPATH``.
@@ -13,7 +14,10 @@ serve``, and measures it with ``servegate bench --engine transformers``: prompts
 with the model's own tokenizer files (the server has no ``/tokenize``), every trial
 checked for validity. Writes ``result.json`` (the bench's result file), ``bench.json``
 (its ``--json`` answer), ``server.log`` and ``nvidia-smi.txt`` into ``--out`` and prints
-the per-case table.
+the per-case table. ``--serve`` adds options to ``transformers serve`` (the quiet
+continuous-batching server of ``gpu_gate_power.py``: ``--serve "--continuous-batching
+--cb-use-cuda-graph --cb-block-size 256 --cb-num-blocks 256 --cb-max-batch-tokens
+2048"``); ``--load-only`` runs only the load sweep (``load.json``, ``load.txt``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_command(model: Path, port: int) -> list[str]:
+def serve_command(model: Path, port: int, extra: list[str] | None = None) -> list[str]:
     exe = shutil.which("transformers")
     head = [exe] if exe else [sys.executable, "-m", "transformers.cli.transformers"]
     return [
@@ -54,6 +58,7 @@ def serve_command(model: Path, port: int) -> list[str]:
         "bfloat16",
         "--device",
         "cuda:0",
+        *(extra or []),
     ]
 
 
@@ -85,7 +90,10 @@ def main() -> int:
     )
     parser.add_argument("--load-tiers", default="1k,4k", help="the load sweep's prompts")
     parser.add_argument("--load-duration", default="20", help="seconds a load point")
+    parser.add_argument("--load-only", action="store_true", help="no single-stream bench")
+    parser.add_argument("--serve", default="", help="more options for transformers serve")
     args = parser.parse_args()
+    extra = args.serve.split()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="sg-gpu-"))
     model = work / "model"
@@ -114,7 +122,7 @@ def main() -> int:
     (work / "hub").mkdir()
     log = (args.out / "server.log").open("wb")
     server = subprocess.Popen(
-        serve_command(model, port), stdout=log, stderr=subprocess.STDOUT, env=env
+        serve_command(model, port, extra), stdout=log, stderr=subprocess.STDOUT, env=env
     )
     try:
         wait_up(url, server, 300)
@@ -155,14 +163,16 @@ def main() -> int:
             "--output",
             str(args.out / "result.json"),
             "--server-command",
-            " ".join(serve_command(model, port)),
+            " ".join(serve_command(model, port, extra)),
             "--system",
             "1x NVIDIA H200, transformers serve, bfloat16",
             "--json",
         ]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        (args.out / "bench.json").write_text(done.stdout)
-        (args.out / "bench.stderr").write_text(done.stderr)
+        done = None
+        if not args.load_only:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            (args.out / "bench.json").write_text(done.stdout)
+            (args.out / "bench.stderr").write_text(done.stderr)
         if args.load_rates:
             load_cmd = [
                 *command[:4], "load", "--config", str(cfg), "--url", url,
@@ -176,6 +186,8 @@ def main() -> int:
             print(swept.stdout[-6000:], flush=True)
         smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, check=False)
         (args.out / "nvidia-smi.txt").write_text(smi.stdout)
+        if done is None:
+            return 0
         result = json.loads((args.out / "result.json").read_text())
         print(
             f"servegate bench exited {done.returncode}; sizing: {json.dumps(result.get('sizing'))}"

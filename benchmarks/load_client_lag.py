@@ -11,7 +11,11 @@ last core and the client on the others (as a bench client and an engine's API pr
 sit on a serving host); ``--shared-cores`` lets them share every core.
 
     python benchmarks/load_client_lag.py [--rates 10,50,100,200] [--duration 10]
-        [--shared-cores]
+        [--shared-cores] [--no-telemetry]
+
+On a GPU host the bench samples the vendor's tool (``nvidia-smi``) in a thread beside the
+event loop while a point runs, as ``servegate bench load`` does; ``--no-telemetry``
+leaves it out, so the two runs show what that thread costs the client's lag.
 """
 
 from __future__ import annotations
@@ -106,6 +110,8 @@ def main() -> int:
                     help="let the server and the client share every core (default: the "
                     "server on the last core, the client on the others, as a bench "
                     "client and an engine's API process are on a serving host)")  # fmt: skip
+    ap.add_argument("--no-telemetry", action="store_true",
+                    help="do not sample the GPU tool during the points")  # fmt: skip
     args = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     pin = not args.shared_cores and len(cores) > 1
@@ -129,6 +135,8 @@ def main() -> int:
         spec = cases.Spec(endpoint, "lag", cases.parse_cases(["regular"], ["1k"], [1]),
                           max_tokens=args.chunks, warmup=False)  # fmt: skip
         bench = Bench(spec, None)
+        if args.no_telemetry:
+            bench.telemetry = None
         bench.prompts = {"regular-1k": fixtures.load("regular").head(4000)}
         rates = tuple(float(r) for r in args.rates.split(","))
         plan = load.LoadSpec("rate", rates, duration_s=args.duration, seed=1)
@@ -148,7 +156,8 @@ def main() -> int:
             print(f"{rate:>7g} {p['requests']:>8} {p['failed']:>6} {p50:>10.3f} "
                   f"{p99:>10.3f} {top:>10.3f} {cpu:>12.2f}")  # fmt: skip
         if args.json:
-            figures = {"cpus": os.cpu_count(), "pinned": pin, "rows": rows}
+            figures = {"cpus": os.cpu_count(), "pinned": pin, "rows": rows,
+                       "telemetry": bench.telemetry.tool if bench.telemetry else None}  # fmt: skip
             args.json.write_text(json.dumps(figures, indent=1))
     finally:
         server.terminate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -419,12 +420,22 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     assert reported["candidate"] > 0  # every request met TTFT <= 5 s
 
 
-class EarlyText(BaseHTTPRequestHandler):
-    """A hostile frontend in front of the real server: it answers every chat request
-    with a space at once, then the model's own stream. The first text is what TTFT
-    times, so the prefill would look as fast as the proxy's reply."""
+#: the padding a hostile frontend adds to every chunk of the answer: varied words, so
+#: the content rules see ordinary text
+PADDING = [f" {w}" for w in ("amber", "basalt", "cobalt", "delta", "ember", "fjord", "garnet",
+                             "harbor", "indigo", "juniper", "kelvin", "lumen", "marble")]  # fmt: skip
+
+
+class Hostile(BaseHTTPRequestHandler):
+    """A hostile frontend in front of the real server, as a commit in a vLLM fork could
+    make it. ``early``: a space at once, then the model's stream (the first text is what
+    TTFT times, so the prefill looks as fast as the proxy's reply). ``truncate``: the
+    engine gets half the prompt, usage reports the whole (a prefill that looks twice as
+    fast). ``pad``: a word added to every chunk of the answer and counted in usage, so
+    the recount of the streamed text agrees with the claim (a decode that looks faster)."""
 
     upstream = ""
+    mode = "early"
 
     def log_message(self, *args: object) -> None:
         pass
@@ -437,14 +448,41 @@ class EarlyText(BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             self._forward("POST", body)
             return
+        request = json.loads(body)
+        whole = None
+        if self.mode == "truncate":
+            ask = {"model": request["model"], "messages": request["messages"]}
+            whole = httpx.post(self.upstream + "/tokenize", json=ask, timeout=60).json()["count"]
+            last = request["messages"][-1]
+            last["content"] = last["content"][: len(last["content"]) // 2]
+            body = json.dumps(request).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": " "}}]}\n\n')
-        self.wfile.flush()
+        if self.mode == "early":
+            self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": " "}}]}\n\n')
+            self.wfile.flush()
+        text, n = [], 0
         with httpx.stream("POST", self.upstream + self.path, content=body, timeout=600,
                           headers={"Content-Type": "application/json"}) as up:  # fmt: skip
             for line in up.iter_lines():
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    for choice in event.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        if self.mode == "pad" and delta.get("content"):
+                            delta["content"] += PADDING[n % len(PADDING)]
+                            n += 1
+                        text.append(delta.get("content") or "")
+                    usage = event.get("usage")
+                    if usage and whole is not None:
+                        usage["prompt_tokens"] = whole
+                    if usage and self.mode == "pad":
+                        ask = {"model": request["model"], "prompt": "".join(text),
+                               "add_special_tokens": False}  # fmt: skip
+                        counted = httpx.post(self.upstream + "/tokenize", json=ask, timeout=60)
+                        usage["completion_tokens"] = counted.json()["count"]
+                    line = "data: " + json.dumps(event)
                 self.wfile.write(line.encode() + b"\n")
                 self.wfile.flush()
 
@@ -458,25 +496,34 @@ class EarlyText(BaseHTTPRequestHandler):
         self.wfile.write(up.content)
 
 
+@contextlib.contextmanager
+def hostile(server: Server, mode: str) -> Iterator[str]:
+    handler = type("H", (Hostile,), {"upstream": server.url, "mode": mode})
+    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{proxy.server_address[1]}"
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
 def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
     server: Server, tmp_path: Path
 ) -> None:
     """A space before the prefill ends makes the real server's 2k prefill look many
     times faster; vLLM's TTFT histogram (arrival → first token) says the client got
-    text before the model had any, and no trial of the group is valid."""
-    handler = type("H", (EarlyText,), {"upstream": server.url})
-    proxy = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=proxy.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{proxy.server_address[1]}"
+    text before the model had any: no trial of the group is valid, and no request of a
+    load point."""
+    with hostile(server, "early") as url:
         spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
                           cases.parse_cases(["regular"], ["2k"], [1, 2]), repetitions=1,
                           max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
                           rules=RULES)  # fmt: skip
-        bench = runner.Bench(spec, tmp_path / "r.json")
-        bench.prepare()
+        single = runner.Bench(spec, tmp_path / "r.json")
+        single.prepare()
         for case in spec.cases:  # one request, then two at once (the group's mean)
-            group = bench.measure(case, 1)["groups"][0]
+            group = single.measure(case, 1)["groups"][0]
             for t in group["trials"]:
                 assert "text_before_first_token" in t["invalid_reasons"], t["reason_details"]
                 assert not t["performance_valid"]
@@ -488,6 +535,40 @@ def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
             assert engine is not None
             if seen:  # what the lie showed: text long before vLLM's first token
                 assert max(seen) < engine
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+        # under load: the point's requests fail with the reason, so the load gate's failed
+        # share judges it and no latency of the point is taken from them
+        single.release()
+        bench(
+            "--url", url, "--rates", "1", "--duration", "5", "--profiles", "regular",
+            "--tiers", "1k", "--max-tokens", "32", "--seed", "-1",
+            "--output", str(tmp_path / "load.json"), cwd=tmp_path, sub="load",
+        )  # fmt: skip
+        (point,) = json.loads((tmp_path / "load.json").read_text())["points"]
+        assert point["requests"] > 0
+        assert point["failed"] == point["requests"], point["errors"]
+        assert all(e.startswith("text_before_first_token: ") for e in point["errors"])
+        assert point["ttft_s"] is None
+
+
+@pytest.mark.parametrize("mode", ["truncate", "pad"])
+def test_usage_the_engine_did_not_count_is_caught(
+    server: Server, tmp_path: Path, mode: str
+) -> None:
+    """A frontend that prefills half the prompt and reports it whole, or pads the answer
+    and counts the padding (so the recount of the streamed text agrees with usage):
+    vLLM's own per-request token histograms count less than usage claims, and no trial
+    is valid."""
+    with hostile(server, mode) as url:
+        spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
+                          cases.parse_cases(["regular"], ["2k"], [1]), repetitions=1,
+                          max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
+                          rules=RULES)  # fmt: skip
+        b = runner.Bench(spec, tmp_path / "r.json")
+        b.prepare()
+        (t,) = b.measure(spec.cases[0], 1)["groups"][0]["trials"]
+        b.release()
+    assert "usage_exceeds_engine" in t["invalid_reasons"], t["reason_details"]
+    assert "usage_exceeds_stream" not in t["invalid_reasons"]  # the recount was fooled
+    assert not t["performance_valid"]
+    what = "prompt" if mode == "truncate" else "output"
+    assert f"{what} tokens" in t["reason_details"]["usage_exceeds_engine"]

@@ -484,6 +484,25 @@ class Load:
         }
         return rec, gaps if ok else []
 
+    def _first_token_check(
+        self, sent: Sequence[_Sent], before: Mapping[str, float], after: Mapping[str, float]
+    ) -> None:
+        """The point's requests got their first text before the model had any (vLLM's
+        TTFT histogram over the point, :func:`measure.text_before_first_token`): every
+        request fails with that reason, so no figure of the point is taken from them and
+        the load gate's failed share judges it. Under load a stream's own pace cannot tell
+        (a request's second token waits behind other prefills), so an engine without
+        that clock is not checked here."""
+        names = self.bench.spec.endpoint.adapter.metrics
+        if not names.ttft:
+            return
+        streams = [one.stream for one in sent]
+        seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
+        engine = prom.histogram_mean_delta(before, after, names.ttft)
+        why = measure.text_before_first_token(seen, engine, names.ttft[0])
+        for st in streams if why else ():
+            st.error = st.error or f"text_before_first_token: {why}"
+
     def _backed(self, st: sse.Stream, completion: int) -> str:
         """Why the streamed text does not back the answer's figures ("": it does): its
         usage claims more tokens than the text counts again, or one chunk carried text
@@ -583,6 +602,7 @@ class Load:
             client.ended(one.stream, b.spec.endpoint)
         tele = sampler.stop()
         after = prom.parse(client.metrics_text(b.spec.endpoint))
+        self._first_token_check(sent, before, after)
         records, gaps = [], []
         for one in sent:
             rec, g = self._record(one)

@@ -294,6 +294,34 @@ def first_text_ahead(t: Mapping[str, Any], rules: Rules) -> str:
     return ""
 
 
+#: (seconds, share) by which the client's mean time to its first text may fall short of
+#: the engine's own TTFT before that text counts as sent ahead of the model
+FIRST_TOKEN_SLACK = (0.005, 0.01)
+
+
+def text_before_first_token(
+    seen: Sequence[float], engine: tuple[float, float] | None, metric: str
+) -> str:
+    """Why the client's first texts (``seen``: each request's sent → first text) came
+    before the model had any ("": they did not, or it cannot be told). The client cannot
+    see a token before the engine made it: vLLM's TTFT histogram (``engine``: its mean
+    and count over the same requests) times each request from its arrival at the server
+    to its first token, so on an honest server every client's time is longer, and so is
+    the mean. ``FIRST_TOKEN_SLACK`` covers the two clocks (the server's wall clock, the
+    client's monotonic one). A histogram that did not count exactly these requests tells
+    nothing."""
+    if not engine or not seen or engine[1] != len(seen):
+        return ""
+    client = statistics.fmean(seen)
+    if client >= engine[0] * (1 - FIRST_TOKEN_SLACK[1]) - FIRST_TOKEN_SLACK[0]:
+        return ""
+    return (
+        f"the client got its first text {client:.3f} s after sending (the mean of "
+        f"{len(seen)}), the engine made its first token {engine[0]:.3f} s after the request "
+        f"arrived ({metric}): the stream carried text before the model had any"
+    )
+
+
 def median_chunk(stream: Stream) -> float:
     return statistics.median(len(p) for p in stream.text) if stream.text else 0.0
 

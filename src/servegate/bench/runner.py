@@ -15,7 +15,6 @@ import datetime as dt
 import functools
 import json
 import re
-import statistics
 import sys
 import threading
 import time
@@ -63,9 +62,6 @@ class LogWindow:
 #: its length: special tokens the text does not show (a reasoning model's think tags, the
 #: 9 or so markers of gpt-oss's harmony format)
 USAGE_SLACK = 12
-#: (seconds, share) by which a group's mean client TTFT may fall short of the engine's
-#: before its text counts as sent ahead of the model (``Bench._first_token_check``)
-FIRST_TOKEN_SLACK = (0.005, 0.01)
 
 
 class Bench:
@@ -444,6 +440,7 @@ class Bench:
         self._cross_checks(trials, before, after, mark)
         self._engine_clock(trials, before, after)
         self._first_token_check(trials, done, before, after)
+        self._engine_counts(trials, before, after)
         totals = measure.group(trials, min(st.started for st in done), done)
         return {
             "group": n,
@@ -554,6 +551,40 @@ class Bench:
             if decode and decode[1] == len(trials) and decode[0] > 0 and t["completion_tokens"] > 1:
                 t["engine_generation_tps"] = round((t["completion_tokens"] - 1) / decode[0], 4)
 
+    def _engine_counts(
+        self, trials: list[Trial], before: dict[str, float], after: dict[str, float]
+    ) -> None:
+        """``usage`` against the engine's own counts (vLLM's per-request prompt and
+        generation token histograms, observed as each request finishes): a frontend that
+        cuts a prompt short before the engine and reports it whole would show a prefill
+        too fast, one that pads its answer and claims the padding as tokens (text the
+        recount also counts) a decode too fast. Where the group's usage claims more
+        than the engine counted for every one of its requests (beyond
+        ``max_usage_excess`` and ``USAGE_SLACK`` a request), every trial is invalid
+        (``usage_exceeds_engine``). Other traffic in the window only adds to the
+        engine's count, so it can hide a lie, never invent one; a histogram that has not
+        counted all the group's requests yet is not used."""
+        names = self.spec.endpoint.adapter.metrics
+        excess = self.spec.rules.max_usage_excess
+        ok = [t for t in trials if t["ok"]]
+        for what, series, claims in (
+            ("prompt", names.prompt_tokens, [t["prompt_tokens"] for t in ok]),
+            ("output", names.generation_tokens, [t["completion_tokens"] for t in ok]),
+        ):
+            engine = prom.histogram_mean_delta(before, after, series)
+            if not engine or not claims or engine[1] < len(claims):
+                continue
+            claimed = sum(c for c in claims if isinstance(c, int))
+            counted = engine[0] * engine[1]
+            if claimed > counted * (1 + excess) + USAGE_SLACK * len(claims):
+                detail = (
+                    f"usage claims {claimed} {what} tokens over the group's {len(claims)} "
+                    f"request(s); the engine counted {counted:.0f} over {engine[1]:.0f} "
+                    f"({series[0]}): more than {excess:.0%} + {USAGE_SLACK} a request over"
+                )  # fmt: skip
+                for t in trials:
+                    measure.invalidate(t, "usage_exceeds_engine", detail)
+
     def _first_token_check(
         self,
         trials: list[Trial],
@@ -562,15 +593,11 @@ class Bench:
         after: dict[str, float],
     ) -> None:
         """Was the first text the model's, or sent ahead of the prefill to pass a slower
-        prefill as a faster one? The client cannot see a token before the engine made
-        it: vLLM's TTFT histogram times each request from its arrival at the server to
-        its first token, so on an honest server every client's time to its first text
-        (sent → received) is longer, and so is the group's mean. A group whose mean is
-        shorter got text the engine had not generated: every trial is invalid
-        (``text_before_first_token``); ``FIRST_TOKEN_SLACK`` covers the two clocks (the
-        server's wall clock, the client's monotonic one). Where the engine has no such
-        clock, or it did not count exactly this group, each stream's own pace is the
-        judge (:func:`measure.first_text_ahead`)."""
+        prefill as a faster one? Where the engine has a TTFT clock of its own (vLLM) the
+        group's mean is checked against it (:func:`measure.text_before_first_token`):
+        every trial of a group that got text before the model had any is invalid. Where
+        it has none, or it did not count exactly this group, each stream's own pace is
+        the judge (:func:`measure.first_text_ahead`)."""
         names = self.spec.endpoint.adapter.metrics
         engine = prom.histogram_mean_delta(before, after, names.ttft)
         seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
@@ -580,15 +607,9 @@ class Bench:
                 if why:
                     measure.invalidate(t, "first_text_ahead", why)
             return
-        client = statistics.fmean(seen)
-        if client < engine[0] * (1 - FIRST_TOKEN_SLACK[1]) - FIRST_TOKEN_SLACK[0]:
-            detail = (
-                f"the client got its first text {client:.3f} s after sending (the group's "
-                f"mean), the engine made its first token {engine[0]:.3f} s after the request "
-                f"arrived ({names.ttft[0]}): the stream carried text before the model had any"
-            )  # fmt: skip
-            for t in trials:
-                measure.invalidate(t, "text_before_first_token", detail)
+        why = measure.text_before_first_token(seen, engine, names.ttft[0])
+        for t in trials if why else ():
+            measure.invalidate(t, "text_before_first_token", why)
 
     def _metric_deltas(self, before: dict[str, float], after: dict[str, float]) -> ServerMetrics:
         names = self.spec.endpoint.adapter.metrics

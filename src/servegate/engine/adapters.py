@@ -28,6 +28,9 @@ class MetricNames:
     #: the engine's own clock: scheduled → first token, first → last token
     prefill_time: tuple[str, ...] = ()
     decode_time: tuple[str, ...] = ()
+    #: the engine's own token counts, per finished request (histograms)
+    prompt_tokens: tuple[str, ...] = ()
+    generation_tokens: tuple[str, ...] = ()
     #: gauges: requests queued and running (the load bench's evidence of a queue)
     waiting: tuple[str, ...] = ()
     running: tuple[str, ...] = ()
@@ -71,6 +74,8 @@ VLLM = Engine(
         spec_draft=("vllm:spec_decode_num_draft_tokens_total",),
         prefill_time=("vllm:request_prefill_time_seconds",),
         decode_time=("vllm:request_decode_time_seconds",),
+        prompt_tokens=("vllm:request_prompt_tokens",),
+        generation_tokens=("vllm:request_generation_tokens",),
         waiting=("vllm:num_requests_waiting",),
         running=("vllm:num_requests_running",),
     ),
