@@ -264,9 +264,9 @@ class Bench:
     #: validity: the largest share of an answer's text one chunk may carry (beyond 256
     #: characters)
     max_chunk_share: float = 0.10
-    #: validity where the engine has no TTFT clock of its own: the longest wait after the
-    #: first text chunk, as a share of the time to it, before that chunk counts as sent
-    #: ahead of the prefill
+    #: validity where the engine has no TTFT clock of its own: the longest wait in a
+    #: stream's start, as a share of the time to its first text, before that text counts
+    #: as sent ahead of the prefill
     max_first_gap_share: float = 0.5
     #: measure the reference workload (a fixed CPU matrix product) beside every group,
     #: so the gate can tell a change of the box from a change of the release

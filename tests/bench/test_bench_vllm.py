@@ -432,7 +432,10 @@ class Hostile(BaseHTTPRequestHandler):
     TTFT times, so the prefill looks as fast as the proxy's reply). ``truncate``: the
     engine gets half the prompt, usage reports the whole (a prefill that looks twice as
     fast). ``pad``: a word added to every chunk of the answer and counted in usage, so
-    the recount of the streamed text agrees with the claim (a decode that looks faster)."""
+    the recount of the streamed text agrees with the claim (a decode that looks faster).
+    ``hide``: early text, and the engine's TTFT series taken out of ``/metrics``. ``side``:
+    early text, and one more short request of its own to the engine for each one it is
+    sent, so the TTFT histogram counts twice the group's requests."""
 
     upstream = ""
     mode = "early"
@@ -449,6 +452,10 @@ class Hostile(BaseHTTPRequestHandler):
             self._forward("POST", body)
             return
         request = json.loads(body)
+        if self.mode == "side":  # its own request, answered before the client's ends
+            aside = {"model": request["model"], "max_tokens": 1,
+                     "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            httpx.post(self.upstream + self.path, json=aside, timeout=60)
         whole = None
         if self.mode == "truncate":
             ask = {"model": request["model"], "messages": request["messages"]}
@@ -459,7 +466,7 @@ class Hostile(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        if self.mode == "early":
+        if self.mode in ("early", "hide", "side"):
             self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": " "}}]}\n\n')
             self.wfile.flush()
         text, n = [], 0
@@ -489,11 +496,15 @@ class Hostile(BaseHTTPRequestHandler):
     def _forward(self, method: str, body: bytes) -> None:
         up = httpx.request(method, self.upstream + self.path, content=body or None, timeout=60,
                            headers={"Content-Type": "application/json"})  # fmt: skip
+        content = up.content
+        if self.mode == "hide" and self.path == "/metrics":
+            lines = up.text.splitlines(keepends=True)
+            content = "".join(x for x in lines if "time_to_first_token" not in x).encode()
         self.send_response(up.status_code)
         self.send_header("Content-Type", up.headers.get("content-type", "text/plain"))
-        self.send_header("Content-Length", str(len(up.content)))
+        self.send_header("Content-Length", str(len(content)))
         self.end_headers()
-        self.wfile.write(up.content)
+        self.wfile.write(content)
 
 
 @contextlib.contextmanager
@@ -548,6 +559,28 @@ def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
         assert point["failed"] == point["requests"], point["errors"]
         assert all(e.startswith("text_before_first_token: ") for e in point["errors"])
         assert point["ttft_s"] is None
+
+
+@pytest.mark.parametrize("mode", ["hide", "side"])
+def test_an_engine_clock_hidden_or_blurred_fails_closed(
+    server: Server, tmp_path: Path, mode: str
+) -> None:
+    """Text sent ahead, and the engine's TTFT clock taken out of /metrics or made to
+    count other requests: the bench does not fall back to a weaker check the frontend
+    chose; no trial is valid."""
+    with hostile(server, mode) as url:
+        spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
+                          cases.parse_cases(["regular"], ["2k"], [1]), repetitions=1,
+                          max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
+                          rules=RULES)  # fmt: skip
+        b = runner.Bench(spec, tmp_path / "r.json")
+        b.prepare()
+        (t,) = b.measure(spec.cases[0], 1)["groups"][0]["trials"]
+        b.release()
+    assert "engine_clock_unread" in t["invalid_reasons"], t["reason_details"]
+    assert not t["performance_valid"]
+    counted = "no count" if mode == "hide" else "counted 2 requests"
+    assert counted in t["reason_details"]["engine_clock_unread"]
 
 
 @pytest.mark.parametrize("mode", ["truncate", "pad"])

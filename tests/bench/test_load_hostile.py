@@ -60,11 +60,16 @@ def raw(*events: Any) -> Script:
 
 
 @pytest.fixture
-def server() -> Iterator[Callable[[Script], str]]:
-    """``start(script)`` → the URL of a server that answers every chat request with it."""
+def server() -> Iterator[Callable[..., str]]:
+    """``start(script)`` → the URL of a server that answers every chat request with it.
+    Its ``/metrics`` has vLLM's TTFT clock, counting the chat requests it was sent (at
+    no time each: the check that a client's first text did not come before the model's
+    holds), or none with ``clock=False``."""
     running: list[ThreadingHTTPServer] = []
 
-    def start(script: Script) -> str:
+    def start(script: Script, clock: bool = True) -> str:
+        asked = [0]
+
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.0"
 
@@ -72,11 +77,22 @@ def server() -> Iterator[Callable[[Script], str]]:
                 pass
 
             def do_GET(self) -> None:
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
+                if self.path != "/metrics" or not clock:
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                text = (
+                    "vllm:time_to_first_token_seconds_sum 0\n"
+                    f"vllm:time_to_first_token_seconds_count {asked[0]}\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(text)))
                 self.end_headers()
+                self.wfile.write(text)
 
             def do_POST(self) -> None:
+                asked[0] += 1
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -113,12 +129,24 @@ def point(url: str, spec: load.LoadSpec, value: float) -> dict[str, Any]:
 SLO = load.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
 
 
-def test_an_honest_server_is_served_in_full(server: Callable[[Script], str]) -> None:
+def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     """The control: every request whole, counted, good."""
     p = point(server(answer()), load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), 8.0)
     assert p["requests"] > 0
     assert p["completed"] == p["requests"] == p["good_requests"]
     assert p["failed"] == p["short"] == 0
+
+
+def test_a_vllm_server_without_its_ttft_clock_serves_no_request(
+    server: Callable[..., str],
+) -> None:
+    """vLLM's TTFT histogram is what shows a point's first texts were the model's: a
+    server whose /metrics lacks it (a frontend that hides it) fails every request."""
+    p = point(server(answer(), clock=False), load.LoadSpec("rate", (8.0,), duration_s=1.0), 8.0)
+    assert p["requests"] > 0
+    assert p["failed"] == p["requests"]
+    assert p["errors"][0].startswith("engine_clock_unread: ")
+    assert p["ttft_s"] is None
     assert all(r["completion_tokens"] == MAX_TOKENS for r in p["requests_detail"])
 
 
@@ -145,7 +173,7 @@ def test_an_honest_server_is_served_in_full(server: Callable[[Script], str]) -> 
          "prompt-negative", "no-usage", "delta-str", "choices-str", "content-int", "event-list"],
 )  # fmt: skip
 def test_a_lying_or_broken_answer_is_a_failed_request(
-    server: Callable[[Script], str], script: Script, error: str
+    server: Callable[..., str], script: Script, error: str
 ) -> None:
     spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
     p = point(server(script), spec, 8.0)
@@ -163,7 +191,7 @@ def test_a_lying_or_broken_answer_is_a_failed_request(
 
 
 def test_a_queue_that_grows_on_the_lightest_point_is_seen(
-    server: Callable[[Script], str],
+    server: Callable[..., str],
 ) -> None:
     """A server that answers one request at a time (0.15 s each, about 6.7 a second),
     offered 14 a second on the sweep's first point: the requests in flight grow through
@@ -228,7 +256,7 @@ def burst() -> Script:
     ids=["honest", "usage-lies", "burst"],
 )  # fmt: skip
 def test_a_load_answer_whose_text_does_not_back_its_usage_fails(
-    server: Callable[[Script], str], script: Script, max_tokens: int, error: str
+    server: Callable[..., str], script: Script, max_tokens: int, error: str
 ) -> None:
     """The load sweep counts every answer again after its point, as the single-stream
     bench does after each group: usage that claims tokens the text does not hold, or a

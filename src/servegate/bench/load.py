@@ -487,21 +487,37 @@ class Load:
     def _first_token_check(
         self, sent: Sequence[_Sent], before: Mapping[str, float], after: Mapping[str, float]
     ) -> None:
-        """The point's requests got their first text before the model had any (vLLM's
-        TTFT histogram over the point, :func:`measure.text_before_first_token`): every
-        request fails with that reason, so no figure of the point is taken from them and
-        the load gate's failed share judges it. Under load a stream's own pace cannot tell
-        (a request's second token waits behind other prefills), so an engine without
-        that clock is not checked here."""
+        """The point's first texts against vLLM's TTFT histogram over the point
+        (:func:`measure.text_before_first_token`): a point whose requests got text before
+        the model had any fails every request with that reason, so no figure of the point
+        is taken from them and the load gate's failed share judges it. The clock must
+        have counted the requests that got text, and at most those cut off before
+        theirs (the engine may have made a first token the client never saw): a clock
+        gone from ``/metrics`` or blurred by other requests fails them all
+        (``engine_clock_unread``). Under load a stream's own pace cannot tell (a
+        request's second token waits behind other prefills), so an engine without such a
+        clock is not checked here."""
         names = self.bench.spec.endpoint.adapter.metrics
         if not names.ttft:
             return
         streams = [one.stream for one in sent]
         seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
         engine = prom.histogram_mean_delta(before, after, names.ttft)
-        why = measure.text_before_first_token(seen, engine, names.ttft[0])
+        if not seen:
+            return
+        why = ""
+        if engine is None or not len(seen) <= engine[1] <= len(streams):
+            counted = "no count" if engine is None else f"{engine[1]:.0f} requests"
+            why = (
+                f"engine_clock_unread: the engine's TTFT clock ({names.ttft[0]}) counted "
+                f"{counted} over the point, where {len(seen)} of its {len(streams)} "
+                "request(s) got text: the first texts cannot be shown to be the model's"
+            )  # fmt: skip
+        elif engine[1] == len(seen):
+            found = measure.text_before_first_token(seen, engine, names.ttft[0])
+            why = f"text_before_first_token: {found}" if found else ""
         for st in streams if why else ():
-            st.error = st.error or f"text_before_first_token: {why}"
+            st.error = st.error or why
 
     def _backed(self, st: sse.Stream, completion: int) -> str:
         """Why the streamed text does not back the answer's figures ("": it does): its

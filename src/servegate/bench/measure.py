@@ -23,6 +23,7 @@ Token counts come from ``usage`` only.
 
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 import zlib
@@ -69,8 +70,8 @@ class Rules:
     #: ``CHUNK_FLOOR`` characters): text that arrives at once was not decoded in the
     #: window the rate divides by
     max_chunk_share: float = 0.10
-    #: the longest wait after the first text chunk, as a share of the time to it, before
-    #: that chunk counts as sent ahead of the prefill (``first_text_ahead``)
+    #: the longest wait in a stream's start, as a share of the time to its first text,
+    #: before that text counts as sent ahead of the prefill (``first_text_ahead``)
     max_first_gap_share: float = 0.5
 
 
@@ -79,10 +80,10 @@ class Rules:
 CHUNK_FLOOR = 256
 #: times the stream's median chunk one chunk may carry
 CHUNK_SPREAD = 8
-#: times the stream's mean inter-token gap the first gap may last before the first text
-#: chunk counts as sent ahead of the prefill (with ``Rules.max_first_gap_share``)
+#: times the stream's mean inter-token gap a wait in its start may last before its first
+#: text counts as sent ahead of the prefill (with ``Rules.max_first_gap_share``)
 FIRST_GAP_SPREAD = 10
-#: seconds the first gap may last whatever the stream's pace
+#: seconds a wait in a stream's start may last whatever its pace
 FIRST_GAP_FLOOR = 0.05
 
 
@@ -263,33 +264,54 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
     return r
 
 
-def first_text_ahead(t: Mapping[str, Any], rules: Rules) -> str:
-    """Why the first text chunk looks sent before the prefill ended ("": it does not).
+def first_text_ahead(
+    stream: Stream, t: Mapping[str, Any], rules: Rules, others: Sequence[float] = ()
+) -> str:
+    """Why the stream's first text looks sent before the prefill ended ("": it does not).
 
-    The first chunk is what ``ttft_s`` times, so a frontend that sends a chunk of text
-    (a space, a newline) as soon as a request arrives, and the model's tokens only after
-    the prefill, would pass a slower prefill as a faster one. Such a stream betrays
-    itself by its first gap: the prefill it hid is spent between its first and second
-    chunks, where an honest stream spends one inter-token gap. The first chunk counts as
-    sent ahead when that gap is longer than ``rules.max_first_gap_share`` of the time to
-    it, than ``FIRST_GAP_SPREAD`` times the stream's mean gap after it, and than
+    The first chunk is what ``ttft_s`` times, so a frontend that sends text (a space, a
+    newline, a few of them) as soon as a request arrives, and the model's tokens only
+    after the prefill, would pass a slower prefill as a faster one. The prefill it hid
+    is spent somewhere in the stream's start, where an honest stream spends a few
+    inter-token gaps: in one long wait between two of its first ``EARLY_CHUNKS``
+    chunks, or in a lead of whitespace-only chunks before the first visible text. The
+    text counts as sent ahead when the longest such wait is longer than
+    ``rules.max_first_gap_share`` of the time to the first text, than
+    ``FIRST_GAP_SPREAD`` times the stream's mean gap after its start, and than
     ``FIRST_GAP_FLOOR``, while the rest of the stream kept its pace (a frontend starved
-    by a neighbour holds the rest back too, and sends it in a burst). A neighbour can
-    still stall an honest stream that long at any token, the second too, so this is the
-    check of last resort: where the engine has a clock of its own (vLLM's TTFT
-    histogram) the bench asks it instead, a check with no false alarms
+    by a neighbour sends the rest in a burst). In a group of streams started together,
+    a wait during which another stream of the group got its first visible text is that
+    stream's prefill, not a lie (``others``: their times).
+
+    This is the check where the engine has no clock of its own: text a frontend makes
+    up and paces like a decode (words, not whitespace) cannot be told from the model's
+    by the client alone, and a neighbour can stall an honest stream at any token. Where
+    the engine has a clock (vLLM's TTFT histogram), the bench asks it instead
     (``Bench._first_token_check``)."""
-    ttft, gap, window = t["ttft_s"], t["first_gap_s"], t["decode_window_s"]
-    if ttft is None or gap is None or window is None or t["text_chunks"] < 3:
+    ttft, chunks, early = t["ttft_s"], t["text_chunks"], stream.early
+    last = stream.last_text_at
+    if ttft is None or last is None or chunks < 3 or len(early) < 2:
         return ""
-    rest = (window - gap) / (t["text_chunks"] - 2)
+    later = chunks - len(early)
+    rest = (last - early[-1]) / later if later >= 2 else (last - early[0]) / (chunks - 1)
     if rest * 1000 < rules.min_itl_ms:
         return ""  # the rest arrived in a burst: a starved frontend, not a paced lie
-    if gap > max(rules.max_first_gap_share * ttft, FIRST_GAP_SPREAD * rest, FIRST_GAP_FLOOR):
+    waits = list(itertools.pairwise(early))
+    if stream.first_visible_at is not None and stream.first_visible_at > early[0]:
+        waits.append((early[0], stream.first_visible_at))
+    # another stream's first text arrives with the step that ends the wait, a moment
+    # before or after this stream's next chunk
+    waits = [(a, b) for a, b in waits if not any(a < o <= b + FIRST_GAP_FLOOR for o in others)]
+    if not waits:
+        return ""
+    start, end = max(waits, key=lambda w: w[1] - w[0])
+    hidden = end - start
+    if hidden > max(rules.max_first_gap_share * ttft, FIRST_GAP_SPREAD * rest, FIRST_GAP_FLOOR):
         return (
-            f"the second text chunk came {gap:.3f} s after the first, which came {ttft:.3f} s "
-            f"after the request (the gaps after it average {rest * 1000:.1f} ms): the first "
-            "chunk was sent ahead of the prefill, so the time to it is not a TTFT"
+            f"the stream waited {hidden:.3f} s at its start ({start - stream.started:.3f} s to "
+            f"{end - stream.started:.3f} s after the request), after a first text at "
+            f"{ttft:.3f} s (the gaps after its start average {rest * 1000:.1f} ms): the first "
+            "text was sent ahead of the prefill, so the time to it is not a TTFT"
         )
     return ""
 

@@ -442,6 +442,7 @@ class Bench:
         self._first_token_check(trials, done, before, after)
         self._engine_counts(trials, before, after)
         totals = measure.group(trials, min(st.started for st in done), done)
+        names = self.spec.endpoint.adapter.metrics
         return {
             "group": n,
             "start": self.start,
@@ -450,6 +451,7 @@ class Bench:
             "server_metrics": self._metric_deltas(before, after),
             "reference": document.group_reference(box_before, box_after),
             "telemetry": gpu,
+            "first_text_check": "engine clock" if names.ttft else "stream pace",
         }
 
     def recount(self, stream: Stream, claimed: int) -> tuple[int | None, str, str]:
@@ -593,19 +595,37 @@ class Bench:
         after: dict[str, float],
     ) -> None:
         """Was the first text the model's, or sent ahead of the prefill to pass a slower
-        prefill as a faster one? Where the engine has a TTFT clock of its own (vLLM) the
-        group's mean is checked against it (:func:`measure.text_before_first_token`):
-        every trial of a group that got text before the model had any is invalid. Where
-        it has none, or it did not count exactly this group, each stream's own pace is
+        prefill as a faster one? Where the engine keeps a TTFT clock of its own (vLLM),
+        the group's mean is checked against it (:func:`measure.text_before_first_token`),
+        and it must have counted exactly the group's requests: a clock that is gone from
+        ``/metrics``, or that counted other requests too (another client on the server,
+        or requests the frontend made up to blur it), proves nothing, and every trial is
+        invalid (``engine_clock_unread``) rather than judged by a weaker check the
+        frontend chose. Where the engine has no such clock, each stream's own pace is
         the judge (:func:`measure.first_text_ahead`)."""
         names = self.spec.endpoint.adapter.metrics
-        engine = prom.histogram_mean_delta(before, after, names.ttft)
-        seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
-        if not engine or engine[1] != len(trials) or len(seen) != len(trials):
-            for t in trials:
-                why = measure.first_text_ahead(t, self.spec.rules)
+        if not names.ttft:
+            for t, st in zip(trials, streams, strict=True):
+                others = [o.first_visible_at for o in streams
+                          if o is not st and o.first_visible_at is not None]  # fmt: skip
+                why = measure.first_text_ahead(st, t, self.spec.rules, others)
                 if why:
                     measure.invalidate(t, "first_text_ahead", why)
+            return
+        seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
+        if not seen:
+            return  # no text at all: the trials are invalid for that already
+        engine = prom.histogram_mean_delta(before, after, names.ttft)
+        if engine is None or engine[1] != len(seen):
+            counted = "no count" if engine is None else f"{engine[1]:.0f} requests"
+            detail = (
+                f"the engine's TTFT clock ({names.ttft[0]}) counted {counted} over the "
+                f"group, whose {len(seen)} request(s) got text: the first text cannot be "
+                "shown to be the model's (another client on the server during the group, "
+                "or a frontend that hides or blurs the clock)"
+            )  # fmt: skip
+            for t in trials:
+                measure.invalidate(t, "engine_clock_unread", detail)
             return
         why = measure.text_before_first_token(seen, engine, names.ttft[0])
         for t in trials if why else ():

@@ -108,6 +108,9 @@ class Group(TypedDict):
     #: GPU clocks, power, temperature, memory, use while the group ran (None: no GPU
     #: tool; see ``servegate.bench.telemetry``)
     telemetry: NotRequired[dict[str, Any] | None]
+    #: what showed the first texts were the model's: "engine clock" (vLLM's TTFT
+    #: histogram) or "stream pace" (an engine without one)
+    first_text_check: NotRequired[str]
 
 
 class Case(TypedDict):

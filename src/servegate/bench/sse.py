@@ -16,14 +16,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+#: text chunks whose times every stream keeps (``Stream.early``)
+EARLY_CHUNKS = 16
+
 
 @dataclass
 class Stream:
     started: float
     first_text_at: float | None = None
-    #: the second text chunk's time: one inter-token gap after the first on an honest
-    #: stream (a first chunk sent before the prefill ended stands apart from the rest)
-    second_text_at: float | None = None
+    #: the times of the first ``EARLY_CHUNKS`` text chunks: a stream's start, where text
+    #: sent ahead of the prefill would show (``measure.first_text_ahead``)
+    early: list[float] = field(default_factory=list)
+    #: the first text chunk that is not all whitespace
+    first_visible_at: float | None = None
     last_text_at: float | None = None
     done_at: float | None = None
     text_chunks: int = 0
@@ -41,6 +46,10 @@ class Stream:
     @property
     def content(self) -> str:
         return "".join(self.text)
+
+    @property
+    def second_text_at(self) -> float | None:
+        return self.early[1] if len(self.early) > 1 else None
 
     @property
     def largest_chunk(self) -> int:
@@ -93,8 +102,10 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
             now = clock()
             if stream.first_text_at is None:
                 stream.first_text_at = now
-            elif stream.second_text_at is None:
-                stream.second_text_at = now
+            if len(stream.early) < EARLY_CHUNKS:
+                stream.early.append(now)
+            if stream.first_visible_at is None and not piece.isspace():
+                stream.first_visible_at = now
             stream.last_text_at = now
             stream.text_chunks += 1
             stream.text.append(piece)
