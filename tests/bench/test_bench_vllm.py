@@ -435,7 +435,8 @@ class Hostile(BaseHTTPRequestHandler):
     the recount of the streamed text agrees with the claim (a decode that looks faster).
     ``hide``: early text, and the engine's TTFT series taken out of ``/metrics``. ``side``:
     early text, and one more short request of its own to the engine for each one it is
-    sent, so the TTFT histogram counts twice the group's requests."""
+    sent, so the TTFT histogram counts twice the group's requests. ``hidecounts``: ``pad``,
+    and the engine's generation token counts taken out of ``/metrics``."""
 
     upstream = ""
     mode = "early"
@@ -477,14 +478,14 @@ class Hostile(BaseHTTPRequestHandler):
                     event = json.loads(line[6:])
                     for choice in event.get("choices") or ():
                         delta = choice.get("delta") or {}
-                        if self.mode == "pad" and delta.get("content"):
+                        if self.mode in ("pad", "hidecounts") and delta.get("content"):
                             delta["content"] += PADDING[n % len(PADDING)]
                             n += 1
                         text.append(delta.get("content") or "")
                     usage = event.get("usage")
                     if usage and whole is not None:
                         usage["prompt_tokens"] = whole
-                    if usage and self.mode == "pad":
+                    if usage and self.mode in ("pad", "hidecounts"):
                         ask = {"model": request["model"], "prompt": "".join(text),
                                "add_special_tokens": False}  # fmt: skip
                         counted = httpx.post(self.upstream + "/tokenize", json=ask, timeout=60)
@@ -497,9 +498,10 @@ class Hostile(BaseHTTPRequestHandler):
         up = httpx.request(method, self.upstream + self.path, content=body or None, timeout=60,
                            headers={"Content-Type": "application/json"})  # fmt: skip
         content = up.content
-        if self.mode == "hide" and self.path == "/metrics":
+        hidden = {"hide": "time_to_first_token", "hidecounts": "request_generation_tokens"}
+        if self.mode in hidden and self.path == "/metrics":
             lines = up.text.splitlines(keepends=True)
-            content = "".join(x for x in lines if "time_to_first_token" not in x).encode()
+            content = "".join(x for x in lines if hidden[self.mode] not in x).encode()
         self.send_response(up.status_code)
         self.send_header("Content-Type", up.headers.get("content-type", "text/plain"))
         self.send_header("Content-Length", str(len(content)))
@@ -561,13 +563,14 @@ def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
         assert point["ttft_s"] is None
 
 
-@pytest.mark.parametrize("mode", ["hide", "side"])
+@pytest.mark.parametrize("mode", ["hide", "side", "hidecounts"])
 def test_an_engine_clock_hidden_or_blurred_fails_closed(
     server: Server, tmp_path: Path, mode: str
 ) -> None:
     """Text sent ahead, and the engine's TTFT clock taken out of /metrics or made to
-    count other requests: the bench does not fall back to a weaker check the frontend
-    chose; no trial is valid."""
+    count other requests; or a padded answer, and the engine's token counts taken out:
+    the bench does not fall back to a weaker check the frontend chose, or to none; no
+    trial is valid."""
     with hostile(server, mode) as url:
         spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
                           cases.parse_cases(["regular"], ["2k"], [1]), repetitions=1,
@@ -577,10 +580,11 @@ def test_an_engine_clock_hidden_or_blurred_fails_closed(
         b.prepare()
         (t,) = b.measure(spec.cases[0], 1)["groups"][0]["trials"]
         b.release()
-    assert "engine_clock_unread" in t["invalid_reasons"], t["reason_details"]
+    reason = "engine_counts_unread" if mode == "hidecounts" else "engine_clock_unread"
+    assert reason in t["invalid_reasons"], t["reason_details"]
     assert not t["performance_valid"]
-    counted = "no count" if mode == "hide" else "counted 2 requests"
-    assert counted in t["reason_details"]["engine_clock_unread"]
+    counted = "counted 2 requests" if mode == "side" else "no count"
+    assert counted in t["reason_details"][reason]
 
 
 @pytest.mark.parametrize("mode", ["truncate", "pad"])

@@ -62,12 +62,13 @@ def raw(*events: Any) -> Script:
 @pytest.fixture
 def server() -> Iterator[Callable[..., str]]:
     """``start(script)`` → the URL of a server that answers every chat request with it.
-    Its ``/metrics`` has vLLM's TTFT clock, counting the chat requests it was sent (at
-    no time each: the check that a client's first text did not come before the model's
-    holds), or none with ``clock=False``."""
+    Its ``/metrics`` has vLLM's TTFT clock, counting the chat requests it was sent
+    (and ``extra`` requests of its own for each) at ``ttft`` seconds each (0: the check that a
+    client's first text did not come before the model's holds), or none with
+    ``clock=False``."""
     running: list[ThreadingHTTPServer] = []
 
-    def start(script: Script, clock: bool = True) -> str:
+    def start(script: Script, clock: bool = True, ttft: float = 0.0, extra: int = 0) -> str:
         asked = [0]
 
         class Handler(BaseHTTPRequestHandler):
@@ -83,8 +84,8 @@ def server() -> Iterator[Callable[..., str]]:
                     self.end_headers()
                     return
                 text = (
-                    "vllm:time_to_first_token_seconds_sum 0\n"
-                    f"vllm:time_to_first_token_seconds_count {asked[0]}\n"
+                    f"vllm:time_to_first_token_seconds_sum {asked[0] * ttft}\n"
+                    f"vllm:time_to_first_token_seconds_count {asked[0] * (1 + extra)}\n"
                 ).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(text)))
@@ -135,6 +136,23 @@ def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     assert p["requests"] > 0
     assert p["completed"] == p["requests"] == p["good_requests"]
     assert p["failed"] == p["short"] == 0
+
+
+@pytest.mark.parametrize(
+    ("clock", "reason"),
+    [
+        ({"ttft": 1.0}, "text_before_first_token: "),  # text at once, first tokens at 1 s
+        ({"extra": 1}, "engine_clock_unread: "),  # the clock blurred by made-up requests
+    ],
+)
+def test_a_point_whose_first_texts_the_engine_clock_disowns_serves_no_request(
+    server: Callable[..., str], clock: dict[str, Any], reason: str
+) -> None:
+    p = point(server(answer(), **clock), load.LoadSpec("rate", (8.0,), duration_s=1.0), 8.0)
+    assert p["requests"] > 0
+    assert p["failed"] == p["requests"]
+    assert p["errors"][0].startswith(reason), p["errors"]
+    assert p["ttft_s"] is None
 
 
 def test_a_vllm_server_without_its_ttft_clock_serves_no_request(

@@ -195,3 +195,26 @@ def test_a_stream_with_two_choices_is_malformed_whatever_their_index() -> None:
         st = parse_lines(lines, Stream(started=0.0), lambda: 1.0)
         assert st.error.startswith("malformed stream event (2 choices"), st.error
         assert st.content == ""
+
+
+def test_first_texts_the_engines_clock_disowns() -> None:
+    """vLLM's TTFT histogram (arrival → first token) against the client's times (sent →
+    first text): honest times are longer, one by one; a frontend that sends one stream's
+    text early and holds the other's back keeps the mean but not the buckets."""
+    metric = "vllm:time_to_first_token_seconds"
+    # honest: each client time a little over its engine time (two clocks, 1 % + 5 ms)
+    honest = measure.text_before_first_token(
+        [1.004, 1.01], (1.0, 2), metric, [(0.5, 0), (1.0, 2), (2.5, 2)]
+    )
+    assert honest == ""
+    # the mean lies
+    mean = measure.text_before_first_token([0.05, 0.06], (1.0, 2), metric, [])
+    assert "before the model had any" in mean
+    # the mean holds (1.005 s), the buckets do not: one text came at 0.05 s, where the
+    # engine made no first token within 0.06 s
+    mixed = measure.text_before_first_token(
+        [0.05, 1.96], (1.0, 2), metric, [(0.06, 0), (1.0, 2), (2.5, 2)]
+    )
+    assert "1 of the client's 2 first texts came within 0.06 s" in mixed
+    # a count that is not the client's: nothing can be told (the caller fails closed)
+    assert measure.text_before_first_token([0.05], (1.0, 2), metric, []) == ""

@@ -485,26 +485,35 @@ class Load:
         return rec, gaps if ok else []
 
     def _first_token_check(
-        self, sent: Sequence[_Sent], before: Mapping[str, float], after: Mapping[str, float]
+        self,
+        sent: Sequence[_Sent],
+        before: Mapping[str, float],
+        after: Mapping[str, float],
+        ended: float,
     ) -> None:
-        """The point's first texts against vLLM's TTFT histogram over the point
-        (:func:`measure.text_before_first_token`): a point whose requests got text before
-        the model had any fails every request with that reason, so no figure of the point
-        is taken from them and the load gate's failed share judges it. The clock must
-        have counted the requests that got text, and at most those cut off before
-        theirs (the engine may have made a first token the client never saw): a clock
-        gone from ``/metrics`` or blurred by other requests fails them all
-        (``engine_clock_unread``). Under load a stream's own pace cannot tell (a
-        request's second token waits behind other prefills), so an engine without such a
-        clock is not checked here."""
+        """The point's first texts against vLLM's TTFT histogram over the point: a point
+        whose requests got text before the model had any fails every request with that
+        reason, so no figure of the point is taken from them and the load gate's failed
+        share judges it. The clock may count the requests that got text and those cut
+        off before theirs (the engine may have made a first token the client never saw),
+        no more, no fewer: a clock gone from ``/metrics`` or blurred by other requests
+        fails them all (``engine_clock_unread``). Whatever it counted, its times add up
+        to no more than the client's: each request that got text waited at least its
+        engine time for it, each one cut off lived at least that long. Where it counted
+        exactly the requests that got text, the buckets are checked too
+        (:func:`measure.text_before_first_token`). Under load a stream's own pace cannot
+        tell (a request's second token waits behind other prefills), so an engine
+        without such a clock is not checked here."""
         names = self.bench.spec.endpoint.adapter.metrics
         if not names.ttft:
             return
-        streams = [one.stream for one in sent]
+        streams = [one.stream for one in sent if one.stream.started]
         seen = [st.first_text_at - st.started for st in streams if st.first_text_at is not None]
-        engine = prom.histogram_mean_delta(before, after, names.ttft)
         if not seen:
             return
+        lived = [(st.done_at or ended) - st.started for st in streams if st.first_text_at is None]
+        engine = prom.histogram_mean_delta(before, after, names.ttft)
+        slack, share = measure.FIRST_TOKEN_SLACK
         why = ""
         if engine is None or not len(seen) <= engine[1] <= len(streams):
             counted = "no count" if engine is None else f"{engine[1]:.0f} requests"
@@ -513,8 +522,17 @@ class Load:
                 f"{counted} over the point, where {len(seen)} of its {len(streams)} "
                 "request(s) got text: the first texts cannot be shown to be the model's"
             )  # fmt: skip
+        elif sum(seen) + sum(lived) < engine[0] * engine[1] * (1 - share) - slack * engine[1]:
+            why = (
+                f"text_before_first_token: the client's {len(seen)} first texts came "
+                f"{sum(seen):.3f} s after sending in all (and {len(lived)} request(s) cut off "
+                f"before theirs lived {sum(lived):.3f} s), the engine's {engine[1]:.0f} first "
+                f"tokens {engine[0] * engine[1]:.3f} s after arrival ({names.ttft[0]}): text "
+                "came before the model had any"
+            )  # fmt: skip
         elif engine[1] == len(seen):
-            found = measure.text_before_first_token(seen, engine, names.ttft[0])
+            buckets = prom.bucket_deltas(before, after, names.ttft)
+            found = measure.text_before_first_token(seen, engine, names.ttft[0], buckets)
             why = f"text_before_first_token: {found}" if found else ""
         for st in streams if why else ():
             st.error = st.error or why
@@ -618,7 +636,7 @@ class Load:
             client.ended(one.stream, b.spec.endpoint)
         tele = sampler.stop()
         after = prom.parse(client.metrics_text(b.spec.endpoint))
-        self._first_token_check(sent, before, after)
+        self._first_token_check(sent, before, after, ended)
         records, gaps = [], []
         for one in sent:
             rec, g = self._record(one)

@@ -186,7 +186,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["output_tps_whole_request"] = _r(completion / wall, 4)
     if completion and stream.text_chunks:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
-    out["client_timing"] = _burst(out, rules)
+    out["client_timing"] = _burst(out, rules) or _held(stream, rules)
     if out["client_timing"]:  # what the client's clock measured is dropped
         out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = out["first_gap_s"] = None
         out["generation_tps"] = out["mean_inter_token_latency_ms"] = None
@@ -264,56 +264,80 @@ def _reasons(t: Mapping[str, Any], rules: Rules) -> dict[str, str]:
     return r
 
 
+def start_waits(stream: Stream) -> tuple[list[tuple[float, float]], float | None]:
+    """The waits in a stream's start, ``(from, to)``: between each two of its first
+    ``EARLY_CHUNKS`` text chunks and before the one after them, and the lead from its
+    first text to its first word (text of spaces, punctuation or invisible characters
+    before it); and its pace there: the median of those gaps but the longest (None: too
+    few chunks to tell)."""
+    stamps = [*stream.early, *([stream.after_early_at] if stream.after_early_at else [])]
+    gaps = list(itertools.pairwise(stamps))
+    if len(gaps) < 2:
+        return [], None
+    lengths = sorted(b - a for a, b in gaps)
+    pace = statistics.median(lengths[:-1])
+    waits = gaps
+    word = stream.first_word_at
+    if word is not None and stamps and word > stamps[0]:
+        waits = [*gaps, (stamps[0], word)]
+    return waits, pace
+
+
 def first_text_ahead(
-    stream: Stream, t: Mapping[str, Any], rules: Rules, others: Sequence[float] = ()
+    stream: Stream, t: Mapping[str, Any], rules: Rules, anchors: Sequence[float] = ()
 ) -> str:
     """Why the stream's first text looks sent before the prefill ended ("": it does not).
 
-    The first chunk is what ``ttft_s`` times, so a frontend that sends text (a space, a
-    newline, a few of them) as soon as a request arrives, and the model's tokens only
-    after the prefill, would pass a slower prefill as a faster one. The prefill it hid
-    is spent somewhere in the stream's start, where an honest stream spends a few
-    inter-token gaps: in one long wait between two of its first ``EARLY_CHUNKS``
-    chunks, or in a lead of whitespace-only chunks before the first visible text. The
-    text counts as sent ahead when the longest such wait is longer than
-    ``rules.max_first_gap_share`` of the time to the first text, than
-    ``FIRST_GAP_SPREAD`` times the stream's mean gap after its start, and than
-    ``FIRST_GAP_FLOOR``, while the rest of the stream kept its pace (a frontend starved
-    by a neighbour sends the rest in a burst). In a group of streams started together,
-    a wait during which another stream of the group got its first visible text is that
-    stream's prefill, not a lie (``others``: their times).
+    The first chunk is what ``ttft_s`` times, so a frontend that sends text (a space,
+    a dot, a few of them, a drip) as soon as a request arrives, and the model's tokens
+    only after the prefill, would pass a slower prefill as a faster one. The prefill it
+    hid is spent somewhere in the stream's start (:func:`start_waits`), where an honest
+    stream spends a few inter-token gaps. The text counts as sent ahead when the
+    longest wait there is longer than ``rules.max_first_gap_share`` of the time to the
+    first text, than ``FIRST_GAP_SPREAD`` times the stream's pace there, and than
+    ``FIRST_GAP_FLOOR``. In a group of streams started together, a wait that ends as
+    another stream's first text comes (``anchors``: the first texts of the group's
+    streams that passed this check on their own) is that stream's prefill, not a lie.
+    A start whose pace is a burst is not judged here: the client's timings of such a
+    stream are dropped (:func:`_held`).
 
-    This is the check where the engine has no clock of its own: text a frontend makes
-    up and paces like a decode (words, not whitespace) cannot be told from the model's
-    by the client alone, and a neighbour can stall an honest stream at any token. Where
-    the engine has a clock (vLLM's TTFT histogram), the bench asks it instead
-    (``Bench._first_token_check``)."""
-    ttft, chunks, early = t["ttft_s"], t["text_chunks"], stream.early
-    last = stream.last_text_at
-    if ttft is None or last is None or chunks < 3 or len(early) < 2:
+    This is the check where the engine has no clock of its own: words a frontend makes
+    up ahead of the model cannot be told from the model's by the client alone, and a
+    neighbour can stall an honest stream at any token. Where the engine has a clock
+    (vLLM's TTFT histogram), the bench asks it instead (``Bench._first_token_check``)."""
+    ttft = t["ttft_s"]
+    waits, pace = start_waits(stream)
+    if ttft is None or pace is None or pace * 1000 < rules.min_itl_ms:
         return ""
-    later = chunks - len(early)
-    rest = (last - early[-1]) / later if later >= 2 else (last - early[0]) / (chunks - 1)
-    if rest * 1000 < rules.min_itl_ms:
-        return ""  # the rest arrived in a burst: a starved frontend, not a paced lie
-    waits = list(itertools.pairwise(early))
-    if stream.first_visible_at is not None and stream.first_visible_at > early[0]:
-        waits.append((early[0], stream.first_visible_at))
-    # another stream's first text arrives with the step that ends the wait, a moment
-    # before or after this stream's next chunk
-    waits = [(a, b) for a, b in waits if not any(a < o <= b + FIRST_GAP_FLOOR for o in others)]
+    slack = max(FIRST_GAP_FLOOR, 2 * pace)
+    waits = [(a, b) for a, b in waits if not any(a < o <= b + slack for o in anchors)]
     if not waits:
         return ""
     start, end = max(waits, key=lambda w: w[1] - w[0])
     hidden = end - start
-    if hidden > max(rules.max_first_gap_share * ttft, FIRST_GAP_SPREAD * rest, FIRST_GAP_FLOOR):
+    if hidden > max(rules.max_first_gap_share * ttft, FIRST_GAP_SPREAD * pace, FIRST_GAP_FLOOR):
         return (
             f"the stream waited {hidden:.3f} s at its start ({start - stream.started:.3f} s to "
             f"{end - stream.started:.3f} s after the request), after a first text at "
-            f"{ttft:.3f} s (the gaps after its start average {rest * 1000:.1f} ms): the first "
-            "text was sent ahead of the prefill, so the time to it is not a TTFT"
+            f"{ttft:.3f} s (its pace there: {pace * 1000:.1f} ms a chunk): the first text was "
+            "sent ahead of the prefill, so the time to it is not a TTFT"
         )
     return ""
+
+
+def _held(stream: Stream, rules: Rules) -> str:
+    """Why the stream's start arrived in a burst though the stream as a whole did not
+    ("": it did not): its first text, then a wait, then the rest at once. The client's
+    timings of such a stream measure whatever held it back, and a frontend could hold
+    the model's text back behind text of its own to hide a prefill: they are dropped
+    as a burst's are."""
+    _, pace = start_waits(stream)
+    if pace is None or pace * 1000 >= rules.min_itl_ms:
+        return ""
+    return (
+        f"burst: the stream's start came at {pace * 1000:.3f} ms a chunk (< {rules.min_itl_ms} "
+        "ms) after its first text: held back between engine and client"
+    )
 
 
 #: (seconds, share) by which the client's mean time to its first text may fall short of
@@ -322,26 +346,41 @@ FIRST_TOKEN_SLACK = (0.005, 0.01)
 
 
 def text_before_first_token(
-    seen: Sequence[float], engine: tuple[float, float] | None, metric: str
+    seen: Sequence[float],
+    engine: tuple[float, float] | None,
+    metric: str,
+    buckets: Sequence[tuple[float, float]] = (),
 ) -> str:
     """Why the client's first texts (``seen``: each request's sent → first text) came
     before the model had any ("": they did not, or it cannot be told). The client cannot
     see a token before the engine made it: vLLM's TTFT histogram (``engine``: its mean
-    and count over the same requests) times each request from its arrival at the server
-    to its first token, so on an honest server every client's time is longer, and so is
-    the mean. ``FIRST_TOKEN_SLACK`` covers the two clocks (the server's wall clock, the
-    client's monotonic one). A histogram that did not count exactly these requests tells
-    nothing."""
+    and count over the same requests; ``buckets``: how many were at or under each
+    bound) times each request from its arrival at the server to its first token, so on
+    an honest server every client's time is longer. So the mean is, and at every bound
+    at most as many client times fall under it as engine times do: a frontend that
+    sends one request's text early and holds another's back to keep the mean shows in
+    the buckets. ``FIRST_TOKEN_SLACK`` covers the two clocks (the server's wall clock,
+    the client's monotonic one). A histogram that did not count exactly these requests
+    tells nothing (the caller decides what that means)."""
     if not engine or not seen or engine[1] != len(seen):
         return ""
+    slack, share = FIRST_TOKEN_SLACK
     client = statistics.fmean(seen)
-    if client >= engine[0] * (1 - FIRST_TOKEN_SLACK[1]) - FIRST_TOKEN_SLACK[0]:
-        return ""
-    return (
-        f"the client got its first text {client:.3f} s after sending (the mean of "
-        f"{len(seen)}), the engine made its first token {engine[0]:.3f} s after the request "
-        f"arrived ({metric}): the stream carried text before the model had any"
-    )
+    if client < engine[0] * (1 - share) - slack:
+        return (
+            f"the client got its first text {client:.3f} s after sending (the mean of "
+            f"{len(seen)}), the engine made its first token {engine[0]:.3f} s after the "
+            f"request arrived ({metric}): the stream carried text before the model had any"
+        )
+    for bound, made in buckets:
+        early = sum(1 for s in seen if s * (1 + share) + slack <= bound)
+        if early > made:
+            return (
+                f"{early} of the client's {len(seen)} first texts came within {bound:g} s "
+                f"of sending, where the engine made {made:.0f} first tokens within {bound:g} s "
+                f"of a request's arrival ({metric}): text came before the model had any"
+            )
+    return ""
 
 
 def median_chunk(stream: Stream) -> float:

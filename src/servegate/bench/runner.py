@@ -564,8 +564,10 @@ class Bench:
         than the engine counted for every one of its requests (beyond
         ``max_usage_excess`` and ``USAGE_SLACK`` a request), every trial is invalid
         (``usage_exceeds_engine``). Other traffic in the window only adds to the
-        engine's count, so it can hide a lie, never invent one; a histogram that has not
-        counted all the group's requests yet is not used."""
+        engine's count, so it can hide a lie, never invent one; counts gone from
+        ``/metrics``, or short of the group's requests once the engine has recorded them
+        (``_settled_metrics``), prove nothing, and every trial is invalid
+        (``engine_counts_unread``) rather than unchecked."""
         names = self.spec.endpoint.adapter.metrics
         excess = self.spec.rules.max_usage_excess
         ok = [t for t in trials if t["ok"]]
@@ -573,8 +575,18 @@ class Bench:
             ("prompt", names.prompt_tokens, [t["prompt_tokens"] for t in ok]),
             ("output", names.generation_tokens, [t["completion_tokens"] for t in ok]),
         ):
+            if not series or not claims:
+                continue
             engine = prom.histogram_mean_delta(before, after, series)
-            if not engine or not claims or engine[1] < len(claims):
+            if not engine or engine[1] < len(claims):
+                got = "no count" if not engine else f"{engine[1]:.0f} requests"
+                detail = (
+                    f"the engine's {what} token counts ({series[0]}) counted {got} over "
+                    f"the group's {len(claims)} request(s): usage cannot be checked against "
+                    "them (a frontend that hides or holds them back)"
+                )  # fmt: skip
+                for t in trials:
+                    measure.invalidate(t, "engine_counts_unread", detail)
                 continue
             claimed = sum(c for c in claims if isinstance(c, int))
             counted = engine[0] * engine[1]
@@ -605,10 +617,14 @@ class Bench:
         the judge (:func:`measure.first_text_ahead`)."""
         names = self.spec.endpoint.adapter.metrics
         if not names.ttft:
-            for t, st in zip(trials, streams, strict=True):
-                others = [o.first_visible_at for o in streams
-                          if o is not st and o.first_visible_at is not None]  # fmt: skip
-                why = measure.first_text_ahead(st, t, self.spec.rules, others)
+            rules = self.spec.rules
+            pairs = list(zip(trials, streams, strict=True))
+            alone = [measure.first_text_ahead(st, t, rules) for t, st in pairs]
+            anchors = [st.first_text_at for (_, st), why in zip(pairs, alone, strict=True)
+                       if not why and st.first_text_at is not None]  # fmt: skip
+            for (t, st), why in zip(pairs, alone, strict=True):
+                if why:  # a wait another stream's prefill explains is not a lie
+                    why = measure.first_text_ahead(st, t, rules, anchors)
                 if why:
                     measure.invalidate(t, "first_text_ahead", why)
             return
@@ -627,7 +643,8 @@ class Bench:
             for t in trials:
                 measure.invalidate(t, "engine_clock_unread", detail)
             return
-        why = measure.text_before_first_token(seen, engine, names.ttft[0])
+        buckets = prom.bucket_deltas(before, after, names.ttft)
+        why = measure.text_before_first_token(seen, engine, names.ttft[0], buckets)
         for t in trials if why else ():
             measure.invalidate(t, "text_before_first_token", why)
 

@@ -11,13 +11,15 @@ stream that carries another is malformed, not twice the text.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 #: text chunks whose times every stream keeps (``Stream.early``)
-EARLY_CHUNKS = 16
+EARLY_CHUNKS = 64
+_WORD = re.compile(r"\w")
 
 
 @dataclass
@@ -27,8 +29,11 @@ class Stream:
     #: the times of the first ``EARLY_CHUNKS`` text chunks: a stream's start, where text
     #: sent ahead of the prefill would show (``measure.first_text_ahead``)
     early: list[float] = field(default_factory=list)
-    #: the first text chunk that is not all whitespace
-    first_visible_at: float | None = None
+    #: the chunk after them (the wait before it belongs to the stream's start too)
+    after_early_at: float | None = None
+    #: the first text chunk that carries a word character (not only spaces, punctuation
+    #: or invisible characters)
+    first_word_at: float | None = None
     last_text_at: float | None = None
     done_at: float | None = None
     text_chunks: int = 0
@@ -104,8 +109,10 @@ def feed(line: str, stream: Stream, clock: Callable[[], float]) -> bool:
                 stream.first_text_at = now
             if len(stream.early) < EARLY_CHUNKS:
                 stream.early.append(now)
-            if stream.first_visible_at is None and not piece.isspace():
-                stream.first_visible_at = now
+            elif stream.after_early_at is None:
+                stream.after_early_at = now
+            if stream.first_word_at is None and _WORD.search(piece):
+                stream.first_word_at = now
             stream.last_text_at = now
             stream.text_chunks += 1
             stream.text.append(piece)
