@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from servegate.bench import cases, measure, probes, results, runner, verdict
+from servegate.bench.schema import Trial
 from servegate.demo.local_server import Server, vllm_server
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -563,14 +564,8 @@ def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
         assert point["ttft_s"] is None
 
 
-@pytest.mark.parametrize("mode", ["hide", "side", "hidecounts"])
-def test_an_engine_clock_hidden_or_blurred_fails_closed(
-    server: Server, tmp_path: Path, mode: str
-) -> None:
-    """Text sent ahead, and the engine's TTFT clock taken out of /metrics or made to
-    count other requests; or a padded answer, and the engine's token counts taken out:
-    the bench does not fall back to a weaker check the frontend chose, or to none; no
-    trial is valid."""
+def hostile_trial(server: Server, mode: str, tmp_path: Path) -> Trial:
+    """One 2k trial through a ``Hostile`` frontend of ``mode``."""
     with hostile(server, mode) as url:
         spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
                           cases.parse_cases(["regular"], ["2k"], [1]), repetitions=1,
@@ -580,6 +575,18 @@ def test_an_engine_clock_hidden_or_blurred_fails_closed(
         b.prepare()
         (t,) = b.measure(spec.cases[0], 1)["groups"][0]["trials"]
         b.release()
+    return t
+
+
+@pytest.mark.parametrize("mode", ["hide", "side", "hidecounts"])
+def test_an_engine_clock_hidden_or_blurred_fails_closed(
+    server: Server, tmp_path: Path, mode: str
+) -> None:
+    """Text sent ahead, and the engine's TTFT clock taken out of /metrics or made to
+    count other requests; or a padded answer, and the engine's token counts taken out:
+    the bench does not fall back to a weaker check the frontend chose, or to none; no
+    trial is valid."""
+    t = hostile_trial(server, mode, tmp_path)
     reason = "engine_counts_unread" if mode == "hidecounts" else "engine_clock_unread"
     assert reason in t["invalid_reasons"], t["reason_details"]
     assert not t["performance_valid"]
@@ -595,15 +602,7 @@ def test_usage_the_engine_did_not_count_is_caught(
     and counts the padding (so the recount of the streamed text agrees with usage):
     vLLM's own per-request token histograms count less than usage claims, and no trial
     is valid."""
-    with hostile(server, mode) as url:
-        spec = cases.Spec(Endpoint(url, engine=adapters.VLLM), "demo",
-                          cases.parse_cases(["regular"], ["2k"], [1]), repetitions=1,
-                          max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
-                          rules=RULES)  # fmt: skip
-        b = runner.Bench(spec, tmp_path / "r.json")
-        b.prepare()
-        (t,) = b.measure(spec.cases[0], 1)["groups"][0]["trials"]
-        b.release()
+    t = hostile_trial(server, mode, tmp_path)
     assert "usage_exceeds_engine" in t["invalid_reasons"], t["reason_details"]
     assert "usage_exceeds_stream" not in t["invalid_reasons"]  # the recount was fooled
     assert not t["performance_valid"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from servegate.bench import cases, client, measure, runner
+from servegate.bench.schema import Trial
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -433,6 +434,17 @@ def test_the_gate_says_what_checked_the_candidates_token_counts(
         ]
 
 
+def once(url: str, tmp_path: Path, concurrency: int = 1) -> list[Trial]:
+    """The trials of one group of the 1k case at ``concurrency``, 40 tokens out, the
+    content rules off (the engine's words repeat)."""
+    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [concurrency]),
+                      repetitions=1, max_tokens=40, warmup=False,
+                      rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
+    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench.prepare()
+    return bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+
+
 @pytest.mark.parametrize(
     ("mode", "ahead"),
     [
@@ -458,12 +470,7 @@ def test_a_first_chunk_sent_ahead_of_the_prefill_is_no_ttft(
     hid is spent in the stream's start, in one long wait or a lead without a word."""
     url, handler = engine
     handler.mode = mode
-    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
-                       repetitions=1, max_tokens=40, warmup=False,
-                       rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
-    bench.prepare()
-    t = bench.measure(spec.cases[0], 1)["groups"][0]["trials"][0]
+    t = once(url, tmp_path)[0]
     ttft = t["ttft_s"]
     assert ttft is not None
     assert t["first_gap_s"] is not None
@@ -486,12 +493,7 @@ def test_a_start_held_back_behind_a_space_drops_the_clients_timings(
     timings measure what held it back, not the model, and are dropped."""
     url, handler = engine
     handler.mode = "hold"
-    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
-                       repetitions=1, max_tokens=40, warmup=False,
-                       rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
-    bench.prepare()
-    t = bench.measure(spec.cases[0], 1)["groups"][0]["trials"][0]
+    t = once(url, tmp_path)[0]
     assert t["client_timing"].startswith("burst: the stream's start came at"), t
     assert t["ttft_s"] is None
     assert t["prefill_tps"] is None
@@ -507,12 +509,7 @@ def test_streams_that_vouch_for_each_other_are_no_alibi(
     explains the other's wait."""
     url, handler = engine
     handler.mode = mode if mode == "early" else "shared-early"
-    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [2]),
-                       repetitions=1, max_tokens=40, warmup=False,
-                       rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
-    bench.prepare()
-    trials = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    trials = once(url, tmp_path, 2)
     for t in trials:
         assert "first_text_ahead" in t["invalid_reasons"], t["reason_details"]
 
@@ -525,12 +522,7 @@ def test_a_wait_for_another_requests_prefill_is_not_text_sent_ahead(
     with the other's first text, so it is not a prefill the first one hid."""
     url, handler = engine
     handler.mode = "shared"
-    spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [2]),
-                       repetitions=1, max_tokens=40, warmup=False,
-                       rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
-    bench.prepare()
-    trials = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
+    trials = once(url, tmp_path, 2)
     first = min(trials, key=lambda t: t["ttft_s"] or 0)
     assert first["first_gap_s"] is not None
     assert first["ttft_s"] is not None
