@@ -11,7 +11,13 @@ last core and the client on the others (as a bench client and an engine's API pr
 sit on a serving host); ``--shared-cores`` lets them share every core.
 
     python benchmarks/load_client_lag.py [--rates 10,50,100,200] [--duration 10]
-        [--shared-cores] [--no-telemetry]
+        [--shared-cores] [--no-telemetry] [--waits 0.25,1,2,4]
+
+First it times the wait before an arrival alone (``--waits``, seconds, three times
+each): how late one ``asyncio.sleep`` of that length ends, and how late the sweep's own
+wait (``load._until``) hands over. At low rates the gaps between arrivals are seconds,
+and a selector sleep of ``t`` ends up to ``t / 1000`` late (Linux's timer slack), so the
+lag at 0.5 req/s is the wait's, not the load's.
 
 On a GPU host the bench samples the vendor's tool (``nvidia-smi``) in a thread beside the
 event loop while a point runs, as ``servegate bench load`` does; ``--no-telemetry``
@@ -94,6 +100,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def time_waits(waits: list[float], repeats: int = 3) -> list[dict[str, object]]:
+    """How late one selector sleep, and the sweep's own wait, end after ``wait`` seconds."""
+    import asyncio
+
+    from servegate.bench import load, sse
+
+    async def late(wait: float, own: bool) -> float:
+        due = sse.now() + wait
+        if own:
+            await load._until(due)
+        else:
+            await asyncio.sleep(wait)
+        return (sse.now() - due) * 1000
+
+    rows = []
+    print(f"{'wait s':>7} {'one sleep: late ms (max)':>25} {'sweep wait: late ms (max)':>26}")
+    for wait in waits:
+        plain = [asyncio.run(late(wait, False)) for _ in range(repeats)]
+        own = [asyncio.run(late(wait, True)) for _ in range(repeats)]
+        rows.append({"wait_s": wait, "sleep_late_ms": [round(x, 3) for x in plain],
+                     "until_late_ms": [round(x, 3) for x in own]})  # fmt: skip
+        print(f"{wait:>7g} {max(plain):>25.3f} {max(own):>26.3f}")
+    return rows
+
+
 def main() -> int:
     from servegate.bench import cases, fixtures, load
     from servegate.bench.runner import Bench
@@ -106,6 +137,9 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=32, help="chunks a response")
     ap.add_argument("--pace", type=float, default=0.01, help="seconds between chunks")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--waits", default="0.25,1,2,4",
+                    help="time the wait before an arrival alone first, for these "
+                    "lengths in seconds ('' to skip)")  # fmt: skip
     ap.add_argument("--shared-cores", action="store_true",
                     help="let the server and the client share every core (default: the "
                     "server on the last core, the client on the others, as a bench "
@@ -116,6 +150,7 @@ def main() -> int:
     cores = sorted(os.sched_getaffinity(0))
     pin = not args.shared_cores and len(cores) > 1
 
+    waits = time_waits([float(w) for w in args.waits.split(",") if w.strip()])
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(port), str(args.chunks), str(args.pace)],
@@ -156,7 +191,7 @@ def main() -> int:
             print(f"{rate:>7g} {p['requests']:>8} {p['failed']:>6} {p50:>10.3f} "
                   f"{p99:>10.3f} {top:>10.3f} {cpu:>12.2f}")  # fmt: skip
         if args.json:
-            figures = {"cpus": os.cpu_count(), "pinned": pin, "rows": rows,
+            figures = {"cpus": os.cpu_count(), "pinned": pin, "rows": rows, "waits": waits,
                        "telemetry": bench.telemetry.tool if bench.telemetry else None}  # fmt: skip
             args.json.write_text(json.dumps(figures, indent=1))
     finally:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import export, load, telemetry
+from servegate.bench import export, load, sse, telemetry
 from servegate.errors import ConfigError, ResultFileError
 
 
@@ -138,6 +138,34 @@ def test_a_request_task_starts_before_the_callbacks_already_queued() -> None:
     else:
         assert load._EAGER is None
         assert order == ["returned", "queued chunk", "request started"]
+
+
+@pytest.mark.parametrize("wait", [0.0005, 0.01, 0.25, 1.0, 4.0, 30.0])
+def test_an_arrival_wait_hands_over_to_yielding_before_the_kernel_can_overshoot(
+    monkeypatch: pytest.MonkeyPatch, wait: float
+) -> None:
+    """The selector's sleep ends up to 1 ms (its rounding) plus a thousandth of the wait
+    (Linux's timer slack) late: at 0.5 req/s that was 4 ms, the low rates' lag. The
+    sleep must end before the arrival however late the kernel wakes it, and yielding
+    (which does not overshoot) carry it to the due time, never past it by a sleep."""
+    clock = [100.0]
+    coarse: list[tuple[float, float]] = []  # (asked, ended - due)
+    due = clock[0] + wait
+
+    async def sleep(seconds: float) -> None:
+        if seconds > 0:
+            clock[0] += seconds + 0.001 + seconds / 1000  # the kernel's worst case
+            coarse.append((seconds, clock[0] - due))
+        else:
+            clock[0] += 0.00001  # a turn of the loop
+
+    monkeypatch.setattr(sse, "now", lambda: clock[0])
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    asyncio.run(load._until(due))
+    assert due <= clock[0] < due + 0.00002
+    assert len(coarse) == (1 if wait > 0.002 else 0)
+    for _, late in coarse:
+        assert late < 0, f"the selector's sleep ended {late * 1000:.2f} ms past the arrival"
 
 
 def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures() -> None:
