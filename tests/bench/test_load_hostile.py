@@ -132,10 +132,43 @@ SLO = load.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
 
 def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     """The control: every request whole, counted, good."""
-    p = point(server(answer()), load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), 8.0)
+    p = point(server(answer(gap=0.002)), load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO),
+              8.0)  # fmt: skip
     assert p["requests"] > 0
     assert p["completed"] == p["requests"] == p["good_requests"]
-    assert p["failed"] == p["short"] == 0
+    assert p["failed"] == p["short"] == p["bursts"] == 0
+    assert p["tpot_ms"]["p50"] >= 2.0
+
+
+@pytest.mark.parametrize("start", [False, True], ids=["whole", "after-first-text"])
+def test_an_answer_delivered_at_once_has_no_decode_timing(
+    server: Callable[..., str], start: bool
+) -> None:
+    """Text held back between the engine and the client and sent at once (a buffering
+    frontend, or a starved API process): the client's gaps are the hold's, not the
+    decode's. As in the single-stream bench, such an answer keeps its TTFT and E2E (what
+    the client felt) but has no ITL or TPOT, so an ITL or TPOT SLO is not met, and the
+    point counts it (``bursts``)."""
+
+    def held(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if start:  # the first text, a wait, then the rest at once
+            h.wfile.write(_event({"choices": [{"index": 0, "delta": {"content": " w"}}]}))
+            h.wfile.flush()
+            time.sleep(0.05)
+        rest = MAX_TOKENS - 1 if start else MAX_TOKENS
+        answer(n=rest, usage={"prompt_tokens": 1000, "completion_tokens": MAX_TOKENS})(h, body)
+
+    ttft_only = load.parse_goodput("ttft:2s,e2el:5s")
+    for slo, good in ((SLO, 0), (ttft_only, None)):
+        spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=slo)
+        p = point(server(held), spec, 8.0)
+        assert p["requests"] > 0
+        assert p["completed"] == p["bursts"] == p["requests"], p["errors"]
+        assert p["request_itl_ms"] is p["tpot_ms"] is p["itl_ms"] is None
+        assert p["ttft_s"] is not None
+        assert p["e2el_s"] is not None
+        assert p["good_requests"] == (p["requests"] if good is None else good)
+        assert all(r["client_timing"].startswith("burst: ") for r in p["requests_detail"])
 
 
 @pytest.mark.parametrize(
@@ -265,7 +298,7 @@ def burst() -> Script:
 @pytest.mark.parametrize(
     ("script", "max_tokens", "error"),
     [
-        (answer(n=40), 40, ""),  # the control: 40 words streamed, 40 claimed
+        (answer(n=40, gap=0.001), 40, ""),  # the control: 40 words streamed, 40 claimed
         # 20 words streamed, 40 claimed: TPOT and ITL half what they were, throughput 2x
         (answer(n=20, usage={"prompt_tokens": 1000, "completion_tokens": 40}), 40,
          "usage_exceeds_stream: usage claims 40 output tokens; the streamed text is 20"),

@@ -219,6 +219,9 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
         {**good, "ttft_s": [float("nan")]},
         {**good, "window_s": -1},
         {**good, "good": [True]},
+        {**good, "burst": [True]},  # not one flag a kept request
+        {**good, "burst": [True] * 50},  # the 5 that failed counted as bursts
+        {**good, "burst": ["no"] * 50},
         {k: v for k, v in good.items() if k != "ended"},
         "a point",
     ]
@@ -226,3 +229,32 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
         base, why = load_gate.baseline(cfg, record(p), digest)
         assert base is None, p
         assert "recorded sweep is damaged" in why
+
+
+def test_answers_that_came_in_a_burst_leave_decode_rules_undecided() -> None:
+    """An answer held back between the engine and the client and delivered at once has
+    no ITL or TPOT of the client's clock (the single-stream bench's rule). A frontend
+    that held back its slowest answers would leave a percentile over the others that
+    hides them, and a goodput whose SLOs read ITL would count them as missed on one side
+    only: such rows are INCONCLUSIVE (a required one rolls back), never PASS. Rows the
+    client timed whole (TTFT, E2E) are judged as before."""
+    base = point(4.0)
+    cand = point(4.0, seed=2)
+    cand["burst"] = [i % 50 == 0 for i in range(400)]  # 8 of 400, the slowest hidden
+    for metric in ("request_itl_ms.p99", "tpot_ms.p50"):
+        row = judge(LoadRule(metric, 4.0, tolerance=0.10, required=True), base, cand)
+        assert row["verdict"] == "INCONCLUSIVE", row
+        assert "8 of the candidate's 400 request(s) at 4 arrived in a burst" in row["why"]
+        reported = judge(LoadRule(metric, 4.0, tolerance=0.10), base, cand)
+        assert reported["verdict"] == "REPORT"
+        held_base = judge(LoadRule(metric, 4.0, tolerance=0.10, required=True),
+                          {**base, "burst": [True] + [False] * 399}, point(4.0, seed=2))  # fmt: skip
+        assert held_base["verdict"] == "INCONCLUSIVE", held_base
+        assert "of the baseline's" in held_base["why"]
+    goodput = LoadRule("goodput_rps", 4.0, tolerance=0.10, required=True)
+    row = load_gate.judge(goodput, base, cand, LEVELS, "fail", False, True)
+    assert row["verdict"] == "INCONCLUSIVE", row
+    timed_whole = load_gate.judge(goodput, base, cand, LEVELS, "fail", False, False)
+    assert "burst" not in timed_whole["why"]  # SLOs of TTFT and E2E only: judged on counts
+    ttft = judge(LoadRule("ttft_s.p50", 4.0, tolerance=0.10, required=True), base, cand)
+    assert ttft["verdict"] == "PASS", ttft

@@ -477,6 +477,18 @@ class Load:
         stamps = st.stamps or []
         gaps = [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
         ok = not st.error
+        # a stream held back between the engine and the client and delivered at once:
+        # its gaps are the hold's, not the decode's (the single-stream bench's rule)
+        rules = self.bench.spec.rules
+        window = last - first if first is not None and last is not None else None
+        client_timing = (
+            measure.burst(round(itl, 4) if itl is not None else None, completion,
+                          None if window is None else round(window, 6), rules)
+            or measure.held(st, rules)
+        ) if ok else ""  # fmt: skip
+        if client_timing:
+            itl = tpot = None
+            gaps = []
         rec = {
             "prompt": sent.key,
             "ok": ok,
@@ -492,6 +504,8 @@ class Load:
             "tpot_ms": round(tpot, 4) if ok and tpot is not None else None,
             "e2el_s": round(e2el, 6) if ok and e2el is not None else None,
             "ended_s": round(done, 6) if done is not None else None,
+            #: why the client could not time this answer's decode ("": it could)
+            "client_timing": client_timing,
         }
         return rec, gaps if ok else []
 
@@ -729,6 +743,8 @@ def summarize(
         "completed": len(ok),
         "failed": len(records) - len(ok),
         "short": sum(1 for r in ok if not r["full_length"]),
+        # answers that came in a burst: no ITL or TPOT, so no ITL or TPOT SLO met
+        "bursts": sum(1 for r in ok if r.get("client_timing")),
         "errors": sorted({r["error"] for r in records if r["error"]})[:5],
         "duration_s": round(span, 4),
         "request_throughput": round(len(ok) / span, 4) if span > 0 else None,
@@ -837,7 +853,7 @@ def tables(points: Sequence[Mapping[str, Any]]) -> list[tuple[list[str], list[li
     for p in points:
         flight = p["in_flight"]
         load_rows.append([
-            f"{p['value']:g}", f"{p['completed']}/{p['requests']}",
+            f"{p['value']:g}", f"{p['completed']}/{p['requests']}", f"{p.get('bursts', 0)}",
             _f(p["request_throughput"]), _f(p["output_throughput"], 1), _f(p["goodput_rps"]),
             f"{flight['max']}", _p(p["lag_ms"], "p99", 3),
             f"SATURATED: {p['why']}" if p.get("saturated") else "ok",
@@ -850,7 +866,7 @@ def tables(points: Sequence[Mapping[str, Any]]) -> list[tuple[list[str], list[li
             _p(p["e2el_s"], "p50", 2), _p(p["e2el_s"], "p99", 2), _p(p["e2el_s"], "max", 2),
         ])  # fmt: skip
     return [
-        (["load", "done", "req/s", "out tok/s", "goodput req/s", "in flight max",
+        (["load", "done", "bursts", "req/s", "out tok/s", "goodput req/s", "in flight max",
           "lag p99 ms", "state"], load_rows),
         (["load", "TTFT p50 s", "p90", "p99", "ITL p50 ms", "p99", "TPOT p50 ms", "p99",
           "E2E p50 s", "p99", "max"], latency_rows),

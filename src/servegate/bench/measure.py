@@ -186,7 +186,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["output_tps_whole_request"] = _r(completion / wall, 4)
     if completion and stream.text_chunks:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
-    out["client_timing"] = _burst(out, rules) or _held(stream, rules)
+    out["client_timing"] = _burst(out, rules) or held(stream, rules)
     if out["client_timing"]:  # what the client's clock measured is dropped
         out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = out["first_gap_s"] = None
         out["generation_tps"] = out["mean_inter_token_latency_ms"] = None
@@ -211,12 +211,19 @@ CLIENT_TIMINGS = (
 
 
 def _burst(t: Mapping[str, Any], rules: Rules) -> str:
-    itl = t["mean_inter_token_latency_ms"]
-    if itl is None or itl >= rules.min_itl_ms:
+    return burst(t["mean_inter_token_latency_ms"], t["completion_tokens"],
+                 t["decode_window_s"], rules)  # fmt: skip
+
+
+def burst(itl_ms: float | None, completion: Any, window_s: float | None, rules: Rules) -> str:
+    """Why a stream whose mean inter-token latency is ``itl_ms`` arrived in a burst ("":
+    it did not): its text was held back between the engine and the client and came at
+    once, so the client's clock did not see its decode."""
+    if itl_ms is None or itl_ms >= rules.min_itl_ms:
         return ""
     return (
-        f"burst: {t['completion_tokens']} tokens arrived within {t['decode_window_s']} s (mean "
-        f"ITL {itl} ms < {rules.min_itl_ms} ms): held back between engine and client"
+        f"burst: {completion} tokens arrived within {window_s} s (mean "
+        f"ITL {itl_ms} ms < {rules.min_itl_ms} ms): held back between engine and client"
     )
 
 
@@ -299,7 +306,7 @@ def first_text_ahead(
     another stream's first text comes (``anchors``: the first texts of the group's
     streams that passed this check on their own) is that stream's prefill, not a lie.
     A start whose pace is a burst is not judged here: the client's timings of such a
-    stream are dropped (:func:`_held`).
+    stream are dropped (:func:`held`).
 
     This is the check where the engine has no clock of its own: words a frontend makes
     up ahead of the model cannot be told from the model's by the client alone, and a
@@ -325,7 +332,7 @@ def first_text_ahead(
     return ""
 
 
-def _held(stream: Stream, rules: Rules) -> str:
+def held(stream: Stream, rules: Rules) -> str:
     """Why the stream's start arrived in a burst though the stream as a whole did not
     ("": it did not): its first text, then a wait, then the rest at once. The client's
     timings of such a stream measure whatever held it back, and a frontend could hold

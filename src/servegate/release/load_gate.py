@@ -53,6 +53,9 @@ CHECK = "load"
 LATENCIES = {"ttft_s": "ttft_s", "request_itl_ms": "itl_ms", "tpot_ms": "tpot_ms",
              "e2el_s": "e2el_s"}  # fmt: skip
 STATS = ("p50", "p90", "p99")
+#: the figures made by the client's clock of a decode: an answer that came in a burst
+#: (held back between the engine and the client) has none
+DECODE = ("request_itl_ms", "tpot_ms")
 RATES = ("goodput_rps", "request_throughput")
 RESAMPLES = 2000
 #: requests a point keeps in the record (a random subset beyond)
@@ -130,6 +133,7 @@ def compact(point: Mapping[str, Any], window: float, rng: random.Random) -> dict
         "ok": [bool(r["ok"]) for r in rows],
         "good": [slo.met(r) for r in rows] if slo.given() else None,
         "ended": [r["ended_s"] for r in rows],
+        "burst": [bool(r.get("client_timing")) for r in rows],
     }
     for name, field in LATENCIES.items():
         out[name] = [r[field] for r in rows if r["ok"] and r[field] is not None]
@@ -217,11 +221,15 @@ def problem(p: Any, duration: float | None = None) -> str:
             return f"window {window!r} is not a positive number of seconds"
         if not isinstance(p["value"], int | float):
             return "the point's load is not a number"
-        for key in ("ok", "ended") + (("good",) if p.get("good") is not None else ()):
+        optional = tuple(k for k in ("good", "burst") if p.get(k) is not None)
+        for key in ("ok", "ended", *optional):
             if not isinstance(p[key], list) or len(p[key]) != kept:
                 return f"{key} does not hold one entry a kept request"
-        if not all(isinstance(f, bool) for f in p["ok"] + (p.get("good") or [])):
-            return "ok and good must be true or false"
+        flags = p["ok"] + (p.get("good") or []) + (p.get("burst") or [])
+        if not all(isinstance(f, bool) for f in flags):
+            return "ok, good and burst must be true or false"
+        if any(b and not o for b, o in zip(p.get("burst") or [], p["ok"], strict=False)):
+            return "a request that failed is counted a burst"
         failed_kept = p["ok"].count(False)
         if kept == requests and p["failed"] != failed_kept:
             return f"failed {p['failed']} but {failed_kept} of its requests failed"
@@ -253,6 +261,10 @@ def _q(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[k]
 
 
+def _bursts(p: Mapping[str, Any]) -> int:
+    return sum(1 for b in p.get("burst") or [] if b)
+
+
 def judge(
     rule: LoadRule,
     base: Mapping[str, Any] | None,
@@ -260,7 +272,9 @@ def judge(
     levels: stats.Levels,
     no_baseline: str,
     first_release: bool,
+    decode_slo: bool = False,
 ) -> dict[str, Any]:
+    """One rule's row. ``decode_slo``: the goodput SLOs include ITL or TPOT."""
     row: dict[str, Any] = {
         "metric": rule.metric, "point": rule.point, "required": rule.required,
         "tolerance": rule.tolerance, "baseline": None, "candidate": None, "ratio": None,
@@ -294,6 +308,16 @@ def judge(
                        f"{base['requests']}): figures over the requests that completed "
                        "would hide them")  # fmt: skip
         return row
+    name = rule.metric.split(".")[0]
+    if name in DECODE or (name == "goodput_rps" and decode_slo):
+        for side, p in (("candidate", cand), ("baseline", base)):
+            if _bursts(p):
+                row.update(verdict=undecided or INCONCLUSIVE,
+                           why=f"{_bursts(p)} of the {side}'s {p['kept']} request(s) at "
+                               f"{rule.point:g} arrived in a burst (held back between the "
+                               "engine and the client): their decode was not timed, and a "
+                               "figure over the others could hide them")  # fmt: skip
+                return row
     got = compare(base, cand, rule.metric)
     if got is None:
         row.update(verdict=undecided or FAIL, why="no figure on one side: nothing measured")
@@ -334,9 +358,11 @@ def decide(
     levels = stats.Levels.split(cfg.gate.false_alarm, cfg.gate.miss, max(1, deciding), 1)
     points_b = {p["value"]: p for p in (base or {}).get("points", [])}
     points_c = {p["value"]: p for p in cand.get("points", [])}
+    slo = spec_of(cfg).slo
+    decode_slo = slo.itl_ms is not None or slo.tpot_ms is not None
     rows = [
         judge(r, points_b.get(r.point) if base else None, points_c.get(r.point), levels,
-              cfg.gate.no_baseline, first_release)
+              cfg.gate.no_baseline, first_release, decode_slo)
         for r in rules
     ]  # fmt: skip
     required = [r for r in rows if r["required"]]
