@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from servegate.bench import cases, fixtures, load, sizing
 from servegate.bench.runner import Bench
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
+from servegate.errors import BenchFailed
 
 MAX_TOKENS = 8
 Script = Callable[[BaseHTTPRequestHandler, dict[str, Any]], None]
@@ -65,10 +67,17 @@ def server() -> Iterator[Callable[..., str]]:
     Its ``/metrics`` has vLLM's TTFT clock, counting the chat requests it was sent
     (and ``extra`` requests of its own for each) at ``ttft`` seconds each (0: the check that a
     client's first text did not come before the model's holds), or none with
-    ``clock=False``."""
+    ``clock=False``; and vLLM's per-request token counts, ``counts`` (prompt, output)
+    for each chat request (None: none)."""
     running: list[ThreadingHTTPServer] = []
 
-    def start(script: Script, clock: bool = True, ttft: float = 0.0, extra: int = 0) -> str:
+    def start(
+        script: Script,
+        clock: bool = True,
+        ttft: float = 0.0,
+        extra: int = 0,
+        counts: tuple[int, int] | None = (1000, MAX_TOKENS),
+    ) -> str:
         asked = [0]
 
         class Handler(BaseHTTPRequestHandler):
@@ -86,11 +95,16 @@ def server() -> Iterator[Callable[..., str]]:
                 text = (
                     f"vllm:time_to_first_token_seconds_sum {asked[0] * ttft}\n"
                     f"vllm:time_to_first_token_seconds_count {asked[0] * (1 + extra)}\n"
-                ).encode()
+                )
+                for name, tokens in zip(("prompt", "generation"), counts or (), strict=False):
+                    text += (
+                        f"vllm:request_{name}_tokens_sum {asked[0] * tokens}\n"
+                        f"vllm:request_{name}_tokens_count {asked[0]}\n"
+                    )
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(text)))
                 self.end_headers()
-                self.wfile.write(text)
+                self.wfile.write(text.encode())
 
             def do_POST(self) -> None:
                 asked[0] += 1
@@ -312,7 +326,9 @@ def test_a_load_answer_whose_text_does_not_back_its_usage_fails(
     """The load sweep counts every answer again after its point, as the single-stream
     bench does after each group: usage that claims tokens the text does not hold, or a
     chunk of text never decoded in the window, is a failed request, never a good one."""
-    url = server(counted(script))
+    # the engine's counts agree with usage (a frontend that rewrites them too): the
+    # recount of the streamed text is what catches the lie
+    url = server(counted(script), counts=(1000, max_tokens))
     bench = bench_at(url, max_tokens=max_tokens)
     bench._tokenizer = sizing.Tokenizer("words", None)  # what prepare() found: /tokenize
     p = load.Load(bench, load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), None).point(8.0)
@@ -323,3 +339,82 @@ def test_a_load_answer_whose_text_does_not_back_its_usage_fails(
         return
     assert p["completed"] == p["good_requests"] == 0
     assert all(error in r["error"] for r in p["requests_detail"]), p["errors"]
+
+
+def test_a_server_that_goes_away_mid_sweep_fails_the_sweep(
+    server: Callable[..., str], tmp_path: Path
+) -> None:
+    """A server that closes its port during the second point (it died, or was
+    restarted) refuses the point's requests: that is a broken server, not a saturated
+    one. The sweep fails (exit 13) and its file says so, with the points that finished;
+    it reports no knee."""
+
+    def dies(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if "-load-r16-" in json.dumps(body):
+            srv = h.server
+
+            def close() -> None:
+                srv.shutdown()
+                srv.server_close()
+
+            threading.Thread(target=close).start()
+            return
+        answer(gap=0.002)(h, body)
+
+    out = tmp_path / "load.json"
+    sweep = load.Load(bench_at(server(dies)), load.LoadSpec("rate", (8.0, 16.0), duration_s=1.0),
+                      out)  # fmt: skip
+    with pytest.raises(BenchFailed) as err:
+        sweep.sweep()
+    assert "the server went away during the 16 req/s point" in str(err.value)
+    assert "could not connect" in str(err.value)
+    assert "not saturated" in (err.value.hint or "")
+    saved = json.loads(out.read_text())
+    assert saved["status"] == "failed"
+    assert saved["error"] == str(err.value)
+    assert saved["knee"] is None
+    assert [p["value"] for p in saved["points"]] == [8.0, 16.0]
+    assert saved["points"][0]["completed"] == saved["points"][0]["requests"] > 0
+
+
+def test_a_lightest_point_that_served_nothing_fails_the_sweep(
+    server: Callable[..., str], tmp_path: Path
+) -> None:
+    """Every request of the first point failed: the sweep fails and its file says so
+    (status and error agree with the exit code), not "complete"."""
+    out = tmp_path / "load.json"
+    sweep = load.Load(bench_at(server(raw([1, 2]))),
+                      load.LoadSpec("rate", (8.0, 16.0), duration_s=1.0), out)  # fmt: skip
+    with pytest.raises(BenchFailed) as err:
+        sweep.sweep()
+    assert str(err.value).startswith("every request of the lightest point (8 req/s) failed")
+    saved = json.loads(out.read_text())
+    assert (saved["status"], saved["error"]) == ("failed", str(err.value))
+    assert len(saved["points"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("counts", "reason"),
+    [
+        ((1000, 20), "usage_exceeds_engine: usage claims "),  # answers padded to twice
+        ((400, 40), "usage_exceeds_engine: usage claims "),  # prompts cut short
+        (None, "engine_counts_unread: "),  # the counts hidden from /metrics
+    ],
+    ids=["padded", "prompt-cut", "hidden"],
+)
+def test_a_point_whose_usage_the_engine_did_not_count_serves_no_request(
+    server: Callable[..., str], counts: tuple[int, int] | None, reason: str
+) -> None:
+    """On vLLM the point's usage is checked against the engine's own per-request token
+    counts, as a single-stream group's is: a frontend that pads each answer with text it
+    counts as tokens (a decode twice as fast: the recount of the text agrees, the text is
+    there) or prefills part of the prompt and reports it whole fails every request of
+    the point; counts gone from /metrics prove nothing and fail them too."""
+    spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
+    url = server(answer(n=40, gap=0.002), counts=counts)
+    p = load.Load(bench_at(url, max_tokens=40), spec, None).point(8.0)
+    assert p["requests"] > 0
+    assert p["failed"] == p["requests"], p["errors"]
+    assert p["errors"][0].startswith(reason), p["errors"]
+    assert p["tpot_ms"] is None
+    assert p["good_requests"] == 0

@@ -42,6 +42,7 @@ import math
 import random
 import re
 import threading
+import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,8 +50,9 @@ from typing import Any
 
 import aiohttp
 
-from servegate.bench import cases, client, fixtures, measure, prom, sse, telemetry
+from servegate.bench import cases, client, fixtures, measure, prom, runner, sse, telemetry
 from servegate.bench.runner import Bench
+from servegate.engine import openai
 from servegate.errors import BenchFailed, ConfigError
 from servegate.pipeline.atomic import write_text
 from servegate.pipeline.stages import QuietReporter, Reporter
@@ -562,6 +564,47 @@ class Load:
         for st in streams if why else ():
             st.error = st.error or why
 
+    def _settled(self, before: Mapping[str, float], sent: Sequence[_Sent]) -> dict[str, float]:
+        """``/metrics`` after a point, once the engine has counted the tokens of the
+        requests that ended whole (vLLM observes its per-request histograms as a request
+        finishes, which can be just after the client read its end)."""
+        names = self.bench.spec.endpoint.adapter.metrics
+        series = tuple(n + "_count" for n in names.generation_tokens)
+        whole = sum(1 for one in sent if one.stream.started and not one.stream.error)
+        deadline = sse.now() + 10.0
+        while True:
+            after = prom.parse(client.metrics_text(self.bench.spec.endpoint))
+            done = prom.delta(before, after, series) if series else None
+            if not series or not after or (done or 0) >= whole or sse.now() > deadline:
+                return after
+            time.sleep(0.05)
+
+    def _engine_counts(
+        self, sent: Sequence[_Sent], before: Mapping[str, float], after: Mapping[str, float]
+    ) -> None:
+        """The point's ``usage`` against the engine's own token counts
+        (:func:`runner.engine_counts_problem`): a frontend that pads its answers with text
+        it counts as tokens, or cuts prompts short and reports them whole, shows a decode
+        or a prefill faster than the engine's; where the counts disagree or cannot be
+        read, every request of the point fails with the reason, as with the TTFT clock."""
+        streams = [one.stream for one in sent if one.stream.started]
+        max_tokens = self.bench.spec.max_tokens
+        whole = [  # the answers that would count; the others fail for their own reason
+            one.stream for one in sent
+            if one.stream.started and not one.stream.error and one.stream.usage
+            and not _answer_error(one.stream, one.stream.usage, max_tokens, one.exact)
+        ]  # fmt: skip
+        found = runner.engine_counts_problem(
+            self.bench.spec.endpoint.adapter.metrics, before, after,
+            [measure.token_count(st.usage.get("prompt_tokens")) for st in whole if st.usage],
+            [measure.token_count(st.usage.get("completion_tokens")) for st in whole if st.usage],
+            self.bench.spec.rules.max_usage_excess, "point",
+        )  # fmt: skip
+        if found:
+            why = "; ".join(f"{code}: {detail}" for code, detail in found)
+            for st in streams:
+                st.error = st.error or why
+
     def _backed(self, st: sse.Stream, completion: int) -> str:
         """Why the streamed text does not back the answer's figures ("": it does): its
         usage claims more tokens than the text counts again, or one chunk carried text
@@ -660,8 +703,9 @@ class Load:
         for one in sent:  # a request cut off past the drain failed
             client.ended(one.stream, b.spec.endpoint)
         tele = sampler.stop()
-        after = prom.parse(client.metrics_text(b.spec.endpoint))
+        after = self._settled(before, sent)
         self._first_token_check(sent, before, after, ended)
+        self._engine_counts(sent, before, after)
         records, gaps = [], []
         for one in sent:
             rec, g = self._record(one)
@@ -681,10 +725,52 @@ class Load:
         )
         return summary
 
+    def _gone(self, p: Mapping[str, Any]) -> str:
+        """Why the point shows a server that went away, not a loaded one ("": it does
+        not). A saturated server queues, answers late or errs; one that refuses
+        connections (its port closed: it died, or restarted) or breaks its streams off and
+        no longer answers its health check is broken, and a knee read from it would be a
+        lie."""
+        errors = [str(r["error"]) for r in p.get("requests_detail") or [] if r["error"]]
+        refused = [e for e in errors if e.startswith("cannot connect")]
+        broke = [e for e in errors if e.startswith("the stream broke off")]
+        if not refused and not broke:
+            return ""
+        healthy, down = openai.health(self.bench.spec.endpoint)
+        now = "" if healthy else f"; it does not answer now ({down})"
+        if refused:
+            return f"{len(refused)} request(s) could not connect ({refused[0]}){now}"
+        return f"{len(broke)} stream(s) broke off ({broke[0]}){now}" if now else ""
+
+    def _failed(self, error: str, hint: str) -> BenchFailed:
+        """The sweep ends failed: the file says so and why, what finished stays in it."""
+        self.result.update(status="failed", error=error)
+        self.result["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.save()
+        kept = f"; what finished is in {self.output}" if self.output else ""
+        return BenchFailed(error, hint=hint + kept)
+
     def sweep(self) -> dict[str, Any]:
         points: list[dict[str, Any]] = self.result["points"]
+        unit = "req/s" if self.load.mode == "rate" else "client(s)"
         for value in self.load.points:
             p = self.point(value)
+            gone = self._gone(p)
+            if gone:
+                points.append({**p, "saturated": None, "why": f"the server went away: {gone}"})
+                raise self._failed(
+                    f"the server went away during the {value:g} {unit} point: {gone}",
+                    "a server that stops answering under load is broken, not saturated: "
+                    "read its log (an engine that died, ran out of memory or was restarted)",
+                )
+            if not points and p["requests"] and not p["completed"]:
+                points.append({**p, "saturated": None, "why": "every request failed"})
+                raise self._failed(
+                    f"every request of the lightest point ({value:g} {unit}) failed: "
+                    f"{'; '.join(p['errors'][:2])}",
+                    "one request at a time (servegate bench with the same --url and "
+                    "--tiers) shows why a request fails",
+                )
             base = next((q for q in points if q["ttft_s"]), None)
             why = saturation(p, base, points[-1] if points else None, self.load)
             p["saturated"], p["why"] = bool(why), why
@@ -896,6 +982,8 @@ def run(
     except KeyboardInterrupt:
         sweep.result.update(status="interrupted", error="interrupted")
         sweep.save()
+        raise
+    except BenchFailed:  # the sweep said why, in the file too
         raise
     except Exception as exc:
         sweep.result.update(status="failed", error=repr(exc))

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -556,48 +556,17 @@ class Bench:
     def _engine_counts(
         self, trials: list[Trial], before: dict[str, float], after: dict[str, float]
     ) -> None:
-        """``usage`` against the engine's own counts (vLLM's per-request prompt and
-        generation token histograms, observed as each request finishes): a frontend that
-        cuts a prompt short before the engine and reports it whole would show a prefill
-        too fast, one that pads its answer and claims the padding as tokens (text the
-        recount also counts) a decode too fast. Where the group's usage claims more
-        than the engine counted for every one of its requests (beyond
-        ``max_usage_excess`` and ``USAGE_SLACK`` a request), every trial is invalid
-        (``usage_exceeds_engine``). Other traffic in the window only adds to the
-        engine's count, so it can hide a lie, never invent one; counts gone from
-        ``/metrics``, or short of the group's requests once the engine has recorded them
-        (``_settled_metrics``), prove nothing, and every trial is invalid
-        (``engine_counts_unread``) rather than unchecked."""
-        names = self.spec.endpoint.adapter.metrics
-        excess = self.spec.rules.max_usage_excess
+        """``usage`` against the engine's own counts (:func:`engine_counts_problem`):
+        where they disagree, or cannot be read, every trial of the group is invalid."""
         ok = [t for t in trials if t["ok"]]
-        for what, series, claims in (
-            ("prompt", names.prompt_tokens, [t["prompt_tokens"] for t in ok]),
-            ("output", names.generation_tokens, [t["completion_tokens"] for t in ok]),
-        ):
-            if not series or not claims:
-                continue
-            engine = prom.histogram_mean_delta(before, after, series)
-            if not engine or engine[1] < len(claims):
-                got = "no count" if not engine else f"{engine[1]:.0f} requests"
-                detail = (
-                    f"the engine's {what} token counts ({series[0]}) counted {got} over "
-                    f"the group's {len(claims)} request(s): usage cannot be checked against "
-                    "them (a frontend that hides or holds them back)"
-                )  # fmt: skip
-                for t in trials:
-                    measure.invalidate(t, "engine_counts_unread", detail)
-                continue
-            claimed = sum(c for c in claims if isinstance(c, int))
-            counted = engine[0] * engine[1]
-            if claimed > counted * (1 + excess) + USAGE_SLACK * len(claims):
-                detail = (
-                    f"usage claims {claimed} {what} tokens over the group's {len(claims)} "
-                    f"request(s); the engine counted {counted:.0f} over {engine[1]:.0f} "
-                    f"({series[0]}): more than {excess:.0%} + {USAGE_SLACK} a request over"
-                )  # fmt: skip
-                for t in trials:
-                    measure.invalidate(t, "usage_exceeds_engine", detail)
+        found = engine_counts_problem(
+            self.spec.endpoint.adapter.metrics, before, after,
+            [t["prompt_tokens"] for t in ok], [t["completion_tokens"] for t in ok],
+            self.spec.rules.max_usage_excess, "group",
+        )  # fmt: skip
+        for code, detail in found:
+            for t in trials:
+                measure.invalidate(t, code, detail)
 
     def _first_token_check(
         self,
@@ -705,3 +674,54 @@ def progress_line(live: list[Stream], elapsed: float) -> str:
         return f"prefill {elapsed:.0f}s (no token yet)"
     more = f", {waiting} stream(s) still in prefill" if waiting else ""
     return f"decode {elapsed:.0f}s, {chunks} chunk(s) received{more}"
+
+
+def engine_counts_problem(
+    names: adapters.MetricNames,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    prompt_claims: Sequence[Any],
+    output_claims: Sequence[Any],
+    excess: float,
+    what_window: str,
+) -> list[tuple[str, str]]:
+    """``usage`` against the engine's own counts (vLLM's per-request prompt and
+    generation token histograms, observed as each request finishes): ``(code, detail)``
+    for each disagreement ([]: none, or the engine keeps no such counts). A frontend that
+    cuts a prompt short before the engine and reports it whole would show a prefill too
+    fast, one that pads its answer and claims the padding as tokens (text the recount
+    also counts) a decode too fast: where the claims add up to more than the engine
+    counted for every one of the requests (beyond ``excess`` and ``USAGE_SLACK`` a
+    request), ``usage_exceeds_engine``. Other traffic in the window only adds to the
+    engine's count, so it can hide a lie, never invent one; counts gone from
+    ``/metrics``, or short of the requests once the engine has recorded them, prove
+    nothing: ``engine_counts_unread``, never unchecked. ``what_window``: "group",
+    "point"."""
+    found = []
+    for what, series, claims in (
+        ("prompt", names.prompt_tokens, prompt_claims),
+        ("output", names.generation_tokens, output_claims),
+    ):
+        if not series or not claims:
+            continue
+        engine = prom.histogram_mean_delta(before, after, series)
+        if not engine or engine[1] < len(claims):
+            got = "no count" if not engine else f"{engine[1]:.0f} requests"
+            found.append((
+                "engine_counts_unread",
+                f"the engine's {what} token counts ({series[0]}) counted {got} over the "
+                f"{what_window}'s {len(claims)} request(s): usage cannot be checked against "
+                "them (a frontend that hides or holds them back)",
+            ))  # fmt: skip
+            continue
+        claimed = sum(c for c in claims if isinstance(c, int) and not isinstance(c, bool))
+        counted = engine[0] * engine[1]
+        if claimed > counted * (1 + excess) + USAGE_SLACK * len(claims):
+            found.append((
+                "usage_exceeds_engine",
+                f"usage claims {claimed} {what} tokens over the {what_window}'s "
+                f"{len(claims)} request(s); the engine counted {counted:.0f} over "
+                f"{engine[1]:.0f} ({series[0]}): more than {excess:.0%} + {USAGE_SLACK} a "
+                "request over",
+            ))  # fmt: skip
+    return found

@@ -486,8 +486,7 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
     with _maybe_lease(o.lease, f"servegate bench load {endpoint.shown_url}", cfg):
         result = load.run(bench, spec, output, out.reporter(), label)
     points = result["points"]
-    lightest_failed = bool(points) and points[0]["requests"] > 0 and points[0]["completed"] == 0
-    code = BenchFailed.exit_code if lightest_failed else 0
+    code = 0
     if out.json_mode:
         shown = {**result, "points": [
             {k: v for k, v in p.items() if k != "requests_detail"} for p in points
@@ -517,12 +516,6 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
         + (f" — {tele['why']}" if tele.get("why") else "")
     )
     out.line(f"result file: {output}")
-    if code:
-        out.err.print(
-            f"bench load failed: every request of the lightest point failed "
-            f"({'; '.join(points[0]['errors'][:2])})",
-            markup=False,
-        )
     return code
 
 
