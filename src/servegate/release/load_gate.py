@@ -8,8 +8,10 @@ files give the same verdict). The decision is the bench rows' (``stats.decide``)
 that interval: FAIL when the figure is a loss beyond the midpoint of the tolerance and
 its bound at the false-alarm level says the candidate is worse; PASS when it is within
 the midpoint and its bound at the miss level keeps the loss under the tolerance;
-otherwise INCONCLUSIVE, which rolls the release back (a p99 from a few dozen requests
-rarely decides anything: give the point a longer ``duration``).
+otherwise INCONCLUSIVE, which rolls the release back. A failed request counts as slower
+than any answer; a percentile decides only from enough requests to see its tail
+(:func:`needed`); answers in a burst, TTFT on an engine without a TTFT clock and shorter
+answers leave the rows they would bend undecided (docs/bench.md, "The load gate check").
 
 Rows are reported only (``REPORT``) unless ``required``. A required row without a
 comparable baseline follows ``gate.no_baseline``; a point the candidate's sweep never
@@ -34,6 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from scipy.stats import fisher_exact  # type: ignore[import-untyped]
 
 from servegate.bench import load, stats
 from servegate.bench.cases import spec_from_config
@@ -99,6 +102,21 @@ def check_config(cfg: Config) -> None:
             )
         if not 0 < rule.tolerance < 1:
             raise ConfigError(f"{where}.tolerance must be between 0 and 1 (0.10: 10 %)")
+        name, _, stat = rule.metric.partition(".")
+        deciding = sum(1 for r in lo.rules if r.required)
+        levels = stats.Levels.split(cfg.gate.false_alarm, cfg.gate.miss, max(1, deciding), 1)
+        expected = rule.point * spec.duration_s
+        if rule.required and name in LATENCIES and spec.mode == "rate" and (
+            expected < needed(stat, levels)
+        ):  # fmt: skip
+            least = needed(stat, levels)
+            raise ConfigError(
+                f"{where} requires {rule.metric} at {rule.point:g} req/s, which needs "
+                f"{least} requests to see its tail at the miss level; {spec.duration_s:g} s "
+                f"gives about {expected:.0f}: the row could never decide",
+                hint=f"[load] duration = {math.ceil(least * 1.2 / rule.point)} (or more), or "
+                "a lower percentile, or required = false (reported only)",
+            )
         if rule.metric == "goodput_rps" and not spec.slo.given():
             raise ConfigError(
                 f"{where} reads goodput, but [load] goodput sets no SLO",
@@ -134,6 +152,7 @@ def compact(point: Mapping[str, Any], window: float, rng: random.Random) -> dict
         "good": [slo.met(r) for r in rows] if slo.given() else None,
         "ended": [r["ended_s"] for r in rows],
         "burst": [bool(r.get("client_timing")) for r in rows],
+        "short": [bool(r["ok"]) and r.get("full_length") is False for r in rows],
     }
     for name, field in LATENCIES.items():
         out[name] = [r[field] for r in rows if r["ok"] and r[field] is not None]
@@ -155,12 +174,41 @@ def _count(p: Mapping[str, Any], name: str) -> float | None:
     return float(inside * p["requests"] / max(1, p["kept"]))
 
 
+def latencies(p: Mapping[str, Any], name: str) -> list[float]:
+    """A point's values of one latency, a failed request's as infinite: it never got
+    its answer, so it is slower than any that did (dropped, a candidate failing its slow
+    requests would shrink its own percentiles)."""
+    failed = [f for f in p.get("ok") or [] if f is False]
+    return [*(p.get(name) or []), *(math.inf for _ in failed)]
+
+
+def percentile(values: Sequence[float], stat: str) -> float | None:
+    """``p50``/``p90``/``p99`` of ``values``, linear between the closest ranks (numpy's
+    default), infinite where it falls on a failed request; None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * int(stat[1:]) / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    if hi == lo or s[hi] == s[lo]:
+        return float(s[lo])
+    return float(s[lo] + (s[hi] - s[lo]) * (k - lo))
+
+
+def needed(stat: str, levels: stats.Levels) -> int:
+    """The requests a ``stat`` (``p99``) needs at a point before its row can decide: with
+    fewer, the chance that none of them falls above the true percentile (so no resample
+    can show the tail a slower release grew there) is above the miss level."""
+    q = int(stat[1:]) / 100
+    return math.ceil(math.log(levels.beta) / math.log(q))
+
+
 def figure(p: Mapping[str, Any], metric: str) -> float | None:
-    """A rule's figure from a compact point (None: not measured there)."""
+    """A rule's figure from a compact point (None: not measured there; a percentile
+    that falls on failed requests: infinite)."""
     name, _, stat = metric.partition(".")
     if name in LATENCIES:
-        q = load.percentiles(p.get(name) or [], 6)
-        return q[stat] if q else None
+        return percentile(latencies(p, name), stat)
     count = _count(p, name)
     return None if count is None else count / float(p["window_s"])
 
@@ -176,20 +224,20 @@ def compare(
     loop's completions vary less, so this errs towards INCONCLUSIVE, not a false FAIL):
     resampling the requests' flags alone would give a healthy point no spread at all."""
     b, c = figure(base, metric), figure(cand, metric)
-    if not b or not c or b <= 0 or c <= 0:
+    if not b or not c or b <= 0 or c <= 0 or (math.isinf(b) and math.isinf(c)):
         return None
     sign = -1.0 if lower_is_better(metric) else 1.0
-    d = sign * math.log(c / b)
-    name = metric.split(".")[0]
+    d = sign * _log_ratio(c, b)
+    name, _, stat = metric.partition(".")
     ds: list[float] = []
     if name in LATENCIES:
         rng = random.Random(seed)
-        vb, vc = base[name], cand[name]
+        vb, vc = latencies(base, name), latencies(cand, name)
         for _ in range(RESAMPLES):
-            rb = figure({name: rng.choices(vb, k=len(vb))}, metric)
-            rc = figure({name: rng.choices(vc, k=len(vc))}, metric)
-            if rb and rc and rb > 0 and rc > 0:
-                ds.append(sign * math.log(rc / rb))
+            rb = percentile(rng.choices(vb, k=len(vb)), stat)
+            rc = percentile(rng.choices(vc, k=len(vc)), stat)
+            if rb and rc and rb > 0 and rc > 0 and not (math.isinf(rb) and math.isinf(rc)):
+                ds.append(sign * _log_ratio(rc, rb))
     else:
         draws = np.random.default_rng(seed)
         nb, nc = b * float(base["window_s"]), c * float(cand["window_s"])
@@ -198,6 +246,13 @@ def compare(
         ratio_w = float(base["window_s"]) / float(cand["window_s"])
         ds = [sign * math.log(x / y * ratio_w) for x, y in zip(kc, kb, strict=True) if x and y]
     return (d, sorted(ds)) if len(ds) >= RESAMPLES // 2 else None
+
+
+def _log_ratio(c: float, b: float) -> float:
+    """log(c / b) of two positive figures, either of which may be infinite (not both)."""
+    if math.isinf(c) or math.isinf(b):
+        return math.inf if math.isinf(c) else -math.inf
+    return math.log(c / b)
 
 
 def problem(p: Any, duration: float | None = None) -> str:
@@ -219,17 +274,21 @@ def problem(p: Any, duration: float | None = None) -> str:
         window = p["window_s"]
         if not isinstance(window, int | float) or not math.isfinite(window) or window <= 0:
             return f"window {window!r} is not a positive number of seconds"
-        if not isinstance(p["value"], int | float):
+        value = p["value"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
             return "the point's load is not a number"
-        optional = tuple(k for k in ("good", "burst") if p.get(k) is not None)
+        if not math.isfinite(value) or value <= 0:
+            return f"the point's load {value!r} is not a positive number"
+        optional = tuple(k for k in ("good", "burst", "short") if p.get(k) is not None)
         for key in ("ok", "ended", *optional):
             if not isinstance(p[key], list) or len(p[key]) != kept:
                 return f"{key} does not hold one entry a kept request"
-        flags = p["ok"] + (p.get("good") or []) + (p.get("burst") or [])
+        flags = p["ok"] + (p.get("good") or []) + (p.get("burst") or []) + (p.get("short") or [])
         if not all(isinstance(f, bool) for f in flags):
-            return "ok, good and burst must be true or false"
-        if any(b and not o for b, o in zip(p.get("burst") or [], p["ok"], strict=False)):
-            return "a request that failed is counted a burst"
+            return "ok, good, burst and short must be true or false"
+        for key in ("burst", "short"):
+            if any(b and not o for b, o in zip(p.get(key) or [], p["ok"], strict=False)):
+                return f"a request that failed is counted {key}"
         failed_kept = p["ok"].count(False)
         if kept == requests and p["failed"] != failed_kept:
             return f"failed {p['failed']} but {failed_kept} of its requests failed"
@@ -248,6 +307,8 @@ def problem(p: Any, duration: float | None = None) -> str:
                 and v >= 0 for v in values
             ):  # fmt: skip
                 return f"{name} is not a list of finite non-negative numbers"
+            if len(values) > p["ok"].count(True):
+                return f"{name} holds more values than the point's completed requests"
         for end in p["ended"]:
             if end is not None and not (isinstance(end, int | float) and math.isfinite(end)):
                 return "ended must be seconds or null"
@@ -265,6 +326,15 @@ def _bursts(p: Mapping[str, Any]) -> int:
     return sum(1 for b in p.get("burst") or [] if b)
 
 
+@dataclasses.dataclass(frozen=True)
+class Reads:
+    """What a sweep's figures rest on, beyond the rule's own: whether the engine's TTFT
+    clock checked each point's first texts, and which SLOs goodput reads."""
+
+    first_text_checked: bool = True
+    slo: load.Slo = dataclasses.field(default_factory=load.Slo)
+
+
 def judge(
     rule: LoadRule,
     base: Mapping[str, Any] | None,
@@ -272,9 +342,10 @@ def judge(
     levels: stats.Levels,
     no_baseline: str,
     first_release: bool,
-    decode_slo: bool = False,
+    reads: Reads | None = None,
 ) -> dict[str, Any]:
-    """One rule's row. ``decode_slo``: the goodput SLOs include ITL or TPOT."""
+    """One rule's row."""
+    reads = reads or Reads()
     row: dict[str, Any] = {
         "metric": rule.metric, "point": rule.point, "required": rule.required,
         "tolerance": rule.tolerance, "baseline": None, "candidate": None, "ratio": None,
@@ -290,7 +361,8 @@ def judge(
             row.update(verdict=undecided or INCONCLUSIVE,
                        why=f"neither sweep reached {rule.point:g}")  # fmt: skip
         return row
-    row["candidate"] = figure(cand, rule.metric)
+    fc = figure(cand, rule.metric)
+    row["candidate"] = _finite(fc)  # JSON has no infinity: a failed request's figure is null
     if base is None:
         if no_baseline == "first-release" and first_release:
             row.update(verdict=undecided or PASS, why="first release: nothing to compare with")
@@ -298,18 +370,49 @@ def judge(
             why = "no comparable baseline sweep (never a pass on missing data)"
             row.update(verdict=undecided or FAIL, why=why)
         return row
-    row["baseline"] = figure(base, rule.metric)
-    cand_share = cand["failed"] / max(1, cand["requests"])
-    base_share = base["failed"] / max(1, base["requests"])
-    if cand["failed"] and cand_share > base_share:
+    fb = figure(base, rule.metric)
+    row["baseline"] = _finite(fb)
+    if more_failed(base, cand, levels.alpha):
         row.update(verdict=undecided or FAIL,
                    why=f"{cand['failed']} of {cand['requests']} request(s) failed at "
                        f"{rule.point:g} (the baseline: {base['failed']} of "
-                       f"{base['requests']}): figures over the requests that completed "
-                       "would hide them")  # fmt: skip
+                       f"{base['requests']}): more beyond doubt, whatever the figures of "
+                       "the requests that completed")  # fmt: skip
         return row
-    name = rule.metric.split(".")[0]
-    if name in DECODE or (name == "goodput_rps" and decode_slo):
+    name, _, stat = rule.metric.partition(".")
+    if name in LATENCIES:
+        least = needed(stat, levels)
+        nb, nc = len(latencies(base, name)), len(latencies(cand, name))
+        if min(nb, nc) < least:
+            row.update(verdict=undecided or INCONCLUSIVE,
+                       why=f"a {stat} needs {least} requests at a point to see its tail at "
+                           f"the miss level (the candidate has {nc}, the baseline {nb}): "
+                           "give the point a longer [load] duration")  # fmt: skip
+            return row
+        if fb is not None and fc is not None and math.isinf(fb) and math.isinf(fc):
+            row.update(verdict=undecided or INCONCLUSIVE,
+                       why=f"the {stat} falls on failed requests on both sides: neither "
+                           "has a figure")  # fmt: skip
+            return row
+    goodput = name == "goodput_rps"
+    slo = reads.slo
+    if (name == "ttft_s" or (goodput and slo.ttft_s is not None)) and not reads.first_text_checked:
+        row.update(verdict=undecided or INCONCLUSIVE,
+                   why="the engine keeps no TTFT clock: under load a first text cannot be "
+                       "shown to be the model's (a frontend could send text ahead of the "
+                       "prefill), so a TTFT row cannot pass")  # fmt: skip
+        return row
+    if (name == "e2el_s" or (goodput and slo.e2el_s is not None)) and more_often(
+        _short(cand), _short(base), levels.alpha
+    ):
+        (ck, cn), (bk, bn) = _short(cand), _short(base)
+        row.update(verdict=undecided or INCONCLUSIVE,
+                   why=f"{ck} of the candidate's {cn} answers at {rule.point:g} were shorter "
+                       f"than max_tokens (the baseline's: {bk} of {bn}): its end-to-end "
+                       "latency is over less work")  # fmt: skip
+        return row
+    decode_slo = slo.itl_ms is not None or slo.tpot_ms is not None
+    if name in DECODE or (goodput and decode_slo):
         for side, p in (("candidate", cand), ("baseline", base)):
             if _bursts(p):
                 row.update(verdict=undecided or INCONCLUSIVE,
@@ -325,25 +428,61 @@ def judge(
     d, ds = got
     lo, hi = _q(ds, levels.beta), _q(ds, 1 - levels.alpha)
     sign = -1.0 if lower_is_better(rule.metric) else 1.0
-    row["ratio"] = round(math.exp(sign * d), 4)  # the figure's own ratio (cand / base)
+    ratio = math.exp(sign * d)  # the figure's own ratio (cand / base)
     bounds = sorted((math.exp(sign * lo), math.exp(sign * hi)))
-    row["interval"] = [round(bounds[0], 4), round(bounds[1], 4)]
+    row["ratio"] = _shown(ratio)  # null where a figure fell on failed requests: the why says
+    row["interval"] = [_shown(bounds[0]), _shown(bounds[1])]
+    said = f"ratio {ratio:.3f}" if math.isfinite(ratio) else (
+        f"the candidate's {stat} is a failed request" if ratio > 1 else
+        f"the baseline's {stat} is a failed request")  # fmt: skip
     m, t = stats.midpoint(rule.tolerance), math.log(1 - rule.tolerance)
     way = "slower" if lower_is_better(rule.metric) else "fewer"
     if d < m and hi < 0:
-        verdict, why = FAIL, f"ratio {row['ratio']:.3f}: {way} beyond doubt"
+        verdict, why = FAIL, f"{said}: {way} beyond doubt"
     elif d >= m and lo >= t:
-        verdict, why = PASS, f"ratio {row['ratio']:.3f}: no loss of {rule.tolerance:.0%}"
+        verdict, why = PASS, f"{said}: no loss of {rule.tolerance:.0%}"
     else:
         verdict, why = (
             INCONCLUSIVE,
             (
-                f"ratio {row['ratio']:.3f} in {row['interval']}: not decisive at "
+                f"{said} in {row['interval']}: not decisive at "
                 f"{rule.tolerance:.0%} (more requests at this point would tell)"
             ),
         )
     row.update(verdict=undecided or verdict, why=why)
     return row
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _shown(x: float) -> float | None:
+    return round(x, 4) if math.isfinite(x) else None
+
+
+def more_failed(base: Mapping[str, Any], cand: Mapping[str, Any], alpha: float) -> bool:
+    """The candidate failed more of the point's requests than the baseline, beyond
+    doubt at the false-alarm level ``alpha``: one transient error in fifty is not a
+    regression; a share of them that the baseline's cannot explain is, whatever the
+    figures of the requests that completed."""
+    return more_often((cand["failed"], cand["requests"]), (base["failed"], base["requests"]),
+                      alpha)  # fmt: skip
+
+
+def more_often(cand: tuple[int, int], base: tuple[int, int], alpha: float) -> bool:
+    """``cand`` (k of n) is a larger share than ``base``'s beyond doubt at ``alpha``
+    (Fisher's exact test, one-sided)."""
+    (ck, cn), (bk, bn) = cand, base
+    if not ck or ck / max(1, cn) <= bk / max(1, bn):
+        return False
+    table = [[ck, cn - ck], [bk, bn - bk]]
+    return bool(fisher_exact(table, alternative="greater").pvalue < alpha)
+
+
+def _short(p: Mapping[str, Any]) -> tuple[int, int]:
+    """(answers shorter than max_tokens, answers) among the point's kept requests."""
+    return sum(1 for f in p.get("short") or [] if f), p["ok"].count(True)
 
 
 def decide(
@@ -358,11 +497,10 @@ def decide(
     levels = stats.Levels.split(cfg.gate.false_alarm, cfg.gate.miss, max(1, deciding), 1)
     points_b = {p["value"]: p for p in (base or {}).get("points", [])}
     points_c = {p["value"]: p for p in cand.get("points", [])}
-    slo = spec_of(cfg).slo
-    decode_slo = slo.itl_ms is not None or slo.tpot_ms is not None
+    reads = Reads(bool(cand.get("first_text_checked", False)), spec_of(cfg).slo)
     rows = [
         judge(r, points_b.get(r.point) if base else None, points_c.get(r.point), levels,
-              cfg.gate.no_baseline, first_release, decode_slo)
+              cfg.gate.no_baseline, first_release, reads)
         for r in rules
     ]  # fmt: skip
     required = [r for r in rows if r["required"]]
@@ -444,6 +582,8 @@ def run(
     rng = random.Random(0)
     window = spec_of(cfg).duration_s
     sweep = {"fingerprint": digest,
+             # the engine's TTFT clock checked every point's first texts (vLLM)
+             "first_text_checked": bool(endpoint.adapter.metrics.ttft),
              "points": [compact(p, window, rng) for p in result["points"]]}  # fmt: skip
     decision = decide(cfg, base, sweep, first_release)
     return {
