@@ -359,18 +359,25 @@ def test_load_sweep_finds_the_knee_of_a_real_server(server: Server, tmp_path: Pa
 def test_shared_prefix_load_reports_the_engines_prefix_hit_rate(
     server: Server, tmp_path: Path
 ) -> None:
+    """Prompts of two profiles and two tiers share one prefix (the head of the longest):
+    the engine's hit rate comes near the target, not the share each prompt has with
+    others of its own kind."""
     out = tmp_path / "warm.json"
     code, _, err = bench(
-        "--url", server.url, "--rates", "1", "--duration", "8", "--profiles", "regular",
-        "--tiers", "1k", "--max-tokens", "16", "--seed", "-1", "--workload", "shared-prefix",
-        "--prefix-share", "0.8", "--output", str(out),
+        "--url", server.url, "--rates", "1", "--duration", "8", "--profiles", "regular,coding",
+        "--tiers", "1k,2k", "--max-tokens", "16", "--seed", "-1", "--workload",
+        "shared-prefix", "--prefix-share", "0.8", "--output", str(out),
         cwd=tmp_path, sub="load",
     )  # fmt: skip
     assert code == 0, err[-3000:]
     (point,) = json.loads(out.read_text())["points"]
     assert point["requests"] >= 3
-    # the first request fills the cache; the others hit about 80 % of their prompt
-    assert 0.4 < point["prefix_hit_rate"] < 0.85, point["prefix_hit_rate"]
+    # the first request fills the cache; the others hit up to 80 % of their prompt:
+    # about what a cache that forgot nothing would have served in that order (vLLM caches
+    # whole blocks of 16 tokens, and the chat template's head is common too)
+    rate, ideal = point["prefix_hit_rate"], point["prefix_hit_ideal"]
+    assert 0.3 < ideal < 0.8
+    assert ideal - 0.1 < rate < 0.9, (rate, ideal)
 
 
 def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(

@@ -487,3 +487,43 @@ def test_report_says_which_load_file_is_damaged_and_draws_odd_names(tmp_path: Pa
         run = report(bad)
         assert run.returncode not in (0, 70), run.stderr
         assert "is damaged" in run.stderr, run.stderr
+
+
+def test_shared_prefix_prompts_of_every_profile_and_tier_start_with_one_text() -> None:
+    """Each prompt takes its share of one common text (the longest prompt's head), so
+    the head of a shorter prompt is a prefix of a longer one's, across profiles too."""
+    from servegate.bench import cases, fixtures
+    from servegate.bench.runner import Bench
+    from servegate.engine import adapters
+    from servegate.engine.openai import Endpoint
+
+    spec = cases.Spec(Endpoint("http://127.0.0.1:9", "", adapters.VLLM), "m",
+                      cases.parse_cases(["regular", "coding"], ["1k", "2k"], [1]),
+                      max_tokens=8, warmup=False)  # fmt: skip
+    bench = Bench(spec, None)
+    bench.prompts = {
+        "regular-1k": fixtures.load("regular").head(4000),
+        "regular-2k": fixtures.load("regular").head(8000),
+        "coding-1k": fixtures.load("coding").head(4000),
+        "coding-2k": fixtures.load("coding").head(8000),
+    }
+    sweep = load.Load(bench, load.LoadSpec("rate", (1.0,), duration_s=10.0,
+                                           workload="shared-prefix", prefix_share=0.8), None)  # fmt: skip
+    heads = {}
+    for key, text in bench.prompts.items():
+        body = sweep._body(key, "t")
+        user = body["messages"][-1]["content"]
+        heads[key] = user[: int(len(text) * 0.8)]
+        assert user.startswith(heads[key])
+    longest = heads["coding-2k"] if len(bench.prompts["coding-2k"]) >= len(
+        bench.prompts["regular-2k"]) else heads["regular-2k"]  # fmt: skip
+    for head in heads.values():
+        assert longest.startswith(head)
+
+
+def test_the_ideal_hit_rate_is_what_a_cache_that_forgot_nothing_served_in_order() -> None:
+    rows = [{"prompt_tokens": n} for n in (1000, 2000, 1000, 2000)]
+    # heads of 800, 1600, 800, 1600 tokens: hits 0, 800, 800, 1600 of 6000 prompted
+    assert load.ideal_hit_rate(rows, 0.8) == pytest.approx(3200 / 6000, abs=1e-4)
+    assert load.ideal_hit_rate([{"prompt_tokens": 1000}] * 100, 0.8) == pytest.approx(0.792)
+    assert load.ideal_hit_rate([], 0.8) is None

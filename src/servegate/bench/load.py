@@ -7,8 +7,9 @@ next request when its last one ended). Every request's prompt is drawn at random
 the run's sized prompts (every profile x tier given: mixed lengths). In the ``cold``
 workload each prompt starts with its own tag, so no request reuses another's prefix; in
 the ``shared-prefix`` workload the first ``prefix_share`` of every prompt is the same
-text and the tag follows it, so a prefix cache can serve that share (the hit rate the
-engine counted is reported beside the target). The cold figures stay what the gate uses.
+text (the head of the run's longest prompt, whatever the prompt's profile or tier) and
+the tag follows it, so a prefix cache can serve that share (the hit rate the engine
+counted is reported beside the target). The cold figures stay what the gate uses.
 
 Per point: p50/p90/p99/max of TTFT, inter-token latency (the gaps between text chunks,
 pooled over the point's requests), time per output token and end-to-end latency;
@@ -438,15 +439,23 @@ class Load:
 
     # -- one request -----------------------------------------------------------------
 
+    def _common(self) -> str:
+        """The text every shared-prefix prompt starts with: the run's longest prompt, of
+        which each prompt takes its share's length. So the prefix of a shorter prompt is
+        a prefix of a longer one's, and a prefix cache serves it whatever the mix of
+        profiles and tiers (each prompt's own head would share nothing with another's)."""
+        return max(self.bench.prompts.values(), key=len)
+
     def _body(self, key: str, tag: str) -> dict[str, Any]:
         b = self.bench
         profile = key.rsplit("-", 1)[0]
         text = b.prompts[key]
         if self.load.workload == "shared-prefix":
             cut = int(len(text) * self.load.prefix_share)
+            common = self._common()[:cut]
             messages = [
                 {"role": "system", "content": "You are a careful, thorough assistant."},
-                {"role": "user", "content": f"{text[:cut]}\n\n[{tag}]\n\n{text[cut:]}\n\n"
+                {"role": "user", "content": f"{common}\n\n[{tag}]\n\n{text[cut:]}\n\n"
                                             f"{fixtures.INSTRUCTIONS[profile]}"},
             ]  # fmt: skip
         else:
@@ -720,6 +729,9 @@ class Load:
         summary.update(
             server_queue=queue.summary(),
             prefix_hit_rate=round(hits / queries, 4) if hits is not None and queries else None,
+            prefix_hit_ideal=ideal_hit_rate(records, spec.prefix_share)
+            if spec.workload == "shared-prefix"
+            else None,
             telemetry=tele,
             requests_detail=records,
         )
@@ -853,6 +865,23 @@ def summarize(
             "steady_arrivals": len(steady),
         },
     }
+
+
+def ideal_hit_rate(records: Sequence[Mapping[str, Any]], share: float) -> float | None:
+    """The hit rate a prefix cache that forgot nothing would have had over these
+    requests, in the order they were sent: each prompt's shared head (``share`` of its
+    tokens) is served as far as an earlier prompt's head reached; the first prompt, and
+    the part of a longer head no earlier prompt had, miss. With a few requests of mixed
+    lengths that is well under ``share``: the target is what many requests approach."""
+    sizes = [r["prompt_tokens"] for r in records if isinstance(r.get("prompt_tokens"), int)]
+    if not sizes or not sum(sizes):
+        return None
+    hit, reach = 0.0, 0.0
+    for tokens in sizes:
+        head = share * tokens
+        hit += min(head, reach)
+        reach = max(reach, head)
+    return round(hit / sum(sizes), 4)
 
 
 def saturation(

@@ -506,10 +506,14 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
         out.line("knee: not reached — no point saturated the server (add heavier points)")
     for p in points:
         if p.get("prefix_hit_rate") is not None and spec.workload == "shared-prefix":
+            ideal = p.get("prefix_hit_ideal")
             out.line(
                 f"prefix-cache hit rate at {p['value']:g}: {p['prefix_hit_rate']:.0%} "
-                f"(target {spec.prefix_share:.0%})"
-            )
+                f"(target {spec.prefix_share:.0%}"
+                + (f"; a cache that forgot nothing: {ideal:.0%} over these requests, the "
+                   "first of each length filling it" if ideal is not None else "")
+                + ")"
+            )  # fmt: skip
     tele = result["telemetry"]
     out.line(
         f"telemetry: {tele.get('source') or 'none'}"
