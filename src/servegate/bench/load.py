@@ -873,7 +873,9 @@ def ideal_hit_rate(records: Sequence[Mapping[str, Any]], share: float) -> float 
     tokens) is served as far as an earlier prompt's head reached; the first prompt, and
     the part of a longer head no earlier prompt had, miss. With a few requests of mixed
     lengths that is well under ``share``: the target is what many requests approach."""
-    sizes = [r["prompt_tokens"] for r in records if isinstance(r.get("prompt_tokens"), int)]
+    sizes: list[int] = [
+        r["prompt_tokens"] for r in records if isinstance(r.get("prompt_tokens"), int)
+    ]
     if not sizes or not sum(sizes):
         return None
     hit, reach = 0.0, 0.0
