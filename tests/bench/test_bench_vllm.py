@@ -297,6 +297,9 @@ def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_p
     page = (tmp_path / "rep" / "bench-history.html").read_text()
     assert "regular-1k" in page
     assert "data:image/png;base64," in page
+    # a CPU server: the page says there was no GPU telemetry, and why
+    assert "GPU telemetry beside every group" in page
+    assert f"{a.stem}: none — " in page
 
 
 def _percentiles_ordered(p: dict[str, float] | None) -> None:

@@ -382,6 +382,15 @@ def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: P
         doc["started_at"] = "2026-12-03T18:00:00+00:00"
         for p in doc["points"]:
             p["ttft_s"] = {k: v * slow for k, v in p["ttft_s"].items()}
+        if slow == 1.0:  # a GPU server: nvidia-smi read beside every point
+            doc["telemetry"] = {"source": "nvidia-smi", "gpus": [{"gpu": "0", "name": "H200"}]}
+            for i, p in enumerate(doc["points"]):
+                clock = {"min": 1980.0 - 500 * i, "mean": 1980.0 - 250 * i, "max": 1980.0}
+                p["telemetry"] = {"source": "nvidia-smi", "readings": 3, "error": "",
+                                  "gpus": {"0": {"sm_clock_mhz": clock,
+                                                 "power_w": {"min": 120, "mean": 121, "max": 124}}}}  # fmt: skip
+        else:  # a CPU server: none, and why
+            doc["telemetry"] = {"source": None, "why": "neither nvidia-smi nor rocm-smi on PATH"}
         doc["knee"] = load.knee(doc["points"])
         path = tmp_path / f"{sha[:4]}-load.json"
         path.write_text(json.dumps(doc))
@@ -402,6 +411,11 @@ def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: P
     assert page.count("<td>saturated</td>") == 2
     assert page.count("<td>knee</td>") == 2
     assert "<td>0.600</td>" in page  # release b's TTFT p99 in seconds: 0.2 s x 3
+    # the telemetry beside every point, and where none was read, why
+    assert "aaaaaaaaaaaa: nvidia-smi (H200)" in page
+    assert "bbbbbbbbbbbb: none — neither nvidia-smi nor rocm-smi on PATH" in page
+    assert "<td>1480 to 1980 (1730)</td>" in page  # the clock that dropped under load
+    assert "<td>120 to 124 (121)</td>" in page
 
 
 def _bench_at(url: str) -> Any:
@@ -527,3 +541,32 @@ def test_the_ideal_hit_rate_is_what_a_cache_that_forgot_nothing_served_in_order(
     assert load.ideal_hit_rate(rows, 0.8) == pytest.approx(3200 / 6000, abs=1e-4)
     assert load.ideal_hit_rate([{"prompt_tokens": 1000}] * 100, 0.8) == pytest.approx(0.792)
     assert load.ideal_hit_rate([], 0.8) is None
+
+
+def test_bench_history_shows_the_gpu_telemetry_beside_every_group(tmp_path: Path) -> None:
+    """A bench result file's groups each carry the GPU tool's readings: the history page
+    lists them per group (min to max, and the mean over the GPUs), and names the tool."""
+    from servegate.bench import history
+
+    reading = {"sm_clock_mhz": {"min": 1410.0, "mean": 1700.0, "max": 1980.0},
+               "temperature_c": {"min": 60.0, "mean": 70.0, "max": 83.0}}  # fmt: skip
+    doc = {
+        "kind": "servegate.bench",
+        "telemetry": {"source": "rocm-smi", "gpus": [{"gpu": "0", "name": "V620"},
+                                                     {"gpu": "1", "name": "V620"}]},
+        "cases": [{"id": "regular-16k", "groups": [
+            {"group": 1, "telemetry": {"gpus": {"0": reading, "1": reading}}},
+            {"group": 2, "telemetry": None},
+        ]}],
+    }  # fmt: skip
+    groups = history.gpu_groups(doc, "r1")
+    assert [g.group for g in groups] == [1, 2]
+    assert groups[0].gpu == {"sm_clock_mhz": (1410.0, 1700.0, 1980.0),
+                             "temperature_c": (60.0, 70.0, 83.0)}  # fmt: skip
+    assert groups[1].gpu is None
+    points = [history.Point("r1", "", "", "result file", "regular-16k", 1000.0, 50.0)]
+    _, page = history.render(points, tmp_path, "t", groups, {"r1": history.gpu_source(doc)})
+    text = page.read_text()
+    assert "r1: rocm-smi (V620)" in text
+    assert "<td>1410 to 1980 (1700)</td>" in text
+    assert "<td>60 to 83 (70)</td>" in text

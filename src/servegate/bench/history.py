@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +62,39 @@ def _pyplot() -> Any:
     return plt
 
 
-def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Path]:
+@dataclass(frozen=True)
+class GroupGpu:
+    """One measured group's GPU telemetry, from a bench result file."""
+
+    label: str
+    case: str
+    group: int
+    gpu: dict[str, tuple[float, float, float]] | None
+
+
+def gpu_groups(doc: Mapping[str, Any], label: str) -> list[GroupGpu]:
+    """Every group's telemetry in a bench result document (``servegate bench``)."""
+    out = []
+    for case in doc.get("cases") or []:
+        if not isinstance(case, Mapping):
+            continue
+        for g in case.get("groups") or []:
+            if isinstance(g, Mapping):
+                out.append(GroupGpu(label, str(case.get("id", "")), int(g.get("group") or 0),
+                                    gpu_summary(g.get("telemetry"))))  # fmt: skip
+    return out
+
+
+def render(
+    points: Sequence[Point],
+    outdir: Path,
+    title: str,
+    groups: Sequence[GroupGpu] = (),
+    sources: Mapping[str, str] | None = None,
+) -> tuple[Path, Path]:
+    """The history chart and page; ``groups`` and ``sources`` (label → where the
+    telemetry came from, or why none): the GPU telemetry beside every group of the
+    result files given."""
     plt = _pyplot()
     outdir.mkdir(parents=True, exist_ok=True)
     labels: list[str] = []
@@ -114,8 +147,31 @@ def render(points: Sequence[Point], outdir: Path, title: str) -> tuple[Path, Pat
         f"<img alt='prefill and decode per release' src='data:image/png;base64,{image}'>"
         "<table><tr><th>release</th><th>at</th><th>case</th><th>prefill tok/s</th>"
         f"<th>decode tok/s</th><th>gate</th><th>outcome</th></tr>{rows}</table>\n"
+        + _gpu_section(groups, sources or {})
     )
     return png, page
+
+
+def _gpu_section(groups: Sequence[GroupGpu], sources: Mapping[str, str]) -> str:
+    """GPU telemetry beside every group of the result files (the records keep samples,
+    not telemetry: a result file has it)."""
+    if not sources:
+        return ""
+    listed = "".join(
+        f"<li>{html.escape(label)}: {html.escape(src)}</li>" for label, src in sources.items()
+    )
+    rows = "\n".join(
+        f"<tr><td>{html.escape(g.label)}</td><td>{html.escape(g.case)}</td><td>{g.group}</td>"
+        f"{gpu_cells(g.gpu)}</tr>"
+        for g in groups
+        if g.gpu
+    )
+    table = (
+        f"<table><tr><th>result</th><th>case</th><th>group</th>{gpu_heads()}</tr>{rows}</table>"
+        if rows
+        else ""
+    )
+    return f"<h2>GPU telemetry beside every group</h2><ul>{listed}</ul>{table}\n"
 
 
 def _n(v: float | None) -> str:
@@ -133,12 +189,64 @@ class LoadCurve:
     #: (load, request throughput, TTFT p50 s, TTFT p99 s, ITL p99 ms, E2E p99 s, saturated)
     points: tuple[tuple[float, float, float, float, float, float, bool], ...]
     knee: float | None
+    #: each point's GPU telemetry over its GPUs (:func:`gpu_summary`; None: none read)
+    gpu: tuple[dict[str, tuple[float, float, float]] | None, ...] = ()
+    #: where the telemetry came from, or why there is none ("none — a CPU server ...")
+    gpu_source: str = ""
+
+
+#: the telemetry fields a report shows, and how
+GPU_FIELDS = (("sm_clock_mhz", "SM clock MHz"), ("power_w", "power W"),
+              ("temperature_c", "temperature °C"), ("memory_used_mib", "memory used MiB"),
+              ("utilization_pct", "utilization %"))  # fmt: skip
+
+
+def gpu_summary(tele: Any) -> dict[str, tuple[float, float, float]] | None:
+    """A group's or a point's telemetry (``telemetry.Sampler.stop``) over all its GPUs:
+    per field (min of the minima, mean of the means, max of the maxima); None where it
+    has no readings."""
+    gpus = tele.get("gpus") if isinstance(tele, Mapping) else None
+    if not isinstance(gpus, Mapping) or not gpus:
+        return None
+    out = {}
+    for key, _ in GPU_FIELDS:
+        stats = [g[key] for g in gpus.values() if isinstance(g, Mapping) and key in g]
+        if stats:
+            out[key] = (min(float(x["min"]) for x in stats),
+                        round(sum(float(x["mean"]) for x in stats) / len(stats), 2),
+                        max(float(x["max"]) for x in stats))  # fmt: skip
+    return out or None
+
+
+def gpu_source(doc: Mapping[str, Any]) -> str:
+    """The result file's telemetry source, with its GPUs, or why it has none."""
+    tele = doc.get("telemetry") or {}
+    if not isinstance(tele, Mapping) or not tele.get("source"):
+        why = tele.get("why") if isinstance(tele, Mapping) else ""
+        return f"none — {why}" if why else "none recorded"
+    names = sorted({str(g.get("name")) for g in tele.get("gpus") or [] if isinstance(g, Mapping)})
+    return f"{tele['source']}" + (f" ({', '.join(names)})" if names else "") + (
+        f" — {tele['why']}" if tele.get("why") else "")  # fmt: skip
+
+
+def gpu_cells(g: Mapping[str, tuple[float, float, float]] | None) -> str:
+    """Table cells for one group's or point's telemetry: min-max (mean) per field."""
+    if not g:
+        return "".join("<td>-</td>" for _ in GPU_FIELDS)
+    return "".join(
+        f"<td>{g[key][0]:g} to {g[key][2]:g} ({g[key][1]:g})</td>" if key in g else "<td>-</td>"
+        for key, _ in GPU_FIELDS
+    )
+
+
+def gpu_heads() -> str:
+    return "".join(f"<th>{html.escape(name)} min-max (mean)</th>" for _, name in GPU_FIELDS)
 
 
 def curve_from(doc: Mapping[str, Any], fallback: str) -> LoadCurve | None:
     """A load result document → its curve (None: no point finished any request)."""
     run = doc.get("run") or {}
-    rows = []
+    rows, gpu = [], []
     for p in doc.get("points") or []:
         ttft, itl, e2el = p.get("ttft_s") or {}, p.get("itl_ms") or {}, p.get("e2el_s") or {}
         if not p.get("request_throughput") or not ttft:
@@ -146,13 +254,15 @@ def curve_from(doc: Mapping[str, Any], fallback: str) -> LoadCurve | None:
         rows.append((float(p["value"]), float(p["request_throughput"]), float(ttft["p50"]),
                      float(ttft["p99"]), float(itl.get("p99") or 0.0),
                      float(e2el.get("p99") or 0.0), bool(p.get("saturated"))))  # fmt: skip
+        gpu.append(gpu_summary(p.get("telemetry")))
     if not rows:
         return None
     release = str(run.get("release") or "")
     knee = (doc.get("knee") or {}).get("value")
     return LoadCurve(release[:12] or fallback, str(doc.get("started_at") or ""),
                      str(run.get("mode", "")), str(run.get("workload", "")), tuple(rows),
-                     float(knee) if isinstance(knee, int | float) else None)  # fmt: skip
+                     float(knee) if isinstance(knee, int | float) else None, tuple(gpu),
+                     gpu_source(doc))  # fmt: skip
 
 
 def _plain(text: str) -> str:
@@ -166,9 +276,10 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
     hollow, the knee ringed."""
     plt = _pyplot()
     outdir.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    fig, axes = plt.subplots(3, 2, figsize=(11, 11.5))
     panels = ((axes[0][0], 2, "TTFT p50 (s)"), (axes[0][1], 3, "TTFT p99 (s)"),
               (axes[1][0], 4, "ITL p99 (ms)"), (axes[1][1], 5, "E2E p99 (s)"))  # fmt: skip
+    _gpu_panels(curves, axes[2][0], axes[2][1])
     for ax, index, name in panels:
         for curve in curves:
             xs = [row[1] for row in curve.points]
@@ -197,9 +308,14 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         f"<tr><td>{html.escape(c.label)}</td><td>{html.escape(c.workload)}</td>"
         f"<td>{row[0]:g}</td><td>{row[1]:.3f}</td><td>{row[2]:.3f}</td><td>{row[3]:.3f}</td>"
         f"<td>{row[4]:.1f}</td><td>{row[5]:.2f}</td>"
-        f"<td>{'saturated' if row[6] else ('knee' if row[0] == c.knee else 'ok')}</td></tr>"
+        f"<td>{'saturated' if row[6] else ('knee' if row[0] == c.knee else 'ok')}</td>"
+        f"{gpu_cells(c.gpu[i] if i < len(c.gpu) else None)}</tr>"
         for c in curves
-        for row in c.points
+        for i, row in enumerate(c.points)
+    )
+    sources = "".join(
+        f"<li>{html.escape(c.label)}: {html.escape(c.gpu_source or 'none recorded')}</li>"
+        for c in curves
     )
     image = base64.b64encode(png.read_bytes()).decode()
     page.write_text(
@@ -209,8 +325,39 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
         f"<h1>Latency against throughput</h1><p>{html.escape(title)}</p>"
         f"<img alt='latency against throughput per release' src='data:image/png;base64,{image}'>"
+        f"<h2>GPU telemetry</h2><ul>{sources}</ul>"
         "<table><tr><th>release</th><th>workload</th><th>load</th><th>req/s</th>"
         "<th>TTFT p50 s</th><th>TTFT p99 s</th><th>ITL p99 ms</th><th>E2E p99 s</th>"
-        f"<th>state</th></tr>{rows}</table>\n"
+        f"<th>state</th>{gpu_heads()}</tr>{rows}</table>\n"
     )
     return png, page
+
+
+def _gpu_panels(curves: Sequence[LoadCurve], clock_ax: Any, power_ax: Any) -> None:
+    """SM clock and power (mean, with the min-max range as a bar) against the achieved
+    requests a second: a throttle or a clock drop under load shows beside the latencies
+    it moved. Without telemetry the panels say why."""
+    drawn = False
+    for ax, key, name in ((clock_ax, "sm_clock_mhz", "GPU SM clock (MHz)"),
+                          (power_ax, "power_w", "GPU power (W)")):  # fmt: skip
+        for curve in curves:
+            pts = [(row[1], g[key]) for row, g in zip(curve.points, curve.gpu, strict=False)
+                   if g and key in g]  # fmt: skip
+            if not pts:
+                continue
+            drawn = True
+            xs = [x for x, _ in pts]
+            means = [v[1] for _, v in pts]
+            err = [[v[1] - v[0] for _, v in pts], [v[2] - v[1] for _, v in pts]]
+            ax.errorbar(xs, means, yerr=err, fmt="-o", capsize=3, markersize=4,
+                        linewidth=1.2, label=_plain(curve.label))  # fmt: skip
+        ax.set_xlabel("achieved requests/s")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    if not drawn:
+        why = "; ".join(sorted({c.gpu_source or "none recorded" for c in curves}))
+        for ax in (clock_ax, power_ax):
+            ax.text(0.5, 0.5, _plain("no GPU telemetry:\n" + textwrap.fill(why, 50)),
+                    ha="center", va="center", fontsize=8, transform=ax.transAxes)  # fmt: skip
+            ax.set_xticks([])
+            ax.set_yticks([])

@@ -94,8 +94,14 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
         )
     title = (cfg.stack.remote if cfg else "") or "bench history"
     written: dict[str, str] = {}
+    groups: list[history.GroupGpu] = []
+    sources: dict[str, str] = {}
+    for path in (p for p in files if _kind(p) == "servegate.bench"):  # (read above)
+        doc = export.read(path)
+        groups += history.gpu_groups(doc, path.stem)
+        sources[path.stem] = history.gpu_source(doc)
     if points:
-        png, page = history.render(points, outdir, title)
+        png, page = history.render(points, outdir, title, groups, sources)
         written.update(png=str(png), html=str(page))
     if curves:
         lpng, lpage = history.render_load(
