@@ -184,7 +184,11 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     exp.add_argument("file", type=Path, metavar="FILE", help="a servegate result file")
     exp.add_argument("--format", choices=("pytorch", "csv"), default="pytorch")
-    exp.add_argument("--out", type=Path, help="where to write (default: beside FILE)")
+    exp.add_argument(
+        "--out",
+        help="where to write: a file, or a folder (an existing one, or "
+        "one given with a trailing /) to write FILE's name in (default: beside FILE)",
+    )
     _common(exp)
     rep = sub.add_parser("report", help="bench history of the stack as a PNG and an HTML page")
     rep.add_argument("--out", type=Path, default=Path("servegate-report"), help="output directory")
@@ -569,7 +573,7 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
     if sub == "gate":
         return bench.gate_files(args.config, out, args.baseline, args.candidate, args.lenient)
     if sub == "export":
-        return bench.export(out, args.file, args.format, args.out)
+        return bench.export(out, args.file, args.format, args.out or None)
     opts = bench.Options(
         url=args.url,
         model=args.model,

@@ -278,7 +278,8 @@ def _load_doc() -> dict[str, Any]:
         p = _point(spec, v, [_record(i, 1) for i in range(10)])
         p.update(saturated=v == 2.0, why="x" if v == 2.0 else "", prefix_hit_rate=0.0)
         points.append(p)
-    return {"kind": load.KIND, "run": {"model": "demo", "workload": "cold", "burstiness": 1.0},
+    return {"kind": load.KIND, "schema": 1,
+            "run": {"model": "demo", "workload": "cold", "burstiness": 1.0},
             "harness": {"name": "servegate-bench/1"}, "points": points}  # fmt: skip
 
 
@@ -495,12 +496,87 @@ def test_report_says_which_load_file_is_damaged_and_draws_odd_names(tmp_path: Pa
     odd.write_text(json.dumps(doc))
     drawn = report(odd)
     assert drawn.returncode == 0, drawn.stderr
-    for damage in ({"run": "oops"}, {"knee": "x"}, {"points": ["x"]}):
+    for damage in ({"run": "oops"}, {"knee": "x"}, {"points": ["x"]}, {"points": "x"},
+                   {"points": None}):  # fmt: skip
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps({**doc, **damage}))
         run = report(bad)
-        assert run.returncode not in (0, 70), run.stderr
+        assert run.returncode == 14, run.stderr
         assert "is damaged" in run.stderr, run.stderr
+    future = tmp_path / "future.json"
+    future.write_text(json.dumps({**doc, "schema": 99}))
+    run = report(future)
+    assert run.returncode == 14, run.stderr
+    assert "result schema 99; this servegate reads 1" in run.stderr
+
+
+def _point_without(key: str) -> dict[str, Any]:
+    doc = _load_doc()
+    del doc["points"][0][key]
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ({"points": "x"}, "points is not a list"),
+        ({"points": None}, "points is not a list"),
+        ({"schema": 99}, "result schema 99; this servegate reads 1"),
+        ({"schema": None}, "result schema None"),
+        ("no-value", "point 0: value None is not a number"),
+        ("ttft-fast", "point 0: ttft_s.p50 'fast' is not a number"),
+        ("ttft-list", "point 0: ttft_s is not an object"),
+        ("goodput-text", "point 0: goodput_rps 'lots' is not a number"),
+    ],
+)  # fmt: skip
+def test_export_refuses_a_damaged_or_unknown_file_and_writes_nothing(
+    tmp_path: Path, damage: Any, said: str
+) -> None:
+    """A file the export cannot read whole is refused with exit 14 and the field that is
+    wrong; nothing is written (a CSV missing a column without a word is worse than none)."""
+    import subprocess
+    import sys
+
+    doc = _load_doc()
+    if damage == "no-value":
+        doc = _point_without("value")
+    elif damage == "ttft-fast":
+        doc["points"][0]["ttft_s"]["p50"] = "fast"
+    elif damage == "ttft-list":
+        doc["points"][0]["ttft_s"] = [0.2]
+    elif damage == "goodput-text":
+        doc["points"][0]["goodput_rps"] = "lots"
+    else:
+        doc.update(damage)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    for fmt in ("csv", "pytorch"):
+        run = subprocess.run(
+            [sys.executable, "-m", "servegate", "bench", "export", str(bad), "--format", fmt],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert run.returncode == 14, run.stderr
+        assert said in run.stderr, run.stderr
+        assert "what to do:" in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+
+
+def test_export_into_a_folder_writes_the_files_name_there(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    src = tmp_path / "sweep.json"
+    src.write_text(json.dumps(_load_doc()))
+    (tmp_path / "have").mkdir()
+    for out, where in (("have", "have/sweep.csv"), ("new/", "new/sweep.csv"),
+                       ("named.csv", "named.csv")):  # fmt: skip
+        run = subprocess.run(
+            [sys.executable, "-m", "servegate", "bench", "export", str(src), "--format", "csv",
+             "--out", out],
+            capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert (tmp_path / where).read_text().startswith("mode,load,")
 
 
 def test_shared_prefix_prompts_of_every_profile_and_tier_start_with_one_text() -> None:

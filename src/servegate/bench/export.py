@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from servegate.bench.cases import METRICS
+from servegate.bench.cases import METRICS, SCHEMA
 from servegate.bench.load import KIND as LOAD_KIND
 from servegate.errors import ResultFileError
 
@@ -44,7 +44,73 @@ def read(path: Path) -> dict[str, Any]:
             f"{path} is not a servegate result file (kind {kind!r})",
             hint="pass a result file servegate bench or bench load wrote",
         )
+    if doc.get("schema") != SCHEMA:
+        raise ResultFileError(
+            f"{path}: result schema {doc.get('schema')!r}; this servegate reads {SCHEMA}",
+            hint="convert it with the servegate that wrote it, or measure again",
+        )
+    why = damage(doc)
+    if why:
+        raise ResultFileError(
+            f"{path} is damaged: {why}",
+            hint="pass a file servegate bench or bench load wrote, unedited; a damaged file "
+            "is not converted",
+        )
     return dict(doc)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def damage(doc: Mapping[str, Any]) -> str:
+    """What in a result document the exports and the report cannot read ("": nothing):
+    they take its figures as written, so a field of the wrong shape would crash them or
+    drop a column without a word."""
+    if doc["kind"] == LOAD_KIND:
+        points = doc.get("points")
+        if not isinstance(points, list):
+            return "points is not a list"
+        for i, p in enumerate(points):
+            if not isinstance(p, dict):
+                return f"point {i} is not an object"
+            for key in ("value", "requests", "completed", "failed"):
+                if not _number(p.get(key)):
+                    return f"point {i}: {key} {p.get(key)!r} is not a number"
+            if not isinstance(p.get("mode"), str):
+                return f"point {i}: mode {p.get('mode')!r} is not text"
+            for key in (*(k for k, _, _ in _LOAD_LATENCIES), "lag_ms"):
+                stats = p.get(key)
+                if stats is None:
+                    continue
+                if not isinstance(stats, dict):
+                    return f"point {i}: {key} is not an object"
+                odd = [k for k, v in stats.items() if not _number(v)]
+                if odd:
+                    return f"point {i}: {key}.{odd[0]} {stats[odd[0]]!r} is not a number"
+            for key in _LOAD_RATES:
+                if p.get(key) is not None and not _number(p[key]):
+                    return f"point {i}: {key} {p[key]!r} is not a number"
+        return ""
+    cases = doc.get("cases")
+    if not isinstance(cases, list):
+        return "cases is not a list"
+    for case in cases:
+        if not isinstance(case, dict) or not all(k in case for k in ("id", "profile", "tier")):
+            return "a case is not an object with id, profile and tier"
+        groups = case.get("groups")
+        if not isinstance(groups, list) or not all(
+            isinstance(g, dict) and isinstance(g.get("trials"), list)
+            and all(isinstance(t, dict) for t in g["trials"])
+            for g in groups
+        ):  # fmt: skip
+            return f"case {case['id']}: groups is not a list of groups with trials"
+    table = doc.get("performance_table")
+    if table is not None and not (
+        isinstance(table, list) and all(isinstance(r, dict) for r in table)
+    ):
+        return "performance_table is not a list of rows"
+    return ""
 
 
 def _load_figures(p: Mapping[str, Any]) -> dict[str, float]:

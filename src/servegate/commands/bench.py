@@ -23,6 +23,7 @@ from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError, ServegateError
 from servegate.output import Output
 from servegate.pipeline import redact
+from servegate.pipeline.atomic import write_text
 from servegate.pipeline.lease import gpu_lease, lease_path
 from servegate.release import bench_gate
 
@@ -539,15 +540,17 @@ def _live_release(cfg: Config | None) -> str:
     return current.sha if current else ""
 
 
-def export(out: Output, path: Path, fmt: str, dest: Path | None) -> int:
+def export(out: Output, path: Path, fmt: str, dest: str | None) -> int:
     """``servegate bench export``: a result file as PyTorch benchmark JSON lines or CSV."""
     from servegate.bench import export as export_mod
 
     doc = export_mod.read(path)
     text = export_mod.pytorch(doc) if fmt == "pytorch" else export_mod.to_csv(doc)
-    target = dest or export_mod.default_path(path, fmt)
+    target = Path(dest) if dest else export_mod.default_path(path, fmt)
+    if dest and (target.is_dir() or dest.endswith(("/", os.sep))):
+        target = target / export_mod.default_path(path, fmt).name  # a folder: the file in it
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
+    write_text(target, text)
     lines = text.count("\n")
     if out.json_mode:
         return out.emit({"file": str(target), "format": fmt, "lines": lines})
