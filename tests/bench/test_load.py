@@ -65,10 +65,22 @@ def test_goodput_slos_parse_with_units() -> None:
     slo = load.parse_goodput("ttft:2s,itl:80ms,tpot:50,e2el:1500ms")
     assert slo == load.Slo(ttft_s=2.0, itl_ms=80.0, tpot_ms=50.0, e2el_s=1.5)
     assert load.parse_goodput("") == load.Slo()
-    for bad in ("ttft", "ttft:fast", "latency:2s", "ttft:2h"):
+    for bad, said in (
+        ("ttft", "not KEY:VALUE"),
+        ("ttft:fast", "'fast' is not a positive time"),
+        ("ttft:2h", "'2h' is not a positive time"),
+        ("ttft:-1s", "'-1s' is not a positive time"),
+        ("latency:2s", "no SLO named 'latency'"),
+        ("TTFT:2s", "no SLO named 'TTFT' — did you mean 'ttft'?"),
+        ("ttft:0", "no request can meet a limit of 0"),
+        ("ttft:1s,ttft:2s", "gives ttft twice"),
+    ):
         with pytest.raises(ConfigError, match="--goodput") as err:
             load.parse_goodput(bad)
+        assert said in str(err.value)
         assert "ttft:2s,itl:80ms" in (err.value.hint or "")
+    with pytest.raises(ConfigError, match=r"^\[load\] goodput 'ttft:0'"):
+        load.parse_goodput("ttft:0", "[load] goodput")
 
 
 def _req(ok: bool = True, ttft: float = 0.5, itl: float | None = 40.0, **kw: Any) -> dict[str, Any]:
@@ -265,10 +277,23 @@ def test_a_sweep_spec_that_cannot_run_is_refused_before_anything_is_sent() -> No
         load.LoadSpec("rate", (8.0, 4.0, 2.0)),  # the knee would be read backwards
         load.LoadSpec("concurrency", (4, 4)),
         load.LoadSpec("rate", (0.05,), duration_s=10),  # no arrival expected
+        load.LoadSpec("rate", (1.0,), duration_s=10, prefix_share=0.5),  # cold shares none
     )
     for spec in bad:
         with pytest.raises(ConfigError):
             spec.check()
+    # named as the user gave them: the command's options, or the config's keys
+    short = load.LoadSpec("rate", (0.1,), duration_s=10)
+    with pytest.raises(ConfigError) as err:
+        short.check()
+    assert "a longer --duration" in (err.value.hint or "")
+    with pytest.raises(ConfigError) as err:
+        short.check(config=True)
+    assert "a longer [load] duration" in (err.value.hint or "")
+    with pytest.raises(ConfigError) as err:
+        load.LoadSpec("rate", (1.0,), duration_s=10, prefix_share=0.5).check(config=True)
+    assert str(err.value).startswith("[load] prefix_share 0.5 is for the shared-prefix workload")
+    assert 'workload = "shared-prefix", prefix_share = 0.5' in (err.value.hint or "")
 
 
 def _load_doc() -> dict[str, Any]:
@@ -646,3 +671,15 @@ def test_bench_history_shows_the_gpu_telemetry_beside_every_group(tmp_path: Path
     assert "r1: rocm-smi (V620)" in text
     assert "<td>1410 to 1980 (1700)</td>" in text
     assert "<td>60 to 83 (70)</td>" in text
+
+
+def test_bench_gate_on_a_load_sweep_says_where_sweeps_are_judged(tmp_path: Path) -> None:
+    from servegate.bench import results
+    from servegate.errors import ResultFileError
+
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(_load_doc()))
+    with pytest.raises(ResultFileError) as err:
+        results.load(path)
+    assert "is a load sweep (servegate bench load), not a bench result" in str(err.value)
+    assert "load gate check" in (err.value.hint or "")

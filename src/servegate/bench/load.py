@@ -54,7 +54,7 @@ import aiohttp
 from servegate.bench import cases, client, fixtures, measure, prom, runner, sse, telemetry
 from servegate.bench.runner import Bench
 from servegate.engine import openai
-from servegate.errors import BenchFailed, ConfigError
+from servegate.errors import BenchFailed, ConfigError, did_you_mean
 from servegate.pipeline.atomic import write_text
 from servegate.pipeline.stages import QuietReporter, Reporter
 
@@ -92,28 +92,39 @@ class Slo:
         return all(limit is None or (v is not None and v <= limit) for limit, v in checks)
 
 
-_SLO = re.compile(r"^(ttft|itl|tpot|e2el):(\d+(?:\.\d+)?)(ms|s)?$")
+_SLO_KEYS = ("ttft", "itl", "tpot", "e2el")
+_SLO_VALUE = re.compile(r"^(\d+(?:\.\d+)?|\.\d+)(ms|s)?$")
 
 
-def parse_goodput(text: str) -> Slo:
+def parse_goodput(text: str, option: str = "--goodput") -> Slo:
     """``ttft:2s,itl:80ms`` → :class:`Slo`. Keys: ttft, itl (the request's mean
     inter-token latency), tpot, e2el; a value without a unit is in milliseconds, as
-    ``vllm bench serve --goodput`` reads it."""
+    ``vllm bench serve --goodput`` reads it. ``option``: how the user gave it, for the
+    error (``--goodput`` or ``[load] goodput``)."""
     values: dict[str, float] = {}
+    example = "e.g. ttft:2s,itl:80ms (keys ttft, itl, tpot, e2el; units s or ms, ms when none)"
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        m = _SLO.match(part)
+        key, colon, value = part.partition(":")
+        key, value = key.strip(), value.strip()
+        if not colon:
+            raise ConfigError(f"{option} {part!r}: not KEY:VALUE", hint=example)
+        if key not in _SLO_KEYS:
+            close = did_you_mean(key.lower(), _SLO_KEYS)
+            raise ConfigError(f"{option} {part!r}: no SLO named {key!r}{close}", hint=example)
+        m = _SLO_VALUE.match(value)
         if not m:
             raise ConfigError(
-                f"--goodput {part!r}: not KEY:VALUE",
-                hint="e.g. --goodput ttft:2s,itl:80ms (keys ttft, itl, tpot, e2el; "
-                "units s or ms, ms when none)",
+                f"{option} {part!r}: {value!r} is not a positive time (a number, then s or ms)",
+                hint=example,
             )
-        key, number, unit = m.group(1), float(m.group(2)), m.group(3) or "ms"
+        number, unit = float(m.group(1)), m.group(2) or "ms"
+        if number <= 0:
+            raise ConfigError(f"{option} {part!r}: no request can meet a limit of 0", hint=example)
+        name = f"{key}_s" if key in ("ttft", "e2el") else f"{key}_ms"
+        if name in values:
+            raise ConfigError(f"{option} gives {key} twice", hint=f"give each SLO once: {example}")
         seconds = number if unit == "s" else number / 1000
-        if key in ("ttft", "e2el"):
-            values[f"{key}_s"] = seconds
-        else:
-            values[f"{key}_ms"] = seconds * 1000
+        values[name] = seconds if key in ("ttft", "e2el") else seconds * 1000
     return Slo(**values)
 
 
@@ -140,47 +151,70 @@ class LoadSpec:
     #: seconds to wait for the requests in flight after the last arrival
     drain_s: float = 600.0
 
-    def check(self) -> None:
+    def check(self, config: bool = False) -> None:
+        """Refuse a sweep that cannot run, naming the settings as the user gave them:
+        ``servegate bench load``'s options, or with ``config`` the ``[load]`` keys."""
+
+        def n(key: str) -> str:
+            return f"[load] {key.replace('-', '_')}" if config else f"--{key}"
+
+        def eg(*pairs: tuple[str, str]) -> str:
+            if config:
+                return "e.g. " + ", ".join(f"{k.replace('-', '_')} = {v}" for k, v in pairs)
+            shown = ((k, v.strip('[]"').replace(", ", ",")) for k, v in pairs)
+            return "e.g. " + " ".join(f"--{k} {v}" for k, v in shown)
+
         if self.mode not in ("rate", "concurrency"):
-            raise ConfigError(f"load mode {self.mode!r}", hint="give --rates or --concurrencies")
+            raise ConfigError(
+                f"load mode {self.mode!r}", hint=f"give {n('rates')} or {n('concurrencies')}"
+            )
         if not self.points or any(not (math.isfinite(p) and p > 0) for p in self.points):
             raise ConfigError(
                 "a load sweep needs positive, finite points",
-                hint="e.g. --rates 0.5,1,2,4 or --concurrencies 1,2,4,8",
+                hint=f"{eg(('rates', '[0.5, 1, 2, 4]'))} or {n('concurrencies')} 1,2,4,8",
             )
         if list(self.points) != sorted(set(self.points)):
             raise ConfigError(
                 "load points must rise, each once: the sweep stops at the first that "
                 "saturates and the knee is the one before it",
-                hint="e.g. --rates 0.5,1,2,4",
+                hint=eg(("rates", "[0.5, 1, 2, 4]")),
             )
         if self.mode == "concurrency" and any(p != int(p) for p in self.points):
-            raise ConfigError("--concurrencies takes whole numbers", hint="e.g. 1,2,4,8")
+            raise ConfigError(f"{n('concurrencies')} takes whole numbers",
+                              hint=eg(("concurrencies", "[1, 2, 4, 8]")))  # fmt: skip
         finite = math.isfinite(self.duration_s) and math.isfinite(self.burstiness)
         if not finite or self.duration_s <= 0 or self.burstiness <= 0:
             raise ConfigError(
-                "--duration and --burstiness must be positive",
-                hint="e.g. --duration 30 --burstiness 1 (Poisson)",
+                f"{n('duration')} and {n('burstiness')} must be positive",
+                hint=eg(("duration", "30"), ("burstiness", "1")) + " (Poisson)",
             )
         if self.mode == "rate" and self.points[0] * self.duration_s < MIN_ARRIVALS:
             raise ConfigError(
                 f"{self.points[0]:g} req/s for {self.duration_s:g}s is fewer than "
                 f"{MIN_ARRIVALS} expected arrivals: too few to say anything about a load",
-                hint=f"a longer --duration (at least {MIN_ARRIVALS / self.points[0]:g}s) "
+                hint=f"a longer {n('duration')} (at least {MIN_ARRIVALS / self.points[0]:g}s) "
                 "or a higher first rate",
             )
         if self.workload not in WORKLOADS:
-            raise ConfigError(f"workload {self.workload!r}", hint=f"one of {', '.join(WORKLOADS)}")
+            raise ConfigError(f"{n('workload')} {self.workload!r}",
+                              hint=f"one of {', '.join(WORKLOADS)}")  # fmt: skip
         if self.workload == "shared-prefix" and not 0 < self.prefix_share < 1:
             raise ConfigError(
-                "the shared-prefix workload needs --prefix-share between 0 and 1",
-                hint="e.g. --workload shared-prefix --prefix-share 0.8",
+                f"the shared-prefix workload needs {n('prefix-share')} between 0 and 1",
+                hint=eg(("workload", '"shared-prefix"'), ("prefix-share", "0.8")),
+            )
+        if self.workload != "shared-prefix" and self.prefix_share:
+            raise ConfigError(
+                f"{n('prefix-share')} {self.prefix_share:g} is for the shared-prefix workload; "
+                f"the {self.workload} workload shares no prefix",
+                hint=eg(("workload", '"shared-prefix"'), ("prefix-share", f"{self.prefix_share:g}"))
+                + f", or leave {n('prefix-share')} out",
             )
 
 
-def spec_from(lo: Any, stop_at_saturation: bool = True) -> LoadSpec:
+def spec_from(lo: Any, stop_at_saturation: bool = True, config: bool = False) -> LoadSpec:
     """A sweep from ``[load]``-shaped settings (``servegate.config.Load``): the gate's
-    configured sweep and ``servegate bench load``'s options alike."""
+    configured sweep (``config``) and ``servegate bench load``'s options alike."""
     rates = bool(lo.rates)
     return LoadSpec(
         mode="rate" if rates else "concurrency",
@@ -188,7 +222,7 @@ def spec_from(lo: Any, stop_at_saturation: bool = True) -> LoadSpec:
         duration_s=lo.duration,
         burstiness=lo.burstiness,
         seed=lo.seed,
-        slo=parse_goodput(lo.goodput),
+        slo=parse_goodput(lo.goodput, "[load] goodput" if config else "--goodput"),
         workload=lo.workload,
         prefix_share=lo.prefix_share,
         stop_at_saturation=stop_at_saturation,

@@ -201,6 +201,13 @@ def _parse(path: Path, doc: dict[str, Any]) -> Samples:
                 f"servegate reads {', '.join(map(str, LCB_SCHEMAS))}"
             )
         return from_llm_context_bench(doc, str(path))
+    if doc.get("kind") == "servegate.load":
+        raise ResultFileError(
+            f"{path} is a load sweep (servegate bench load), not a bench result",
+            hint='sweeps are judged by the load gate check (gate.checks = [..., "load"] with '
+            "[[load.rules]]) and drawn by servegate report; bench gate and compare read the "
+            "files of `servegate bench --output`",
+        )
     raise ResultFileError(
         f"{path} is neither a servegate bench result nor an llm-context-bench result",
         hint="pass the JSON file written by `servegate bench --output` or llm-context-bench",

@@ -31,7 +31,7 @@ from servegate.bench.cases import Case, Spec
 from servegate.bench.schema import Case as CaseDoc
 from servegate.bench.schema import Group, Result, ServerMetrics, Trial
 from servegate.bench.sse import Stream, now
-from servegate.engine import adapters
+from servegate.engine import adapters, openai
 from servegate.errors import BenchFailed
 from servegate.pipeline.atomic import write_text
 from servegate.pipeline.stages import QuietReporter, Reporter
@@ -318,11 +318,26 @@ class Bench:
                 self.save()
                 raise BenchFailed(
                     f"the warm-up request at {key} failed: {stream.error}",
-                    hint="check that the server accepts a prompt of that length "
-                    "(its max-model-len)",
+                    hint=self._warmup_hint(),
                 )
         self.result["warmup"] = {**(self.result["warmup"] or {}), "shapes": shapes}
         self.save()
+
+    def _warmup_hint(self) -> str:
+        """What to do about a warm-up request that failed: the prompt's length, and where
+        the server went down with it, why it may have (its log has the cause)."""
+        hint = "check that the server accepts a prompt of that length (its max-model-len)"
+        healthy, why = openai.health(self.spec.endpoint)
+        if healthy:
+            return hint
+        hint = f"the server no longer answers ({why}): its log says why; {hint}"
+        if self.spec.sampling.seed >= 0:
+            hint += (
+                f"; a per-request seed ({self.spec.sampling.seed}) crashes vLLM's CPU build "
+                "once a prompt is prefilled in chunks ('CPU Generator does not use offset'): "
+                "--seed -1 (bench.seed = -1) sends none"
+            )
+        return hint
 
     def case_doc(self, case: Case) -> CaseDoc:
         for doc in self.result["cases"]:

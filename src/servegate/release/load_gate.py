@@ -74,7 +74,7 @@ def lower_is_better(metric: str) -> bool:
 
 
 def spec_of(cfg: Config) -> load.LoadSpec:
-    return load.spec_from(cfg.load)
+    return load.spec_from(cfg.load, config=True)
 
 
 def check_config(cfg: Config) -> None:
@@ -86,7 +86,7 @@ def check_config(cfg: Config) -> None:
             hint="e.g. [load] rates = [0.5, 1, 2] and duration = 60",
         )
     spec = spec_of(cfg)
-    spec.check()
+    spec.check(config=True)
     for i, rule in enumerate(lo.rules):
         where = f"load.rules[{i}]"
         if rule.metric not in metric_names():
