@@ -18,6 +18,7 @@ from servegate.bench.schema import Trial
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
+from servegate.errors import BenchFailed
 
 WORDS = [
     "the",
@@ -56,7 +57,9 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        if self.path == "/health":  # "dead": the engine died with the request it was sent
+            self._json(503 if self.mode == "dead" else 200, {})
+        elif self.path == "/v1/models":
             self._json(200, {"data": [{"id": "m", "owned_by": "someone", "max_model_len": 4096}]})
         else:
             self._json(404, {"error": "not found"})
@@ -81,6 +84,9 @@ class Engine(BaseHTTPRequestHandler):
             return
         if self.mode == "503":
             self._json(503, {"error": {"message": "overloaded"}})
+            return
+        if self.mode == "dead":
+            self._json(500, {"error": {"message": "EngineCore encountered an issue"}})
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -553,3 +559,29 @@ def test_a_crash_inside_the_first_group_keeps_its_own_error(
     assert "the trial could not be made" in saved["error"]
     (row,) = saved["performance_table"]
     assert (row["trials"], row["valid_trials"], row["performance_valid"]) == (0, 0, False)
+
+
+@pytest.mark.parametrize("mode", ["503", "dead"])
+def test_a_warm_up_that_took_the_server_down_says_so_and_names_the_seed(
+    engine: tuple[str, type[Engine]], tmp_path: Path, mode: str
+) -> None:
+    """vLLM's CPU build crashes on a per-request seed once a prompt is prefilled in
+    chunks, and the error a client sees says only that the engine had an issue: a
+    warm-up request that failed and left the server down says so, and names the seed
+    and how to send none; one that failed on a server still up points at the length."""
+    url, handler = engine
+    handler.mode = mode
+    spec = cases.Spec(Endpoint(url, "", adapters.VLLM), "m",
+                      cases.parse_cases(["regular"], ["1k"], [1]),
+                      repetitions=1, max_tokens=40)  # fmt: skip
+    with pytest.raises(BenchFailed) as err:
+        runner.run(spec, tmp_path / "r.json")
+    hint = err.value.hint
+    assert "check that the server answers a small chat completion" in hint
+    if mode == "dead":
+        assert "the server no longer answers (/health answered 503)" in hint
+        assert "a per-request seed (3407) crashes vLLM's CPU build" in hint
+        assert "--seed -1" in hint
+    else:
+        assert "no longer answers" not in hint
+        assert "seed" not in hint

@@ -292,7 +292,7 @@ class Bench:
         if stream.error:
             raise BenchFailed(
                 f"the warm-up request failed: {stream.error}",
-                hint="check that the server answers a small chat completion",
+                hint=self._warmup_hint("check that the server answers a small chat completion"),
             )
         self._warm_shapes()
 
@@ -318,15 +318,16 @@ class Bench:
                 self.save()
                 raise BenchFailed(
                     f"the warm-up request at {key} failed: {stream.error}",
-                    hint=self._warmup_hint(),
+                    hint=self._warmup_hint(
+                        "check that the server accepts a prompt of that length (its max-model-len)"
+                    ),
                 )
         self.result["warmup"] = {**(self.result["warmup"] or {}), "shapes": shapes}
         self.save()
 
-    def _warmup_hint(self) -> str:
-        """What to do about a warm-up request that failed: the prompt's length, and where
-        the server went down with it, why it may have (its log has the cause)."""
-        hint = "check that the server accepts a prompt of that length (its max-model-len)"
+    def _warmup_hint(self, hint: str) -> str:
+        """What to do about a warm-up request that failed: ``hint``, and where the server
+        went down with it, why it may have (its log has the cause)."""
         healthy, why = openai.health(self.spec.endpoint)
         if healthy:
             return hint
