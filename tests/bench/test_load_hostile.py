@@ -68,7 +68,8 @@ def server() -> Iterator[Callable[..., str]]:
     (and ``extra`` requests of its own for each) at ``ttft`` seconds each (0: the check that a
     client's first text did not come before the model's holds), or none with
     ``clock=False``; and vLLM's per-request token counts, ``counts`` (prompt, output)
-    for each chat request (None: none)."""
+    for each chat request (None: none); ``buckets``: the TTFT histogram's bounds;
+    ``health``: the status its /health and /v1/models answer."""
     running: list[ThreadingHTTPServer] = []
 
     def start(
@@ -77,6 +78,8 @@ def server() -> Iterator[Callable[..., str]]:
         ttft: float = 0.0,
         extra: int = 0,
         counts: tuple[int, int] | None = (1000, MAX_TOKENS),
+        health: Callable[[], int] = lambda: 200,
+        buckets: tuple[float, ...] = (),
     ) -> str:
         asked = [0]
 
@@ -87,6 +90,14 @@ def server() -> Iterator[Callable[..., str]]:
                 pass
 
             def do_GET(self) -> None:
+                if self.path in ("/health", "/v1/models"):
+                    code = health()
+                    data = b'{"data": [{"id": "m"}]}' if code == 200 else b""
+                    self.send_response(code)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if self.path != "/metrics" or not clock:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
@@ -96,6 +107,10 @@ def server() -> Iterator[Callable[..., str]]:
                     f"vllm:time_to_first_token_seconds_sum {asked[0] * ttft}\n"
                     f"vllm:time_to_first_token_seconds_count {asked[0] * (1 + extra)}\n"
                 )
+                for bound in (*buckets, float("inf")) if buckets else ():
+                    le = "+Inf" if bound == float("inf") else f"{bound}"
+                    under = asked[0] * (1 + extra) if ttft <= bound else 0
+                    text += f'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} {under}\n'
                 for name, tokens in zip(("prompt", "generation"), counts or (), strict=False):
                     text += (
                         f"vllm:request_{name}_tokens_sum {asked[0] * tokens}\n"
@@ -154,9 +169,10 @@ def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     assert p["tpot_ms"]["p50"] >= 2.0
 
 
-@pytest.mark.parametrize("start", [False, True], ids=["whole", "after-first-text"])
+@pytest.mark.parametrize("start", [False, True, "one-chunk"],
+                         ids=["whole", "after-first-text", "one-chunk"])  # fmt: skip
 def test_an_answer_delivered_at_once_has_no_decode_timing(
-    server: Callable[..., str], start: bool
+    server: Callable[..., str], start: bool | str
 ) -> None:
     """Text held back between the engine and the client and sent at once (a buffering
     frontend, or a starved API process): the client's gaps are the hold's, not the
@@ -165,6 +181,13 @@ def test_an_answer_delivered_at_once_has_no_decode_timing(
     point counts it (``bursts``)."""
 
     def held(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if start == "one-chunk":  # every token in one chunk: no gap to time at all
+            words = "".join(f" w{i}" for i in range(MAX_TOKENS))
+            raw({"choices": [{"index": 0, "delta": {"content": words}}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+                {"choices": [], "usage": {"prompt_tokens": 1000,
+                                          "completion_tokens": MAX_TOKENS}})(h, body)  # fmt: skip
+            return
         if start:  # the first text, a wait, then the rest at once
             h.wfile.write(_event({"choices": [{"index": 0, "delta": {"content": " w"}}]}))
             h.wfile.flush()
@@ -418,3 +441,115 @@ def test_a_point_whose_usage_the_engine_did_not_count_serves_no_request(
     assert p["errors"][0].startswith(reason), p["errors"]
     assert p["tpot_ms"] is None
     assert p["good_requests"] == 0
+
+
+def test_an_engine_dead_behind_its_proxy_fails_the_sweep(
+    server: Callable[..., str], tmp_path: Path
+) -> None:
+    """From the second point on, a proxy answers 502 to every request and to the health
+    check (its engine died): the server went away, it did not saturate. The sweep fails
+    and reads no knee."""
+    dead = threading.Event()
+
+    def proxy(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if "-load-r16-" in json.dumps(body):
+            dead.set()
+        if dead.is_set():
+            h.wfile.write(_event({"error": {"message": "502 Bad Gateway", "code": 502}}))
+            return
+        answer(gap=0.002)(h, body)
+
+    url = server(proxy, health=lambda: 502 if dead.is_set() else 200)
+    sweep = load.Load(bench_at(url), load.LoadSpec("rate", (8.0, 16.0), duration_s=1.0),
+                      tmp_path / "load.json")  # fmt: skip
+    with pytest.raises(BenchFailed, match="the server went away during the 16 req/s point"):
+        sweep.sweep()
+    saved = json.loads((tmp_path / "load.json").read_text())
+    assert saved["status"] == "failed"
+    assert "it does not answer now (/health answered 502)" in saved["error"]
+    assert saved["knee"] is None
+
+
+def test_one_hung_request_does_not_pay_for_the_early_text_of_the_others(
+    server: Callable[..., str],
+) -> None:
+    """A frontend sends a space at once on every request (its prefill takes 0.3 s by the
+    engine's clock) and holds one request without text until the client gives up: the
+    hung request's lifetime would cover the others' early texts in the sum, but not in
+    the buckets, where its first token only adds to the engine's side."""
+    hung = threading.Event()
+
+    def early(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if not hung.is_set():
+            hung.set()
+            time.sleep(4.0)  # the client's timeout: cut off before any text
+            return
+        answer(gap=0.002)(h, body)
+
+    url = server(early, ttft=0.3, buckets=(0.1, 0.5, 1.0))
+    spec = load.LoadSpec("rate", (8.0,), duration_s=1.5)
+    p = load.Load(bench_at(url, timeout=3.0), spec, None).point(8.0)
+    assert p["requests"] > 3
+    assert p["failed"] == p["requests"], p["errors"]
+    assert any(e.startswith("text_before_first_token: ") for e in p["errors"]), p["errors"]
+
+
+def test_a_client_out_of_open_files_is_its_own_limit_not_a_dead_server(tmp_path: Path) -> None:
+    """The client's open-file limit reached mid-point makes its sockets fail to open
+    (EMFILE), which aiohttp reports as a connection error: that is the client's limit,
+    said so, with what to do; not a server that went away."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource, json, sys\n"
+        "from tests.bench.test_load_hostile import bench_at\n"
+        "from servegate.bench import load\n"
+        "from servegate.errors import BenchFailed\n"
+        "import os\n"
+        "fds = len(os.listdir('/proc/self/fd'))\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (fds + 12, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "sweep = load.Load(bench_at(sys.argv[1], timeout=5.0), load.LoadSpec('rate', (60.0,), duration_s=1.0), None)\n"
+        "try:\n"
+        "    sweep.sweep()\n"
+        "except BenchFailed as exc:\n"
+        "    print(json.dumps([str(exc), exc.hint]))\n"
+    )  # fmt: skip
+    slow = subprocess.Popen([sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert slow.stdout is not None
+        port = slow.stdout.readline().strip()
+        run = subprocess.run([sys.executable, "-c", script, f"http://127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=120, check=False,
+                             cwd=Path(__file__).parents[2])  # fmt: skip
+    finally:
+        slow.kill()
+        slow.wait()
+        if slow.stdout is not None:
+            slow.stdout.close()
+    said, hint = json.loads(run.stdout.strip().splitlines()[-1])
+    assert said.startswith("the client ran out of open files at the 60 req/s point"), said
+    assert "ulimit -n" in hint
+
+
+#: a server in its own process that holds every chat request 3 s (so the client keeps a
+#: socket open for each) and prints its port
+SLOW_SERVER = r"""
+import asyncio, socket
+
+async def handle(reader, writer):
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(3)
+    except Exception:
+        pass
+    writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=4096)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""

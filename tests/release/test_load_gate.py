@@ -111,14 +111,24 @@ def test_a_required_percentile_row_the_sweep_cannot_feed_is_refused_at_load() ->
         )
     assert "needs 459 requests" in str(err.value)
     assert "gives about 120" in str(err.value)
-    assert "[load] duration = 276" in err.value.hint
-    # reported only, or a percentile the point can feed: accepted
-    load_gate.check_config(
-        cfg_of(
-            '[load]\nrates = [1, 2]\nduration = 60\n[[load.rules]]\nmetric = "ttft_s.p99"\n'
-            'point = 2\n[[load.rules]]\nmetric = "ttft_s.p90"\npoint = 2\nrequired = true\n'
+    assert "[load] duration = 259" in err.value.hint  # 517 expected: under 459 1 time in 100
+    # arrivals are Poisson: 50 expected for a p90's 44 is too few too often
+    with pytest.raises(ConfigError, match="needs 44 requests"):
+        load_gate.check_config(
+            cfg_of(
+                "[load]\nrates = [5]\nduration = 10\n[[load.rules]]\n"
+                'metric = "ttft_s.p90"\npoint = 5\nrequired = true\n'
+            )
         )
+    # a miss level so small that a p99 needs more requests than a record keeps
+    tiny_miss = config.parse(
+        BASE_TOML.replace("[gate]\n", "[gate]\nmiss = 1e-10\n")
+        + "[load]\nrates = [100]\nduration = 600\n[[load.rules]]\n"
+        'metric = "ttft_s.p99"\npoint = 100\nrequired = true\n',
+        environ={},
     )
+    with pytest.raises(ConfigError, match="a record keeps 2000"):
+        load_gate.check_config(tiny_miss)
 
 
 def test_failed_requests_count_as_the_slowest_not_as_missing() -> None:
@@ -141,6 +151,13 @@ def test_failed_requests_count_as_the_slowest_not_as_missing() -> None:
     assert row["ratio"] is row["candidate"] is None  # JSON has no infinity
     assert row["baseline"] > 0
     assert "the candidate's p99 is a failed request: slower beyond doubt" in row["why"]
+    # the baseline's p99 fell on its transient failures: a candidate 5x slower on every
+    # request has nothing to be compared with, and does not pass
+    slower = point(4.0, n=600, scale=5.0, seed=2)
+    row = judge(LoadRule("ttft_s.p99", 4.0, tolerance=0.10, required=True),
+                point(4.0, n=600, failed=18), slower)  # fmt: skip
+    assert row["verdict"] == "INCONCLUSIVE", row
+    assert "the baseline's p99 falls on failed requests" in row["why"]
 
 
 def test_one_transient_error_is_not_a_regression() -> None:
@@ -372,6 +389,10 @@ def test_shorter_answers_leave_end_to_end_rows_undecided() -> None:
     assert load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)["verdict"] == (
         "INCONCLUSIVE"
     )
+    for metric in ("request_throughput", "goodput_rps"):  # shorter answers finish sooner
+        row = judge(LoadRule(metric, 4.0, tolerance=0.10, required=True), base, cand)
+        assert row["verdict"] == "INCONCLUSIVE", row
+        assert "were shorter than max_tokens" in row["why"]
     stray = point(4.0, seed=2)
     stray["short"] = [i == 3 for i in range(400)]
     row = judge(LoadRule("e2el_s.p50", 4.0, tolerance=0.10, required=True), base, stray)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import errno
 import gc
 import itertools
 import json
@@ -296,10 +297,17 @@ async def _send(http: aiohttp.ClientSession, bench: Bench, payload: bytes, sent:
     except TimeoutError:
         stream.error = f"no answer within {bench.spec.timeout:g}s"
     except aiohttp.ClientConnectorError as exc:
-        stream.error = f"cannot connect to {endpoint.shown_url}: {exc.os_error}"
+        if exc.os_error.errno in (errno.EMFILE, errno.ENFILE):  # the client's limit
+            stream.error = f"{CLIENT_OUT_OF_FILES}: {exc.os_error}"
+        else:
+            stream.error = f"cannot connect to {endpoint.shown_url}: {exc.os_error}"
     except (aiohttp.ClientError, ValueError) as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
     client.ended(stream, endpoint)
+
+
+#: a request the client could not open a socket for: its own open-file limit, not the server
+CLIENT_OUT_OF_FILES = "the client ran out of open files"
 
 
 #: Python 3.12+: a task that runs at once, up to its first wait (the request's clock
@@ -531,6 +539,10 @@ class Load:
                           None if window is None else round(window, 6), rules)
             or measure.held(st, rules)
         ) if ok else ""  # fmt: skip
+        if ok and not client_timing and completion and completion > 1 and st.text_chunks == 1:
+            client_timing = (
+                f"burst: one chunk carried all {completion} tokens: no decode the client could time"
+            )
         if client_timing:
             itl = tpot = None
             gaps = []
@@ -569,9 +581,10 @@ class Load:
         no more, no fewer: a clock gone from ``/metrics`` or blurred by other requests
         fails them all (``engine_clock_unread``). Whatever it counted, its times add up
         to no more than the client's: each request that got text waited at least its
-        engine time for it, each one cut off lived at least that long. Where it counted
-        exactly the requests that got text, the buckets are checked too
-        (:func:`measure.text_before_first_token`). Under load a stream's own pace cannot
+        engine time for it, each one cut off lived at least that long. The buckets are
+        checked too (:func:`measure.text_before_first_token`): a request cut off before
+        its text only adds to the engine's side of each, so one hung request cannot pay
+        for the early text of the others. Under load a stream's own pace cannot
         tell (a request's second token waits behind other prefills), so an engine
         without such a clock is not checked here."""
         names = self.bench.spec.endpoint.adapter.metrics
@@ -600,7 +613,7 @@ class Load:
                 f"tokens {engine[0] * engine[1]:.3f} s after arrival ({names.ttft[0]}): text "
                 "came before the model had any"
             )  # fmt: skip
-        elif engine[1] == len(seen):
+        else:  # the buckets bound the client's times whatever else the engine counted
             buckets = prom.bucket_deltas(before, after, names.ttft)
             found = measure.text_before_first_token(seen, engine, names.ttft[0], buckets)
             why = f"text_before_first_token: {found}" if found else ""
@@ -778,15 +791,16 @@ class Load:
         no longer answers its health check is broken, and a knee read from it would be a
         lie."""
         errors = [str(r["error"]) for r in p.get("requests_detail") or [] if r["error"]]
-        refused = [e for e in errors if e.startswith("cannot connect")]
-        broke = [e for e in errors if e.startswith("the stream broke off")]
-        if not refused and not broke:
+        if not errors:
             return ""
+        refused = [e for e in errors if e.startswith("cannot connect")]
         healthy, down = openai.health(self.bench.spec.endpoint)
         now = "" if healthy else f"; it does not answer now ({down})"
         if refused:
             return f"{len(refused)} request(s) could not connect ({refused[0]}){now}"
-        return f"{len(broke)} stream(s) broke off ({broke[0]}){now}" if now else ""
+        # a server that errs under load and still answers its health check is loaded; one
+        # that no longer answers it (an engine dead behind its proxy: 502s) is gone
+        return f"{len(errors)} request(s) failed ({errors[0]}){now}" if now else ""
 
     def _failed(self, error: str, hint: str) -> BenchFailed:
         """The sweep ends failed: the file says so and why, what finished stays in it."""
@@ -801,6 +815,15 @@ class Load:
         unit = "req/s" if self.load.mode == "rate" else "client(s)"
         for value in self.load.points:
             p = self.point(value)
+            if any(str(r["error"]).startswith(CLIENT_OUT_OF_FILES) for r in p["requests_detail"]):
+                points.append({**p, "saturated": None, "why": CLIENT_OUT_OF_FILES})
+                raise self._failed(
+                    f"{CLIENT_OUT_OF_FILES} at the {value:g} {unit} point, with "
+                    f"{p['in_flight']['max']} request(s) in flight: the load was the client's "
+                    "limit, not the server's",
+                    "raise the open-file limit of the shell that runs it (ulimit -n 65536, or "
+                    "LimitNOFILE= in a unit) or sweep lighter points",
+                )
             gone = self._gone(p)
             if gone:
                 points.append({**p, "saturated": None, "why": f"the server went away: {gone}"})

@@ -367,13 +367,15 @@ def text_before_first_token(
     at most as many client times fall under it as engine times do: a frontend that
     sends one request's text early and holds another's back to keep the mean shows in
     the buckets. ``FIRST_TOKEN_SLACK`` covers the two clocks (the server's wall clock,
-    the client's monotonic one). A histogram that did not count exactly these requests
-    tells nothing (the caller decides what that means)."""
-    if not engine or not seen or engine[1] != len(seen):
+    the client's monotonic one). A histogram that counted fewer requests tells nothing
+    (the caller decides what that means); one that counted more (requests cut off before
+    the client saw their first text) still bounds the buckets, as each extra first token
+    only adds to the engine's side, but not the mean."""
+    if not engine or not seen or engine[1] < len(seen):
         return ""
     slack, share = FIRST_TOKEN_SLACK
     client = statistics.fmean(seen)
-    if client < engine[0] * (1 - share) - slack:
+    if engine[1] == len(seen) and client < engine[0] * (1 - share) - slack:
         return (
             f"the client got its first text {client:.3f} s after sending (the mean of "
             f"{len(seen)}), the engine made its first token {engine[0]:.3f} s after the "

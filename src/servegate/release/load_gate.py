@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from scipy.stats import fisher_exact  # type: ignore[import-untyped]
+from scipy.stats import fisher_exact, poisson  # type: ignore[import-untyped]
 
 from servegate.bench import load, stats
 from servegate.bench.cases import spec_from_config
@@ -106,15 +106,24 @@ def check_config(cfg: Config) -> None:
         deciding = sum(1 for r in lo.rules if r.required)
         levels = stats.Levels.split(cfg.gate.false_alarm, cfg.gate.miss, max(1, deciding), 1)
         expected = rule.point * spec.duration_s
-        if rule.required and name in LATENCIES and spec.mode == "rate" and (
-            expected < needed(stat, levels)
+        least = needed(stat, levels) if name in LATENCIES else 0
+        if rule.required and least > KEEP:
+            raise ConfigError(
+                f"{where} requires {rule.metric}, which needs {least} requests at a point to "
+                f"see its tail at gate.miss {cfg.gate.miss:g}; a record keeps {KEEP}: the row "
+                "could never decide",
+                hint="a larger gate.miss, or a lower percentile",
+            )
+        if rule.required and least and spec.mode == "rate" and (
+            poisson.ppf(0.01, expected) < least
         ):  # fmt: skip
-            least = needed(stat, levels)
+            enough = _rate_for(least)
             raise ConfigError(
                 f"{where} requires {rule.metric} at {rule.point:g} req/s, which needs "
                 f"{least} requests to see its tail at the miss level; {spec.duration_s:g} s "
-                f"gives about {expected:.0f}: the row could never decide",
-                hint=f"[load] duration = {math.ceil(least * 1.2 / rule.point)} (or more), or "
+                f"gives about {expected:.0f}, and Poisson arrivals fewer than {least} too "
+                "often: the row would rarely decide",
+                hint=f"[load] duration = {math.ceil(enough / rule.point)} (or more), or "
                 "a lower percentile, or required = false (reported only)",
             )
         if rule.metric == "goodput_rps" and not spec.slo.given():
@@ -122,6 +131,15 @@ def check_config(cfg: Config) -> None:
                 f"{where} reads goodput, but [load] goodput sets no SLO",
                 hint='e.g. [load] goodput = "ttft:2s,itl:80ms"',
             )
+
+
+def _rate_for(least: int) -> float:
+    """The expected arrivals at which a Poisson count falls under ``least`` only 1 time
+    in 100."""
+    expected = float(least)
+    while poisson.ppf(0.01, expected) < least:
+        expected *= 1.02
+    return expected
 
 
 def fingerprint(cfg: Config, bench_digest: str) -> str:
@@ -389,10 +407,12 @@ def judge(
                            f"the miss level (the candidate has {nc}, the baseline {nb}): "
                            "give the point a longer [load] duration")  # fmt: skip
             return row
-        if fb is not None and fc is not None and math.isinf(fb) and math.isinf(fc):
+        if fb is not None and math.isinf(fb):
+            both = fc is not None and math.isinf(fc)
             row.update(verdict=undecided or INCONCLUSIVE,
-                       why=f"the {stat} falls on failed requests on both sides: neither "
-                           "has a figure")  # fmt: skip
+                       why=f"the {stat} falls on failed requests on both sides: neither has "
+                           "a figure" if both else f"the baseline's {stat} falls on failed "
+                           "requests: it has no figure to compare with")  # fmt: skip
             return row
     goodput = name == "goodput_rps"
     slo = reads.slo
@@ -402,14 +422,12 @@ def judge(
                        "shown to be the model's (a frontend could send text ahead of the "
                        "prefill), so a TTFT row cannot pass")  # fmt: skip
         return row
-    if (name == "e2el_s" or (goodput and slo.e2el_s is not None)) and more_often(
-        _short(cand), _short(base), levels.alpha
-    ):
+    if (name == "e2el_s" or name in RATES) and more_often(_short(cand), _short(base), levels.alpha):
         (ck, cn), (bk, bn) = _short(cand), _short(base)
         row.update(verdict=undecided or INCONCLUSIVE,
                    why=f"{ck} of the candidate's {cn} answers at {rule.point:g} were shorter "
                        f"than max_tokens (the baseline's: {bk} of {bn}): its end-to-end "
-                       "latency is over less work")  # fmt: skip
+                       "latency and the requests it finished are over less work")  # fmt: skip
         return row
     decode_slo = slo.itl_ms is not None or slo.tpot_ms is not None
     if name in DECODE or (goodput and decode_slo):
