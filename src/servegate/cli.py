@@ -87,7 +87,9 @@ def _bench_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="served model name (default: service.model or the first)")
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable with the API key")
     p.add_argument("--profiles", metavar="LIST", help="regular,coding (default: bench.profiles)")
-    p.add_argument("--tiers", metavar="LIST", help="of 8k,16k,32k,64k,128k (default: bench.tiers)")
+    p.add_argument("--tiers", metavar="LIST",
+                   help="of 8k,16k,32k,64k,128k, or 1k,2k,4k for smoke-sized runs "
+                   "(default: bench.tiers)")  # fmt: skip
     p.add_argument("--repetitions", type=int, metavar="N", help="groups per case")
     p.add_argument("--concurrency", metavar="LIST", help="streams started together, e.g. 1,4")
     p.add_argument("--max-tokens", type=int, metavar="N", help="exact output tokens (1024)")

@@ -444,6 +444,36 @@ def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: P
     assert "<td>120 to 124 (121)</td>" in page
 
 
+def test_report_says_which_sweeps_failed_and_draws_no_made_up_figure(tmp_path: Path) -> None:
+    """A sweep whose server went away keeps the points it finished, marked failed with
+    why; one that finished none is listed, not dropped; a point whose answers all came
+    in a burst has no ITL to draw ("-"), not a perfect 0."""
+    import subprocess
+    import sys
+
+    died = _load_doc()
+    died.update(status="failed", error="the server went away during the 2 req/s point")
+    died["points"][0]["itl_ms"] = None  # every answer a burst
+    nothing = {**_load_doc(), "status": "failed", "error": "every request failed", "points": []}
+    files = []
+    for name, doc in (("died", died), ("nothing", nothing)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        files.append(str(path))
+    run = subprocess.run(
+        [sys.executable, "-m", "servegate", "report", *files, "--out", str(tmp_path / "rep"),
+         "--json", "--config", str(tmp_path / "none.toml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["result"]["load_curves"] == 2
+    page = (tmp_path / "rep" / "load-curves.html").read_text()
+    assert "died: failed — the server went away during the 2 req/s point" in page
+    assert "nothing: failed — every request failed (no point finished a request" in page
+    # the first point: TTFT p50 and p99, no ITL p99, E2E p99
+    assert "<td>0.200</td><td>0.200</td><td>-</td><td>1.00</td><td>ok</td>" in page
+
+
 def _bench_at(url: str) -> Any:
     from servegate.bench import cases, fixtures
     from servegate.bench.runner import Bench
@@ -552,6 +582,10 @@ def _point_without(key: str) -> dict[str, Any]:
         ("ttft-fast", "point 0: ttft_s.p50 'fast' is not a number"),
         ("ttft-list", "point 0: ttft_s is not an object"),
         ("goodput-text", "point 0: goodput_rps 'lots' is not a number"),
+        ("no-ttft", "point 0: ttft_s is missing"),
+        ("ttft-nan", "point 0: ttft_s.p99 nan is not a number"),
+        ({"points": [], "status": "failed", "error": "the warm-up request failed"},
+         "has no load point: the sweep measured nothing (status 'failed': the warm-up"),
     ],
 )  # fmt: skip
 def test_export_refuses_a_damaged_or_unknown_file_and_writes_nothing(
@@ -571,6 +605,10 @@ def test_export_refuses_a_damaged_or_unknown_file_and_writes_nothing(
         doc["points"][0]["ttft_s"] = [0.2]
     elif damage == "goodput-text":
         doc["points"][0]["goodput_rps"] = "lots"
+    elif damage == "no-ttft":
+        doc = _point_without("ttft_s")
+    elif damage == "ttft-nan":
+        doc["points"][0]["ttft_s"]["p99"] = float("nan")
     else:
         doc.update(damage)
     bad = tmp_path / "bad.json"

@@ -585,3 +585,25 @@ def test_a_warm_up_that_took_the_server_down_says_so_and_names_the_seed(
     else:
         assert "no longer answers" not in hint
         assert "seed" not in hint
+
+
+def test_a_load_sweep_that_fails_before_its_first_point_leaves_a_failed_file(
+    engine: tuple[str, type[Engine]], tmp_path: Path
+) -> None:
+    """The warm-up fails (the engine died): an earlier run's file at the same path must
+    not stand for this run; it says failed, and why."""
+    from servegate.bench import load
+
+    url, handler = engine
+    handler.mode = "dead"
+    out = tmp_path / "load.json"
+    out.write_text(json.dumps({"kind": "servegate.load", "status": "complete", "points": []}))
+    spec = cases.Spec(Endpoint(url, "", adapters.VLLM), "m",
+                      cases.parse_cases(["regular"], ["1k"], [1]), max_tokens=40)  # fmt: skip
+    with pytest.raises(BenchFailed, match="the warm-up request failed"):
+        load.run(runner.Bench(spec, None), load.LoadSpec("rate", (1.0,), duration_s=10), out)
+    saved = json.loads(out.read_text())
+    assert saved["status"] == "failed"
+    assert saved["error"].startswith("the warm-up request failed")
+    assert saved["points"] == []
+    assert saved["knee"] is None

@@ -227,7 +227,7 @@ def test_the_check_verdict_is_decided_by_required_rows_only() -> None:
     ("toml", "message"),
     [
         ("[load]\nduration = 30\n", "rates or concurrencies"),
-        ("[load]\nrates = [1]\nconcurrencies = [2]\n", "rates or concurrencies"),
+        ("[load]\nrates = [1]\nconcurrencies = [2]\n", "both rates and concurrencies"),
         ('[load]\nrates = [1]\n[[load.rules]]\nmetric = "ttft"\npoint = 1\n', "not a load figure"),
         ('[load]\nrates = [1]\n[[load.rules]]\nmetric = "ttft_s.p99"\npoint = 3\n',
          "not one of the sweep's points"),

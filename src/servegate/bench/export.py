@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def damage(doc: Mapping[str, Any]) -> str:
@@ -80,6 +81,8 @@ def damage(doc: Mapping[str, Any]) -> str:
             if not isinstance(p.get("mode"), str):
                 return f"point {i}: mode {p.get('mode')!r} is not text"
             for key in (*(k for k, _, _ in _LOAD_LATENCIES), "lag_ms"):
+                if key not in p:
+                    return f"point {i}: {key} is missing (null where nothing was measured)"
                 stats = p.get(key)
                 if stats is None:
                     continue
@@ -146,7 +149,9 @@ def _records(doc: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
         for p in doc.get("points") or []:
             where = {"mode": p["mode"], "load": p["value"], "workload": run.get("workload"),
                      "burstiness": run.get("burstiness"), "saturated": p.get("saturated"),
-                     "requests": p["requests"], "failed": p["failed"]}  # fmt: skip
+                     "requests": p["requests"], "failed": p["failed"],
+                     "bursts": p.get("bursts"), "sweep_status": doc.get("status"),
+                     "sweep_error": doc.get("error") or None}  # fmt: skip
             for name, value in _load_figures(p).items():
                 yield {"benchmark": bench, "model": model,
                        "metric": {"name": name, "benchmark_values": [value],
@@ -175,8 +180,10 @@ def rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         for p in doc.get("points") or []:
             row = {"mode": p["mode"], "load": p["value"], "requests": p["requests"],
                    "completed": p["completed"], "failed": p["failed"],
-                   "saturated": p.get("saturated"),
-                   "prefix_hit_rate": p.get("prefix_hit_rate")}  # fmt: skip
+                   "bursts": p.get("bursts"), "saturated": p.get("saturated"),
+                   "prefix_hit_rate": p.get("prefix_hit_rate"),
+                   "prefix_hit_ideal": p.get("prefix_hit_ideal"),
+                   "sweep_status": doc.get("status")}  # fmt: skip
             row.update(_load_figures(p))
             out.append(row)
         return out

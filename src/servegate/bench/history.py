@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import statistics
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -121,7 +122,8 @@ def render(
                            zorder=3)  # fmt: skip
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="best")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=8, loc="best")
     axes[0].set_title(f"{title}\n(dots: gate verdict — green PASS, red FAIL, orange INCONCLUSIVE; "
                       "x: rolled back)", fontsize=9)  # fmt: skip
     axes[1].set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
@@ -193,6 +195,9 @@ class LoadCurve:
     gpu: tuple[dict[str, tuple[float, float, float]] | None, ...] = ()
     #: where the telemetry came from, or why there is none ("none — a CPU server ...")
     gpu_source: str = ""
+    #: the sweep's status ("complete", "failed", "interrupted") and its error
+    status: str = "complete"
+    error: str = ""
 
 
 #: the telemetry fields a report shows, and how
@@ -243,26 +248,36 @@ def gpu_heads() -> str:
     return "".join(f"<th>{html.escape(name)} min-max (mean)</th>" for _, name in GPU_FIELDS)
 
 
-def curve_from(doc: Mapping[str, Any], fallback: str) -> LoadCurve | None:
-    """A load result document → its curve (None: no point finished any request)."""
+def _p(stats: Any, key: str) -> float:
+    """A percentile, or NaN where the point has none (no answer timed: not drawn, "-")."""
+    value = stats.get(key) if isinstance(stats, Mapping) else None
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def curve_from(doc: Mapping[str, Any], fallback: str) -> LoadCurve:
+    """A load result document → its curve (its drawable points: those that finished a
+    request; a failed sweep keeps its status and error, drawn or not)."""
     run = doc.get("run") or {}
     rows, gpu = [], []
     for p in doc.get("points") or []:
-        ttft, itl, e2el = p.get("ttft_s") or {}, p.get("itl_ms") or {}, p.get("e2el_s") or {}
+        ttft = p.get("ttft_s") or {}
         if not p.get("request_throughput") or not ttft:
             continue
-        rows.append((float(p["value"]), float(p["request_throughput"]), float(ttft["p50"]),
-                     float(ttft["p99"]), float(itl.get("p99") or 0.0),
-                     float(e2el.get("p99") or 0.0), bool(p.get("saturated"))))  # fmt: skip
+        rows.append((float(p["value"]), float(p["request_throughput"]), _p(ttft, "p50"),
+                     _p(ttft, "p99"), _p(p.get("itl_ms"), "p99"), _p(p.get("e2el_s"), "p99"),
+                     bool(p.get("saturated"))))  # fmt: skip
         gpu.append(gpu_summary(p.get("telemetry")))
-    if not rows:
-        return None
     release = str(run.get("release") or "")
     knee = (doc.get("knee") or {}).get("value")
     return LoadCurve(release[:12] or fallback, str(doc.get("started_at") or ""),
                      str(run.get("mode", "")), str(run.get("workload", "")), tuple(rows),
                      float(knee) if isinstance(knee, int | float) else None, tuple(gpu),
-                     gpu_source(doc))  # fmt: skip
+                     gpu_source(doc), str(doc.get("status") or "complete"),
+                     str(doc.get("error") or ""))  # fmt: skip
+
+
+def _f(v: float, digits: int) -> str:
+    return "-" if math.isnan(v) else f"{v:.{digits}f}"
 
 
 def _plain(text: str) -> str:
@@ -284,7 +299,8 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         for curve in curves:
             xs = [row[1] for row in curve.points]
             ys = [row[index] for row in curve.points]
-            label = _plain(f"{curve.label} ({curve.workload})")
+            failed = "" if curve.status == "complete" else f", {curve.status}"
+            label = _plain(f"{curve.label} ({curve.workload}{failed})")
             (line,) = ax.plot(xs, ys, "-", linewidth=1.2, label=label)
             for row in curve.points:
                 face = "none" if row[6] else line.get_color()
@@ -296,7 +312,8 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         ax.set_xlabel("achieved requests/s")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="best")
+    if any(c.points for c in curves):
+        axes[0][0].legend(fontsize=8, loc="best")
     fig.suptitle(f"{_plain(title)}\n(hollow: the point saturated the server; ringed: the knee)",
                  fontsize=9)  # fmt: skip
     fig.tight_layout()
@@ -306,8 +323,8 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
     page = outdir / "load-curves.html"
     rows = "\n".join(
         f"<tr><td>{html.escape(c.label)}</td><td>{html.escape(c.workload)}</td>"
-        f"<td>{row[0]:g}</td><td>{row[1]:.3f}</td><td>{row[2]:.3f}</td><td>{row[3]:.3f}</td>"
-        f"<td>{row[4]:.1f}</td><td>{row[5]:.2f}</td>"
+        f"<td>{row[0]:g}</td><td>{row[1]:.3f}</td><td>{_f(row[2], 3)}</td>"
+        f"<td>{_f(row[3], 3)}</td><td>{_f(row[4], 1)}</td><td>{_f(row[5], 2)}</td>"
         f"<td>{'saturated' if row[6] else ('knee' if row[0] == c.knee else 'ok')}</td>"
         f"{gpu_cells(c.gpu[i] if i < len(c.gpu) else None)}</tr>"
         for c in curves
@@ -315,6 +332,13 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
     )
     sources = "".join(
         f"<li>{html.escape(c.label)}: {html.escape(c.gpu_source or 'none recorded')}</li>"
+        for c in curves
+    )
+    sweeps = "".join(
+        f"<li>{html.escape(c.label)}: {html.escape(c.status)}"
+        + (f" — {html.escape(c.error)}" if c.error else "")
+        + ("" if c.points else " (no point finished a request: nothing drawn)")
+        + "</li>"
         for c in curves
     )
     image = base64.b64encode(png.read_bytes()).decode()
@@ -325,6 +349,7 @@ def render_load(curves: Sequence[LoadCurve], outdir: Path, title: str) -> tuple[
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}</style>"
         f"<h1>Latency against throughput</h1><p>{html.escape(title)}</p>"
         f"<img alt='latency against throughput per release' src='data:image/png;base64,{image}'>"
+        f"<h2>Sweeps</h2><ul>{sweeps}</ul>"
         f"<h2>GPU telemetry</h2><ul>{sources}</ul>"
         "<table><tr><th>release</th><th>workload</th><th>load</th><th>req/s</th>"
         "<th>TTFT p50 s</th><th>TTFT p99 s</th><th>ITL p99 ms</th><th>E2E p99 s</th>"
@@ -355,7 +380,10 @@ def _gpu_panels(curves: Sequence[LoadCurve], clock_ax: Any, power_ax: Any) -> No
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     if not drawn:
-        why = "; ".join(sorted({c.gpu_source or "none recorded" for c in curves}))
+        why = "; ".join(sorted({
+            (c.gpu_source or "none recorded").removeprefix("none — ")
+            .removeprefix("no GPU telemetry: ") for c in curves
+        }))  # fmt: skip
         for ax in (clock_ax, power_ax):
             ax.text(0.5, 0.5, _plain("no GPU telemetry:\n" + textwrap.fill(why, 50)),
                     ha="center", va="center", fontsize=8, transform=ax.transAxes)  # fmt: skip

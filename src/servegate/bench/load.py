@@ -183,12 +183,14 @@ class LoadSpec:
         if self.mode == "concurrency" and any(p != int(p) for p in self.points):
             raise ConfigError(f"{n('concurrencies')} takes whole numbers",
                               hint=eg(("concurrencies", "[1, 2, 4, 8]")))  # fmt: skip
-        finite = math.isfinite(self.duration_s) and math.isfinite(self.burstiness)
-        if not finite or self.duration_s <= 0 or self.burstiness <= 0:
-            raise ConfigError(
-                f"{n('duration')} and {n('burstiness')} must be positive",
-                hint=eg(("duration", "30"), ("burstiness", "1")) + " (Poisson)",
-            )
+        for key, value, example in (("duration", self.duration_s, "30"),
+                                    ("burstiness", self.burstiness, "1")):  # fmt: skip
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(
+                    f"{n(key)} {value:g} must be a positive number",
+                    hint=eg((key, example))
+                    + (" (seconds a point)" if key == "duration" else " (1: Poisson)"),
+                )
         if self.mode == "rate" and self.points[0] * self.duration_s < MIN_ARRIVALS:
             raise ConfigError(
                 f"{self.points[0]:g} req/s for {self.duration_s:g}s is fewer than "
@@ -1062,8 +1064,20 @@ def run(
         if prepared:
             prepared(bench)
         sweep = Load(bench, load, output, reporter)
-    except BaseException:
+    except BaseException as exc:
         bench.release()
+        if output is not None:  # no earlier run's file may stand for this one
+            output.parent.mkdir(parents=True, exist_ok=True)
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            write_text(output, json.dumps({
+                "schema": cases.SCHEMA, "kind": KIND,
+                "status": "interrupted" if interrupted else "failed",
+                "error": "interrupted" if interrupted else str(exc),
+                "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "run": bench.result.get("run"), "engine": bench.result.get("engine"),
+                "sizing": bench.result.get("sizing"), "warmup": bench.result.get("warmup"),
+                "points": [], "knee": None,
+            }, indent=1) + "\n")  # fmt: skip
         raise
     try:
         return sweep.sweep()

@@ -545,6 +545,13 @@ def export(out: Output, path: Path, fmt: str, dest: str | None) -> int:
     from servegate.bench import export as export_mod
 
     doc = export_mod.read(path)
+    if doc["kind"] == "servegate.load" and not doc["points"]:
+        failed = f": {doc['error']}" if doc.get("error") else ""
+        raise ResultFileError(
+            f"{path} has no load point: the sweep measured nothing (status "
+            f"{doc.get('status')!r}{failed})",
+            hint="export a sweep that measured at least one point",
+        )
     text = export_mod.pytorch(doc) if fmt == "pytorch" else export_mod.to_csv(doc)
     target = Path(dest) if dest else export_mod.default_path(path, fmt)
     if dest and (target.is_dir() or dest.endswith(("/", os.sep))):

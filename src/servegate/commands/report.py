@@ -75,8 +75,7 @@ def load_curves(cfg: Config | None, files: list[Path]) -> list[history.LoadCurve
                 f"load result {path} is damaged: {type(exc).__name__}: {exc}",
                 hint="pass a file servegate bench load wrote, or remove this one",
             ) from None
-        if curve is not None:
-            curves.append(curve)
+        curves.append(curve)
     return curves
 
 

@@ -80,7 +80,13 @@ def spec_of(cfg: Config) -> load.LoadSpec:
 def check_config(cfg: Config) -> None:
     """A ``load`` gate check that cannot run is refused when the config is loaded."""
     lo = cfg.load
-    if bool(lo.rates) == bool(lo.concurrencies):
+    if lo.rates and lo.concurrencies:
+        raise ConfigError(
+            "[load] gives both rates and concurrencies: a sweep is open loop (rates) or "
+            "closed loop (concurrencies), not both",
+            hint="keep one of them",
+        )
+    if not lo.rates and not lo.concurrencies:
         raise ConfigError(
             "the load gate check needs [load] rates or concurrencies (one of them)",
             hint="e.g. [load] rates = [0.5, 1, 2] and duration = 60",
