@@ -175,3 +175,16 @@ def test_report_without_its_extra_says_how_to_install_it(
         history.render([], tmp_path, "t")
     assert "pip install 'servegate[report]'" in caught.value.hint
     assert not (tmp_path / "bench-history.png").exists()
+
+
+def test_bench_load_refuses_the_single_stream_benchs_group_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--concurrency (streams started together) is one letter from --concurrencies
+    (closed-loop clients): a load sweep refuses it, and --repetitions, with what to use."""
+    code = main(["bench", "load", "--url", "http://127.0.0.1:9", "--rates", "1",
+                 "--concurrency", "4", "--repetitions", "9", "--no-lease", "--json"])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2
+    assert doc["error"]["message"].startswith("bench load takes no --repetitions or --concurrency")
+    assert "--concurrencies 1,2,4" in doc["error"]["hint"]

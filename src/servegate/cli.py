@@ -602,6 +602,15 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
         tokenizer_python=args.tokenizer_python or "",
     )
     if sub == "load":
+        given = [f for f, v in (("--repetitions", args.repetitions),
+                                ("--concurrency", args.concurrency)) if v is not None]  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"bench load takes no {' or '.join(given)}: those shape the single-stream "
+                "bench's groups; a load sweep sends its own load",
+                hint="--concurrencies 1,2,4 for closed-loop clients, --rates for arrivals, "
+                "--duration for how long a point runs",
+            )
         return bench.load_sweep(args.config, out, opts, _load_spec(args))
     if sub == "compare":
         if args.a_url and args.b_url:

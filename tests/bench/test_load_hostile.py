@@ -396,6 +396,7 @@ def test_a_server_that_goes_away_mid_sweep_fails_the_sweep(
     assert saved["status"] == "failed"
     assert saved["error"] == str(err.value)
     assert saved["knee"] is None
+    assert saved["run"]["ignore_eos"] is True  # what every load request asked vLLM for
     assert [p["value"] for p in saved["points"]] == [8.0, 16.0]
     assert saved["points"][0]["completed"] == saved["points"][0]["requests"] > 0
 

@@ -475,6 +475,9 @@ class Load:
             "points": [],
             "knee": None,
         }
+        if bench.prompts:  # what the requests send: every load request asks for ignore_eos
+            key = sorted(bench.prompts)[0]
+            self.result["run"]["ignore_eos"] = bool(self._body(key, "-").get("ignore_eos"))
 
     def save(self) -> None:
         if self.output is not None:
