@@ -399,7 +399,7 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
         'command = ["x"]\nmodel = "demo"\n'
         '[gate]\nchecks = ["smoke", "load"]\nno_baseline = "first-release"\n'
         '[bench]\nseed = -1\n'
-        '[load]\nrates = [1]\nduration = 10\ntiers = ["1k"]\nmax_tokens = 16\n'
+        '[load]\nrates = [1]\nduration = 15\ntiers = ["1k"]\nmax_tokens = 16\n'
         'goodput = "ttft:5s"\n'
         '[[load.rules]]\nmetric = "ttft_s.p50"\npoint = 1\nrequired = true\ntolerance = 0.5\n'
         '[[load.rules]]\nmetric = "goodput_rps"\npoint = 1\n',

@@ -57,7 +57,8 @@ class Engine(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def do_GET(self) -> None:
-        if self.path == "/health":  # "dead": the engine died with the request it was sent
+        if self.path == "/health" and self.mode in ("dead", "503"):  # vLLM's health path:
+            # "dead": the engine died with the request it was sent; "503": overloaded, alive
             self._json(503 if self.mode == "dead" else 200, {})
         elif self.path == "/v1/models":
             self._json(200, {"data": [{"id": "m", "owned_by": "someone", "max_model_len": 4096}]})
