@@ -395,11 +395,21 @@ def test_a_sampler_reads_a_real_tool_and_keeps_its_error(tmp_path: Path) -> None
     assert got["gpus"]["0"]["power_w"] == {"min": 118.52, "mean": 118.52, "max": 118.52}
 
 
+def _report_json(files: list[str], tmp_path: Path) -> Any:
+    """``servegate report FILES --json`` into ``tmp_path/rep``, without a config."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "servegate", "report", *files, "--out", str(tmp_path / "rep"),
+         "--json", "--config", str(tmp_path / "none.toml")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
 def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: Path) -> None:
     """Two releases' sweeps through `servegate report`: a PNG of the curves and a page
     whose table has every point, the saturated one and the knee named."""
-    import subprocess
-    import sys
 
     files = []
     for sha, slow in (("a" * 40, 1.0), ("b" * 40, 3.0)):
@@ -421,11 +431,7 @@ def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: P
         path = tmp_path / f"{sha[:4]}-load.json"
         path.write_text(json.dumps(doc))
         files.append(str(path))
-    run = subprocess.run(
-        [sys.executable, "-m", "servegate", "report", *files, "--out", str(tmp_path / "rep"),
-         "--json", "--config", str(tmp_path / "none.toml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    run = _report_json(files, tmp_path)
     assert run.returncode == 0, run.stderr
     said = json.loads(run.stdout)["result"]
     assert said["load_curves"] == 2
@@ -448,8 +454,6 @@ def test_report_says_which_sweeps_failed_and_draws_no_made_up_figure(tmp_path: P
     """A sweep whose server went away keeps the points it finished, marked failed with
     why; one that finished none is listed, not dropped; a point whose answers all came
     in a burst has no ITL to draw ("-"), not a perfect 0."""
-    import subprocess
-    import sys
 
     died = _load_doc()
     died.update(status="failed", error="the server went away during the 2 req/s point")
@@ -460,11 +464,7 @@ def test_report_says_which_sweeps_failed_and_draws_no_made_up_figure(tmp_path: P
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(doc))
         files.append(str(path))
-    run = subprocess.run(
-        [sys.executable, "-m", "servegate", "report", *files, "--out", str(tmp_path / "rep"),
-         "--json", "--config", str(tmp_path / "none.toml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    run = _report_json(files, tmp_path)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["result"]["load_curves"] == 2
     page = (tmp_path / "rep" / "load-curves.html").read_text()
