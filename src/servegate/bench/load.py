@@ -44,7 +44,6 @@ import math
 import random
 import re
 import threading
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -627,18 +626,12 @@ class Load:
 
     def _settled(self, before: Mapping[str, float], sent: Sequence[_Sent]) -> dict[str, float]:
         """``/metrics`` after a point, once the engine has counted the tokens of the
-        requests that ended whole (vLLM observes its per-request histograms as a request
-        finishes, which can be just after the client read its end)."""
-        names = self.bench.spec.endpoint.adapter.metrics
-        series = tuple(n + "_count" for n in names.generation_tokens)
+        requests that ended whole (:func:`runner.settled_metrics`)."""
+        endpoint = self.bench.spec.endpoint
         whole = sum(1 for one in sent if one.stream.started and not one.stream.error)
-        deadline = sse.now() + 10.0
-        while True:
-            after = prom.parse(client.metrics_text(self.bench.spec.endpoint))
-            done = prom.delta(before, after, series) if series else None
-            if not series or not after or (done or 0) >= whole or sse.now() > deadline:
-                return after
-            time.sleep(0.05)
+        return runner.settled_metrics(
+            endpoint, before, endpoint.adapter.metrics.generation_tokens, whole
+        )
 
     def _engine_counts(
         self, sent: Sequence[_Sent], before: Mapping[str, float], after: Mapping[str, float]

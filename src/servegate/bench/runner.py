@@ -32,6 +32,7 @@ from servegate.bench.schema import Case as CaseDoc
 from servegate.bench.schema import Group, Result, ServerMetrics, Trial
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters, openai
+from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed
 from servegate.pipeline.atomic import write_text
 from servegate.pipeline.stages import QuietReporter, Reporter
@@ -543,13 +544,7 @@ class Bench:
         vLLM observes the prefill/decode time histograms when a request finishes, which
         can be just after the client read [DONE] (on a busy box, noticeably after)."""
         names = self.spec.endpoint.adapter.metrics
-        deadline = now() + 10.0
-        while True:
-            after = prom.parse(client.metrics_text(self.spec.endpoint, http=self.http))
-            done = prom.delta(before, after, tuple(n + "_count" for n in names.decode_time))
-            if not names.decode_time or not after or (done or 0) >= requests or now() > deadline:
-                return after
-            time.sleep(0.05)
+        return settled_metrics(self.spec.endpoint, before, names.decode_time, requests, self.http)
 
     def _engine_clock(
         self, trials: list[Trial], before: dict[str, float], after: dict[str, float]
@@ -741,3 +736,23 @@ def engine_counts_problem(
                 "request over",
             ))  # fmt: skip
     return found
+
+
+def settled_metrics(
+    endpoint: Endpoint,
+    before: Mapping[str, float],
+    series: Sequence[str],
+    requests: int,
+    http: httpx.Client | None = None,
+) -> dict[str, float]:
+    """``/metrics`` once the engine's histogram ``series`` has counted ``requests`` more
+    than ``before`` (vLLM observes its per-request histograms as a request finishes,
+    which can be just after the client read its end), or after 10 s; at once where the
+    engine keeps no such series."""
+    deadline = now() + 10.0
+    while True:
+        after = prom.parse(client.metrics_text(endpoint, http=http))
+        done = prom.delta(before, after, tuple(n + "_count" for n in series))
+        if not series or not after or (done or 0) >= requests or now() > deadline:
+            return after
+        time.sleep(0.05)
