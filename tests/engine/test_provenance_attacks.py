@@ -240,6 +240,30 @@ def test_untracked_code_in_the_release_is_found_even_when_idle(
     assert "untracked code mmap.py" in checks(report)
 
 
+def test_an_untracked_link_to_a_package_directory_is_untracked_code(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """git lists a symbolic link to a directory as a plain name (``mmap``, no suffix), and
+    Python imports the package behind it ahead of the standard module."""
+    marker = tmp_path / "shadow-ran"
+    package = tmp_path / "elsewhere" / "mmap"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w')\n"
+        "import sys\ndel sys.modules['mmap']\nsys.path.pop(0)\nimport mmap as _real\n"
+        "sys.modules['mmap'] = _real\n"
+    )
+    (release / "mmap").symlink_to(package)
+    (release / "notes.txt").symlink_to(tmp_path / "elsewhere")  # a link, but not code? a dir
+    (release / "settings.yaml").symlink_to(release / "notes.txt" / "mmap" / "__init__.py")
+    s = serve(services, release)
+    assert marker.exists()  # the linked package ran
+    found = checks(verify(s.pid, expect(release)))
+    assert "untracked code mmap" in found
+    assert "untracked code notes.txt" in found  # a directory, whatever its name
+    assert "untracked code settings.yaml" not in found  # a linked file Python cannot import
+
+
 def test_an_undeclared_pythonpath_outside_the_roots_is_a_finding(
     release: Path, services: list[Service], tmp_path: Path
 ) -> None:
@@ -253,6 +277,36 @@ def test_an_undeclared_pythonpath_outside_the_roots_is_a_finding(
     # declared by the launch with this very value: the launch's choice, no finding
     declared = verify(s.pid, expect(release, declared_env={"PYTHONPATH": str(elsewhere)}))
     assert "PYTHONPATH" not in checks(declared)
+
+
+#: exec the service with PYTHONPATH twice: getenv() and os.environ take the first copy, a
+#: dict built from /proc/PID/environ in order would take the last
+TWICE = """
+import ctypes, os, sys
+env = [b"PYTHONPATH=" + sys.argv[1].encode()]
+env += [f"{k}={v}".encode() for k, v in os.environ.items()]
+env += [b"PYTHONPATH=" + sys.argv[2].encode()]
+argv = [sys.executable.encode(), b"-m", b"stackpkg.server", sys.argv[3].encode()]
+A, E = ctypes.c_char_p * (len(argv) + 1), ctypes.c_char_p * (len(env) + 1)
+ctypes.CDLL(None).execve(argv[0], A(*argv, None), E(*env, None))
+"""
+
+
+def test_an_environment_that_gives_a_name_twice_is_read_as_python_reads_it(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    argv = [sys.executable, "-c", TWICE, str(elsewhere), str(release)]
+    s = serve(services, release, argv=argv)
+    assert read_process(s.pid) is not None
+    raw = Path(f"/proc/{s.pid}/environ").read_bytes()
+    assert raw.count(b"\0PYTHONPATH=") + raw.startswith(b"PYTHONPATH=") == 2
+    report = verify(s.pid, expect(release))
+    assert "environment PYTHONPATH" in checks(report)  # given twice
+    path = [f for f in report.findings if f.check == "PYTHONPATH"]
+    assert path
+    assert path[0].found == str(elsewhere)  # the copy Python uses: the first
 
 
 def test_the_resolver_never_imports_its_own_modules_from_the_release(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -203,6 +204,123 @@ def test_port_taken_by_another_process(
     finally:
         intruder.terminate()
         intruder.wait()
+    assert HostState.load(host.cfg.host_root / "state.json").current.sha == good  # type: ignore[union-attr]
+
+
+#: a stranger on the service's port that hides its descriptors: non-dumpable, so a
+#: servegate that is not root cannot read its /proc/PID/fd (nor another user's)
+STRANGER = r"""
+import ctypes, http.server, socket, sys
+ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+class V6(http.server.HTTPServer):
+    address_family = socket.AF_INET6
+s = V6(("::1", int(sys.argv[1])), http.server.BaseHTTPRequestHandler)
+print("listening", flush=True)
+s.serve_forever()
+"""
+
+
+def _owners_as_another_user(port: int) -> tuple[list[int], int]:
+    """``ports.owners`` as a servegate that is not root sees the port: in a forked child
+    that, when the tests run as root, drops to nobody first."""
+    from servegate.engine import ports
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing but the /proc reads, then out
+        code = 1
+        try:
+            os.close(read)
+            if os.getuid() == 0:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+            pids, hidden = ports.owners(port)
+            os.write(write, json.dumps([sorted(pids), hidden]).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as got:
+        out = got.read()
+    assert os.waitpid(pid, 0)[1] == 0
+    pids, hidden = json.loads(out)
+    return pids, hidden
+
+
+def _stranger(port: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", STRANGER, str(port)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "listening"
+    return proc
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def test_a_listener_whose_descriptors_cannot_be_read_is_still_a_listener() -> None:
+    from servegate.engine import ports
+
+    port = free_port()
+    stranger = _stranger(port)
+    try:
+        # no owner it can read, one listening socket all the same
+        assert _owners_as_another_user(port) == ([], 1)
+        if os.getuid() == 0:  # root reads every process's descriptors
+            assert ports.owners(port) == ({stranger.pid}, 0)
+    finally:
+        _stop(stranger)
+
+
+def test_a_hidden_listener_fails_verify_and_the_next_promote(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """What a servegate that is not root sees: the stranger's socket without its pid
+    (the test above shows the real table read that way)."""
+    from servegate.engine import ports
+
+    good = released(host, stack)
+    port = host.cfg.service.port
+    stranger = _stranger(port)
+    real = ports.owners
+
+    def unreadable(p: int) -> tuple[set[int], int]:
+        pids, hidden = real(p)
+        return pids - {stranger.pid}, hidden + (stranger.pid in pids)
+
+    monkeypatch.setattr(ports, "owners", unreadable)
+    try:
+        capsys.readouterr()
+        assert release_main(["verify", "--config", str(host.path)]) == 8
+        err = capsys.readouterr().err
+        assert f"port {port} listener" in err
+        assert "cannot read" in err
+        assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 6
+        assert "cannot read" in capsys.readouterr().err
+    finally:
+        _stop(stranger)
+    assert HostState.load(host.cfg.host_root / "state.json").current.sha == good  # type: ignore[union-attr]
+
+
+def test_a_service_restarted_after_its_proof_is_not_recorded_as_proven(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The release answers the smoke probe and dies; the service manager starts it again
+    before the record: the process serving then was never proven, so no released
+    record may carry the proof of the one before it."""
+    good = released(host, stack)
+    sha = stack.commit("crash-after-answer")
+    capsys.readouterr()
+    assert release_main(["promote", sha, "--config", str(host.path)]) == 7
+    err = capsys.readouterr().err
+    assert "changed after it was proven" in err
+    assert_serving(host, good)
     assert HostState.load(host.cfg.host_root / "state.json").current.sha == good  # type: ignore[union-attr]
 
 

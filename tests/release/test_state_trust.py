@@ -270,3 +270,33 @@ def test_read_only_commands_on_a_host_never_set_up_leave_it_bare(
     assert release_main(["history", "--config", str(host.path)]) == 0
     assert not (root / "repo.git").exists()
     assert "no release is recorded" in capsys.readouterr().err
+
+
+def test_verify_believes_the_release_record_not_a_rewritten_state(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A library rebuilt in the release and its hash written into state.json: the live
+    service maps exactly what the state says, but not what the release record says."""
+    import hashlib
+
+    from servegate.release.promote import promote
+
+    sha = stack.commit()
+    assert promote(host.context(), sha).verdict == "released"
+    lib = host.cfg.host_root / "releases" / sha / "build" / "libtiny.so"
+    src = host.cfg.host_root / "other.c"
+    src.write_text("int tiny_version(void) { return 7; } int evil(void) { return 666; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", f"{lib}.new", str(src)], check=True)
+    os.replace(f"{lib}.new", lib)
+    path = host.cfg.host_root / "state.json"
+    state = json.loads(path.read_text())
+    state["current"]["artifacts"]["build/libtiny.so"] = hashlib.sha256(lib.read_bytes()).hexdigest()
+    path.write_text(json.dumps(state))
+    ctx = host.context()
+    ctx.manager.stop()
+    ctx.manager.start()  # the rebuilt library is mapped now
+    capsys.readouterr()
+    assert release_main(["verify", "--config", str(host.path)]) == 8
+    err = capsys.readouterr().err
+    assert "differ from its release record's (build/libtiny.so)" in err
+    assert "--rebuild-state" in err

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from servegate.config import Config
-from servegate.errors import NothingToDo, ServegateError
+from servegate.errors import NothingToDo, ProvenanceMismatch, ServegateError
 from servegate.output import Output
 from servegate.pipeline.stages import QuietReporter
 from servegate.release import bringup
@@ -22,9 +23,15 @@ def run(cfg: Config, out: Output) -> int:
         )
     evidence = bringup.Evidence()
     try:
+        recorded = _recorded_artifacts(ctx, current.sha, current.artifacts)
         report = bringup.prove(
             ctx, current.sha, Path(current.release_dir), current.artifacts, evidence
         )
+        if recorded is None:
+            report.weaker.append(
+                f"no release record of this host for {current.sha[:12]}: the build hashes in "
+                "state.json were not checked against one"
+            )
     except ServegateError as err:
         if out.json_mode:
             return out.emit(evidence.provenance, err.exit_code, err)
@@ -60,3 +67,28 @@ def run(cfg: Config, out: Output) -> int:
         f"{current.release_dir}"
     )
     return 0
+
+
+def _recorded_artifacts(
+    ctx: Context, sha: str, state_artifacts: Mapping[str, str]
+) -> Mapping[str, str] | None:
+    """The build hashes this host's release record of ``sha`` holds (None: no record with
+    them). The live libraries are checked against state.json's copy; a copy that says
+    otherwise than the record (someone who could write the host root rebuilt a library
+    and wrote its hash there) is refused, not believed."""
+    record = bringup.live_record(ctx)
+    recorded = (record or {}).get("artifacts")
+    if not isinstance(recorded, dict):
+        return None
+    if dict(recorded) != dict(state_artifacts):
+        differ = sorted(
+            k for k in set(recorded) | set(state_artifacts)
+            if recorded.get(k) != state_artifacts.get(k)
+        )  # fmt: skip
+        raise ProvenanceMismatch(
+            f"state.json's build hashes for {sha[:12]} differ from its release record's "
+            f"({', '.join(differ[:5])}): the host state was changed after the release",
+            hint="`release recover --rebuild-state` makes the state again from the records; "
+            "then `release verify`",
+        )
+    return recorded

@@ -628,17 +628,23 @@ def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str]
     """Files (and nested repositories) in the release that Python could import, neither
     tracked nor hashed by the build; None when git cannot list them. A directory git
     will not look into (a nested repository: ``json/`` with its own ``.git``) is listed
-    whole: it can hold a package that shadows the standard library's."""
+    whole: it can hold a package that shadows the standard library's. So is any untracked
+    symbolic link to a directory, whatever its name: git lists it as a plain name
+    (``json``), and Python imports the package behind it."""
     others = _git_lines(release_dir, "ls-files", "--others", "-z")
     if others is None:
         return None
     return sorted(
         rel
         for rel in others
-        if (rel.endswith("/") or rel.endswith(IMPORTABLE))
+        if (rel.endswith("/") or rel.endswith(IMPORTABLE) or _linked_dir(release_dir / rel))
         and "__pycache__" not in rel.split("/")
         and rel not in artifacts
     )
+
+
+def _linked_dir(path: Path) -> bool:
+    return path.is_symlink() and path.is_dir()
 
 
 def check_untracked(exp: Expectation, tracked: set[str] | None, report: Report) -> None:

@@ -40,6 +40,10 @@ class ProcInfo:
     environ_readable: bool = True
     #: the words of /proc/PID/cmdline (a path with spaces stays one word)
     argv: tuple[str, ...] = ()
+    #: names the environment block gives more than once: ``environ`` keeps the first, as
+    #: getenv() and Python's os.environ read it, but code that scans the block itself
+    #: may take another
+    env_twice: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,12 @@ def read_process(pid: int) -> ProcInfo | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
         raw_env = Path(f"/proc/{pid}/environ").read_bytes()
         parts = raw_env.removesuffix(b"\0").split(b"\0")
-        environ = dict(p.decode(errors="replace").split("=", 1) for p in parts if b"=" in p)
+        environ: dict[str, str] = {}
+        twice: list[str] = []
+        for name, value in (p.decode(errors="replace").split("=", 1) for p in parts if b"=" in p):
+            if name in environ:
+                twice.append(name)
+            environ.setdefault(name, value)
         # an intact block is NAME=value entries only; a rewritten title leaves NUL runs
         readable = bool(raw_env) and all(b"=" in p for p in parts)
         return ProcInfo(
@@ -266,6 +275,7 @@ def read_process(pid: int) -> ProcInfo | None:
             environ=environ,
             mapped=_maps(pid),
             environ_readable=readable,
+            env_twice=tuple(dict.fromkeys(twice)),
         )
     except (FileNotFoundError, ProcessLookupError):
         return None  # it ended while we looked

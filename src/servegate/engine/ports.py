@@ -24,11 +24,19 @@ def _listening_inodes(port: int) -> set[str]:
 
 def listeners(port: int) -> set[int]:
     """PIDs holding a socket that listens on ``port`` (any address)."""
+    return owners(port)[0]
+
+
+def owners(port: int) -> tuple[set[int], int]:
+    """(PIDs holding a socket that listens on ``port``, how many such sockets no process
+    this user can read holds): another user's process, or one of ours that made itself
+    non-dumpable, hides its ``/proc/PID/fd`` — a listener all the same."""
     inodes = _listening_inodes(port)
     if not inodes:
-        return set()
-    wanted = {f"socket:[{i}]" for i in inodes}
+        return set(), 0
+    wanted = {f"socket:[{i}]": i for i in inodes}
     pids: set[int] = set()
+    held: set[str] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -38,12 +46,14 @@ def listeners(port: int) -> set[int]:
             continue
         for fd in fds:
             try:
-                if os.readlink(f"/proc/{entry}/fd/{fd}") in wanted:
-                    pids.add(int(entry))
-                    break
+                inode = wanted.get(os.readlink(f"/proc/{entry}/fd/{fd}"))
             except OSError:
                 continue
-    return pids
+            if inode is not None:
+                pids.add(int(entry))
+                held.add(inode)
+    # a socket closed while we looked is no stranger: only those still listening count
+    return pids, len((inodes - held) & _listening_inodes(port))
 
 
 def port_in_use(port: int) -> bool:

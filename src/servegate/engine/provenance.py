@@ -113,6 +113,10 @@ def _check_process(
         if info.pid == main_pid:
             bad("environment", "readable in /proc/PID/environ", "blank (overwritten)")
         return
+    for name in info.env_twice:
+        bad(f"environment {name}", "given once",
+            "given more than once: getenv() reads the first, code that scans the block "
+            "itself may read another")  # fmt: skip
     trusted = [exp.release_dir, *where.roots]
     for name in LOADER_PATHS:
         value = info.environ.get(name)
@@ -289,6 +293,15 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
             )
 
 
+def start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (/proc/PID/stat): with the
+    pid, the process's identity — a pid reused by a later process has a later start."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _start_time(pid: int) -> float | None:
     """When the process started, in seconds since the epoch, to a clock tick: its start
     in ticks since boot (/proc/PID/stat) placed on the wall clock through the boot clock
@@ -404,13 +417,16 @@ def verify(main_pid: int | None, exp: Expectation) -> Report:
     _check_age(infos[0], exp, tracked, report)
     if exp.port is not None:
         pids = {i.pid for i in infos}
-        owners = ports.listeners(exp.port)
+        owners, hidden = ports.owners(exp.port)
         report.listeners = sorted(owners)
-        if not owners or not owners <= pids:
+        if not owners or not owners <= pids or hidden:
             shown = [
                 f"{p} ({' '.join(redact.argv(ports.argv(p), exp.salt))[:120]})"
                 for p in sorted(owners)
             ]
+            if hidden:
+                shown.append(f"{hidden} socket(s) held by a process whose descriptors this "
+                             "user cannot read (another user's, or one that hid them)")  # fmt: skip
             found = ", ".join(shown) or "nobody"
             report.findings.append(
                 Finding(

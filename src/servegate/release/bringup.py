@@ -19,6 +19,7 @@ from servegate.errors import (
     LogRuleFailed,
     PreflightFailed,
     ProvenanceMismatch,
+    ServiceFailed,
 )
 from servegate.pipeline import redact
 from servegate.pipeline.git import dirty_files, worktree_head
@@ -50,6 +51,9 @@ class Evidence:
     startup_log: dict[str, Any] = field(default_factory=dict)
     #: where the new release's output starts in the service log
     log_mark: str = ""
+    #: the main process provenance last proved: (pid, start time); the record is written
+    #: only while that very process serves
+    proven: tuple[int, int | None] | None = None
 
 
 def service_pids(ctx: Context) -> set[int]:
@@ -79,12 +83,15 @@ def check_host_root(ctx: Context) -> None:
 def check_port_free(ctx: Context) -> None:
     """The port is free or held by our own service — never by a stranger."""
     port = ctx.cfg.service.port
-    foreign = ports.listeners(port) - service_pids(ctx)
-    if foreign:
+    owners, hidden = ports.owners(port)
+    foreign = owners - service_pids(ctx)
+    if foreign or hidden:
         who = "; ".join(
-            f"pid {p}: {' '.join(redact.argv(ports.argv(p), ctx.salt))[:160]}"
-            for p in sorted(foreign)
-        )
+            [f"pid {p}: {' '.join(redact.argv(ports.argv(p), ctx.salt))[:160]}"
+             for p in sorted(foreign)]
+            + [f"{hidden} socket(s) of a process whose descriptors this user cannot read "
+               f"(find it with: sudo ss -ltnp 'sport = :{port}')"] * bool(hidden)
+        )  # fmt: skip
         raise PreflightFailed(
             f"port {port} is already taken by a process that is not the service: {who}",
             hint="stop that process, or set service.port to a free port; "
@@ -151,6 +158,7 @@ def prove(
     report = provenance.verify(pid, exp)
     check_checkout(release_dir, sha, report)
     evidence.provenance = report.as_dict()
+    evidence.proven = None if pid is None else (pid, provenance.start_ticks(pid))
     if not report.ok:
         first = report.findings[0].check
         more = f" (+{len(report.findings) - 1} more)" if len(report.findings) > 1 else ""
@@ -191,12 +199,34 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     return released[-1] if released else None
 
 
+def still_proven(ctx: Context, evidence: Evidence) -> None:
+    """The process serving now is the one provenance last proved: a service that died
+    and was started again (a crash the service manager restarted, an operator's
+    restart) after its proof is a process nobody proved, and no record may say it was."""
+    pid = ctx.manager.main_pid()
+    now = None if pid is None else (pid, provenance.start_ticks(pid))
+    if evidence.proven is None or now != evidence.proven:
+        was = evidence.proven[0] if evidence.proven else None
+        raise ServiceFailed(
+            f"the service's main process changed after it was proven (pid {was} → {pid}): "
+            "it stopped or was started again during the gate, and the process serving now "
+            "was never proven",
+            hint=f"read the service log ({ctx.manager.log_file or 'journalctl -u the unit'}): "
+            "a release that crashes under its gate is not released",
+        )
+
+
 def restarter(
-    ctx: Context, sha: str, release_dir: Path, artifacts: Mapping[str, str]
+    ctx: Context,
+    sha: str,
+    release_dir: Path,
+    artifacts: Mapping[str, str],
+    proven: Evidence | None = None,
 ) -> Callable[[], dict[str, Any]]:
     """Restart the candidate in place and prove it again — healthy, a clean start-up log,
     provenance — for a gate that spreads its repetitions over service starts. A restart
-    that fails any of these raises, and the promote rolls back."""
+    that fails any of these raises, and the promote rolls back. ``proven``: the promote's
+    evidence, told which process is the proven one now."""
 
     def restart() -> dict[str, Any]:
         again = Evidence()
@@ -205,6 +235,8 @@ def restarter(
         ctx.manager.start()
         healthy(ctx, sha, release_dir, again)
         report = prove(ctx, sha, release_dir, artifacts, again)
+        if proven is not None:
+            proven.proven = again.proven
         return {
             "service_pid": again.service_pid,
             "startup_seconds": round(again.startup_seconds, 3),
@@ -241,7 +273,9 @@ def gate(
         command=" ".join(ctx.spec(release_dir, sha).redacted(ctx.salt)["argv"]),
         window_check=logscan.window_check(ctx.rules, lint_mod.facts(ctx.spec(release_dir, sha))),
         first_release=ctx.state.current is None and ctx.state.release_count() == 0,
-        restart=None if artifacts is None else restarter(ctx, sha, release_dir, artifacts),
+        restart=None
+        if artifacts is None
+        else restarter(ctx, sha, release_dir, artifacts, evidence),
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)

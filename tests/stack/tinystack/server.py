@@ -71,6 +71,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
             },
         )
+        if MODE == "crash-after-answer" and not started_marker().exists():
+            started_marker().touch()  # the first start dies after its first answer; the
+            self.wfile.flush()  # service manager starts it again, and that one stays
+            os._exit(1)
 
     def log_message(self, fmt: str, *args: object) -> None:
         print("tiny:", fmt % args, flush=True)
