@@ -254,14 +254,20 @@ def test_an_untracked_link_to_a_package_directory_is_untracked_code(
         "sys.modules['mmap'] = _real\n"
     )
     (release / "mmap").symlink_to(package)
-    (release / "notes.txt").symlink_to(tmp_path / "elsewhere")  # a link, but not code? a dir
-    (release / "settings.yaml").symlink_to(release / "notes.txt" / "mmap" / "__init__.py")
+    (release / "notes.txt").symlink_to(tmp_path / "elsewhere")  # a directory of code
+    (release / "settings.yaml").symlink_to(package / "__init__.py")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "model.safetensors").write_bytes(b"\0" * 16)
+    (weights / "config.json").write_text("{}")
+    (release / "models").symlink_to(weights)  # data, not code
     s = serve(services, release)
     assert marker.exists()  # the linked package ran
     found = checks(verify(s.pid, expect(release)))
     assert "untracked code mmap" in found
     assert "untracked code notes.txt" in found  # a directory, whatever its name
     assert "untracked code settings.yaml" not in found  # a linked file Python cannot import
+    assert "untracked code models" not in found
 
 
 def test_an_undeclared_pythonpath_outside_the_roots_is_a_finding(

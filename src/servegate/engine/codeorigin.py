@@ -629,8 +629,8 @@ def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str]
     tracked nor hashed by the build; None when git cannot list them. A directory git
     will not look into (a nested repository: ``json/`` with its own ``.git``) is listed
     whole: it can hold a package that shadows the standard library's. So is any untracked
-    symbolic link to a directory, whatever its name: git lists it as a plain name
-    (``json``), and Python imports the package behind it."""
+    symbolic link to a directory of code, whatever its name: git lists it as a plain
+    name (``json``), and Python imports the package behind it."""
     others = _git_lines(release_dir, "ls-files", "--others", "-z")
     if others is None:
         return None
@@ -643,8 +643,17 @@ def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str]
     )
 
 
-def _linked_dir(path: Path) -> bool:
-    return path.is_symlink() and path.is_dir()
+def _linked_dir(path: Path, most: int = 20_000) -> bool:
+    """A symbolic link to a directory that holds code Python could import (a link to
+    weights or data alone is not code); one too large to look through counts."""
+    if not (path.is_symlink() and path.is_dir()):
+        return False
+    seen = 0
+    for _, _, files in os.walk(path):
+        seen += len(files)
+        if seen > most or any(f.endswith(IMPORTABLE) for f in files):
+            return True
+    return False
 
 
 def check_untracked(exp: Expectation, tracked: set[str] | None, report: Report) -> None:
