@@ -324,6 +324,33 @@ def test_a_service_restarted_after_its_proof_is_not_recorded_as_proven(
     assert HostState.load(host.cfg.host_root / "state.json").current.sha == good  # type: ignore[union-attr]
 
 
+def test_a_rollback_to_a_release_that_dies_after_its_proof_is_not_recorded(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same on the way back: the release rolled back to answers the smoke probe
+    and dies, the service manager starts it again; no rollback record may say the
+    process serving then was proven."""
+    import hashlib
+    import tempfile
+
+    a = stack.commit("crash-after-answer")
+    key = hashlib.sha256(str(Path(host.release_dir(a)).resolve()).encode()).hexdigest()[:16]
+    marker = Path(tempfile.gettempdir()) / f"tiny-started-{key}"
+    marker.touch()  # its promote does not crash
+    try:
+        assert promote(host.context(), a).verdict == "released"
+        b = stack.commit()
+        assert promote(host.context(), b).verdict == "released"
+        marker.unlink()  # the next start of a dies after its first answer (the rb smoke)
+        capsys.readouterr()
+        assert release_main(["rollback", "--config", str(host.path)]) != 0
+        assert "changed after it was proven" in capsys.readouterr().err
+        state = HostState.load(host.cfg.host_root / "state.json")
+        assert state.current is None or state.current.sha != a or state.pending
+    finally:
+        marker.unlink(missing_ok=True)
+
+
 def _listening(port: int) -> bool:
     from servegate.engine.ports import port_in_use
 

@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from servegate.bench import noise
@@ -272,31 +274,91 @@ def test_read_only_commands_on_a_host_never_set_up_leave_it_bare(
     assert "no release is recorded" in capsys.readouterr().err
 
 
-def test_verify_believes_the_release_record_not_a_rewritten_state(
-    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A library rebuilt in the release and its hash written into state.json: the live
-    service maps exactly what the state says, but not what the release record says."""
+def _rebuilt_library(host: Host, sha: str) -> str:
+    """A library rebuilt in the release and its hash written into state.json, the
+    service started on it: what someone who can write the host root can do."""
     import hashlib
 
-    from servegate.release.promote import promote
-
-    sha = stack.commit()
-    assert promote(host.context(), sha).verdict == "released"
     lib = host.cfg.host_root / "releases" / sha / "build" / "libtiny.so"
     src = host.cfg.host_root / "other.c"
     src.write_text("int tiny_version(void) { return 7; } int evil(void) { return 666; }\n")
     subprocess.run(["cc", "-shared", "-fPIC", "-o", f"{lib}.new", str(src)], check=True)
     os.replace(f"{lib}.new", lib)
+    new = hashlib.sha256(lib.read_bytes()).hexdigest()
     path = host.cfg.host_root / "state.json"
     state = json.loads(path.read_text())
-    state["current"]["artifacts"]["build/libtiny.so"] = hashlib.sha256(lib.read_bytes()).hexdigest()
+    state["current"]["artifacts"]["build/libtiny.so"] = new
     path.write_text(json.dumps(state))
     ctx = host.context()
     ctx.manager.stop()
-    ctx.manager.start()  # the rebuilt library is mapped now
+    ctx.manager.start()
+    url = f"http://127.0.0.1:{host.cfg.service.port}/health"
+    for _ in range(100):  # up and mapping the rebuilt library, so only the record differs
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return new
+
+
+def test_verify_believes_the_release_record_not_a_rewritten_state(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from servegate.release.promote import promote
+
+    sha = stack.commit()
+    assert promote(host.context(), sha).verdict == "released"
+    _rebuilt_library(host, sha)
     capsys.readouterr()
     assert release_main(["verify", "--config", str(host.path)]) == 8
     err = capsys.readouterr().err
     assert "differ from its release record's (build/libtiny.so)" in err
     assert "--rebuild-state" in err
+
+
+@pytest.mark.parametrize("with_artifacts", [True, False])
+def test_a_record_appended_by_the_same_writer_does_not_outvote_the_release_record(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str], with_artifacts: bool
+) -> None:
+    from servegate.release.promote import promote
+
+    sha = stack.commit()
+    assert promote(host.context(), sha).verdict == "released"
+    new = _rebuilt_library(host, sha)
+    repo = host.cfg.host_root / "repo.git"
+    notes = ["git", "-c", "user.name=x", "-c", "user.email=x@x.invalid", "-C", str(repo),
+             "notes", "--ref", "refs/notes/servegate"]  # fmt: skip
+    shown = subprocess.run([*notes, "show", sha], capture_output=True, text=True, check=True)
+    last = json.loads([ln for ln in shown.stdout.splitlines() if ln.startswith("{")][-1])
+    forged = dict(last, at=last["at"] + "Z")
+    if with_artifacts:
+        forged["artifacts"] = dict(last["artifacts"], **{"build/libtiny.so": new})
+    else:
+        forged.pop("artifacts")
+    subprocess.run([*notes, "append", "-m", json.dumps(forged), sha], check=True)
+    capsys.readouterr()
+    assert release_main(["verify", "--config", str(host.path)]) == 8
+    assert "differ from its release record's" in capsys.readouterr().err
+
+
+def test_a_state_rebuilt_after_a_rollback_verifies_and_promotes(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rollback record carries no build hashes: the rebuilt state takes the SHA's
+    from its released record, so verify and the next promote hold."""
+    first = stack.commit()
+    assert release_main(["promote", first, "--config", str(host.path)]) == 0
+    assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 0
+    assert release_main(["rollback", "--config", str(host.path)]) == 0
+    state = host.cfg.host_root / "state.json"
+    state.write_text(state.read_text()[:40])  # lost to a crash
+    assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
+    current = json.loads(state.read_text())["current"]
+    assert current["sha"] == first
+    assert current["verdict"] == "rollback"
+    assert "build/libtiny.so" in current["artifacts"]
+    capsys.readouterr()
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 0

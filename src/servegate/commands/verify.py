@@ -72,23 +72,24 @@ def run(cfg: Config, out: Output) -> int:
 def _recorded_artifacts(
     ctx: Context, sha: str, state_artifacts: Mapping[str, str]
 ) -> Mapping[str, str] | None:
-    """The build hashes this host's release record of ``sha`` holds (None: no record with
-    them). The live libraries are checked against state.json's copy; a copy that says
-    otherwise than the record (someone who could write the host root rebuilt a library
-    and wrote its hash there) is refused, not believed."""
-    record = bringup.live_record(ctx)
-    recorded = (record or {}).get("artifacts")
-    if not isinstance(recorded, dict):
-        return None
-    if dict(recorded) != dict(state_artifacts):
-        differ = sorted(
-            k for k in set(recorded) | set(state_artifacts)
-            if recorded.get(k) != state_artifacts.get(k)
-        )  # fmt: skip
-        raise ProvenanceMismatch(
-            f"state.json's build hashes for {sha[:12]} differ from its release record's "
-            f"({', '.join(differ[:5])}): the host state was changed after the release",
-            hint="`release recover --rebuild-state` makes the state again from the records; "
-            "then `release verify`",
-        )
-    return recorded
+    """The build hashes this host's release records of ``sha`` hold (None: no record with
+    them). The live libraries are checked against state.json's copy; a copy that any
+    record contradicts (someone who could write the host root rebuilt a library and
+    wrote its hash there, or appended a record that says so) is refused, not believed."""
+    kept = [r["artifacts"] for r in bringup.host_released(ctx, sha)
+            if isinstance(r.get("artifacts"), dict)]  # fmt: skip
+    for recorded in kept:
+        if dict(recorded) != dict(state_artifacts):
+            differ = sorted(
+                k for k in set(recorded) | set(state_artifacts)
+                if recorded.get(k) != state_artifacts.get(k)
+            )  # fmt: skip
+            raise ProvenanceMismatch(
+                f"state.json's build hashes for {sha[:12]} differ from its release record's "
+                f"({', '.join(differ[:5])}): the host state or the records were changed after "
+                "the release",
+                hint="`release recover --rebuild-state` makes the state again from the "
+                "records; then `release verify` (if they still differ, compare the records "
+                "with origin's: `git notes --ref refs/notes/servegate show <sha>` in a clone)",
+            )
+    return kept[-1] if kept else None

@@ -643,17 +643,24 @@ def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str]
     )
 
 
-def _linked_dir(path: Path, most: int = 20_000) -> bool:
-    """A symbolic link to a directory that holds code Python could import (a link to
-    weights or data alone is not code); one too large to look through counts."""
+def _linked_dir(path: Path, most: int = 200_000) -> bool:
+    """A symbolic link to a directory that holds code Python could import, through any
+    link below it too (a link to weights or data alone is not code). What cannot be
+    looked through — a directory it cannot list, a tree of more than ``most`` entries or
+    a loop of links — counts as code: Python needs no listing to import a name."""
     if not (path.is_symlink() and path.is_dir()):
         return False
-    seen = 0
-    for _, _, files in os.walk(path):
-        seen += len(files)
-        if seen > most or any(f.endswith(IMPORTABLE) for f in files):
+    failed: list[OSError] = []
+    seen, places = 0, set()
+    for top, dirs, files in os.walk(path, followlinks=True, onerror=failed.append):
+        place = os.stat(top)
+        if (place.st_dev, place.st_ino) in places:
+            return True  # a loop
+        places.add((place.st_dev, place.st_ino))
+        seen += len(files) + len(dirs)
+        if failed or seen > most or any(f.endswith(IMPORTABLE) for f in files):
             return True
-    return False
+    return bool(failed)
 
 
 def check_untracked(exp: Expectation, tracked: set[str] | None, report: Report) -> None:

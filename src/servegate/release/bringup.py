@@ -185,18 +185,23 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     current = ctx.state.current
     if current is None:
         return None
-    # an unreadable note is an error, not "no baseline" (the gate must not skip its
-    # comparison because git failed): it propagates and fails the check
-    text = ctx.deployer.repo.notes(current.sha)
+    released = host_released(ctx, current.sha)
+    return released[-1] if released else None
+
+
+def host_released(ctx: Context, sha: str) -> list[dict[str, Any]]:
+    """This host's ``released`` records of ``sha``, oldest first. An unreadable note is
+    an error, not "no record" (the gate must not skip its comparison because git
+    failed): it propagates and fails the check."""
+    text = ctx.deployer.repo.notes(sha)
     mine, old = host_id(ctx.cfg), f"hostname:{socket.gethostname()}"  # old: before host_id
-    released = [  # every host writes the same notes ref: only this host's own record
+    return [  # every host writes the same notes ref: only this host's own record
         r
         for r in parse_notes(text)
         if r.get("verdict") == "released"
-        and r.get("sha") == current.sha
+        and r.get("sha") == sha
         and (r.get("host_id") or f"hostname:{r.get('host')}") in (mine, old)
     ]
-    return released[-1] if released else None
 
 
 def still_proven(ctx: Context, evidence: Evidence) -> None:

@@ -11,6 +11,7 @@ rebuilt: the output says to check the service with ``release verify``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -76,6 +77,15 @@ def rebuild(cfg: Config) -> dict[str, Any]:
                 )
             )
     entries.sort(key=lambda e: e.at)
+    # a rollback record carries no build hashes: an entry takes its SHA's from the newest
+    # released record of this host (what the release was built and proven with)
+    built = {e.sha: e.artifacts for e in entries if e.verdict == "released" and e.artifacts}
+    entries = [
+        dataclasses.replace(e, artifacts=dict(built[e.sha]))
+        if not e.artifacts and e.sha in built
+        else e
+        for e in entries
+    ]
     live = live_sha(cfg)
     current = next(
         (e for e in reversed(entries) if e.sha == live and e.verdict in VERIFIED and e.release_dir),
