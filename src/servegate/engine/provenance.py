@@ -294,10 +294,12 @@ def _check_modules(main: ProcInfo, exp: Expectation, report: Report) -> None:
 
 
 def start_ticks(pid: int) -> int | None:
-    """When the process started, in clock ticks since boot (/proc/PID/stat): with the
-    pid, the process's identity — a pid reused by a later process has a later start."""
+    """When the live process started, in clock ticks since boot (/proc/PID/stat): with
+    the pid, the process's identity — a pid reused by a later process has a later start.
+    None when there is no live process: gone, or dead and not yet reaped (a zombie)."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 

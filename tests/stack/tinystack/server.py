@@ -63,6 +63,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
         json.loads(self.rfile.read(length) or b"{}")
+        if MODE == "crash-after-answer" and not started_marker().exists():
+            # the first start dies with its first answer, which a child sends once this
+            # process is dead (the client cannot see the answer before the death); the
+            # service manager starts it again, and that one stays
+            started_marker().touch()
+            parent = os.getpid()
+            if os.fork() == 0:
+                self.server.socket.close()  # type: ignore[attr-defined]  # the next start binds
+                stat = Path(f"/proc/{parent}/stat")
+                while stat.exists():
+                    try:
+                        if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                            break
+                    except (OSError, IndexError):
+                        break
+                    time.sleep(0.005)
+                self._send(200, {
+                    "choices": [{"message": {"role": "assistant", "content": "hello from tiny"}}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+                })  # fmt: skip
+                self.wfile.flush()
+                os._exit(0)
+            os._exit(1)
         text = "" if MODE == "empty-answer" else "hello from tiny"
         self._send(
             200,
@@ -71,10 +94,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
             },
         )
-        if MODE == "crash-after-answer" and not started_marker().exists():
-            started_marker().touch()  # the first start dies after its first answer; the
-            self.wfile.flush()  # service manager starts it again, and that one stays
-            os._exit(1)
 
     def log_message(self, fmt: str, *args: object) -> None:
         print("tiny:", fmt % args, flush=True)
