@@ -7,14 +7,13 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from servegate.bench import noise
 from servegate.cli import release_main
+from servegate.engine.health import wait_healthy
 from servegate.engine.managers import supervisor
 from servegate.errors import LockHeld, PreflightFailed
 from servegate.pipeline.lock import HostLock
@@ -292,14 +291,8 @@ def _rebuilt_library(host: Host, sha: str) -> str:
     ctx = host.context()
     ctx.manager.stop()
     ctx.manager.start()
-    url = f"http://127.0.0.1:{host.cfg.service.port}/health"
-    for _ in range(100):  # up and mapping the rebuilt library, so only the record differs
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
+    # up and mapping the rebuilt library, so only the record differs
+    wait_healthy(ctx.manager, ctx.endpoint, 30, ctx.reporter)
     return new
 
 

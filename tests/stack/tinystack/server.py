@@ -43,6 +43,13 @@ def library() -> Path:
     return lib
 
 
+def answer(text: str) -> dict[str, object]:
+    return {
+        "choices": [{"message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+    }
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     def _send(self, code: int, body: object) -> None:
         data = json.dumps(body).encode()
@@ -79,21 +86,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     except (OSError, IndexError):
                         break
                     time.sleep(0.005)
-                self._send(200, {
-                    "choices": [{"message": {"role": "assistant", "content": "hello from tiny"}}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
-                })  # fmt: skip
+                self._send(200, answer("hello from tiny"))
                 self.wfile.flush()
                 os._exit(0)
             os._exit(1)
-        text = "" if MODE == "empty-answer" else "hello from tiny"
-        self._send(
-            200,
-            {
-                "choices": [{"message": {"role": "assistant", "content": text}}],
-                "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
-            },
-        )
+        self._send(200, answer("" if MODE == "empty-answer" else "hello from tiny"))
 
     def log_message(self, fmt: str, *args: object) -> None:
         print("tiny:", fmt % args, flush=True)
