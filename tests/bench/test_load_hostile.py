@@ -35,19 +35,28 @@ def answer(
     finish: Any = "length",
     usage: Any = "honest",
     gap: float = 0.0,
+    at_once: bool = False,
 ) -> Script:
-    """A streamed answer of ``n`` text chunks, its finish reason and its usage."""
+    """A streamed answer of ``n`` text chunks, its finish reason and its usage; with
+    ``at_once``, every chunk in one write (held back and sent together), so that a busy
+    box cannot spread them over several reads."""
 
     def script(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        held: list[bytes] = []
         for i in range(n):
             time.sleep(gap)
-            h.wfile.write(_event({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]}))
+            chunk = _event({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
+            if at_once:
+                held.append(chunk)
+                continue
+            h.wfile.write(chunk)
             h.wfile.flush()
-        h.wfile.write(_event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+        held.append(_event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
         if usage is not None:
             counts = {"prompt_tokens": 1000, "completion_tokens": n} if usage == "honest" else usage
-            h.wfile.write(_event({"choices": [], "usage": counts}))
-        h.wfile.write(_event(b"[DONE]"))
+            held.append(_event({"choices": [], "usage": counts}))
+        held.append(_event(b"[DONE]"))
+        h.wfile.write(b"".join(held))
 
     return script
 
@@ -193,7 +202,8 @@ def test_an_answer_delivered_at_once_has_no_decode_timing(
             h.wfile.flush()
             time.sleep(0.05)
         rest = MAX_TOKENS - 1 if start else MAX_TOKENS
-        answer(n=rest, usage={"prompt_tokens": 1000, "completion_tokens": MAX_TOKENS})(h, body)
+        usage = {"prompt_tokens": 1000, "completion_tokens": MAX_TOKENS}
+        answer(n=rest, usage=usage, at_once=True)(h, body)
 
     ttft_only = load.parse_goodput("ttft:2s,e2el:5s")
     for slo, good in ((SLO, 0), (ttft_only, None)):
