@@ -181,6 +181,31 @@ def test_rows_are_reported_only_unless_required() -> None:
     assert row["ratio"] > 2.5  # the figures are there all the same
 
 
+def test_a_load_check_that_no_row_decides_is_refused_and_never_passes() -> None:
+    """Rows only reported: the check would PASS a candidate five times slower. `config
+    check` (and a promote, before anything is deployed) refuses it, saying how to make a
+    row decide; a check that reached a verdict anyway FAILs, as the bench check does."""
+    from servegate.release.gate import build_checks
+
+    reported = cfg_of(
+        "[load]\nrates = [1, 2]\nduration = 30\n"
+        '[[load.rules]]\nmetric = "ttft_s.p50"\npoint = 2\n'
+    )
+    for refuse in (load_gate.check_config, build_checks):
+        with pytest.raises(ConfigError, match="no required") as err:
+            refuse(reported)
+        assert "required = true" in err.value.hint
+        assert "servegate bench load" in err.value.hint
+    with pytest.raises(ConfigError, match="no required"):
+        build_checks(cfg_of("[load]\nrates = [1, 2]\nduration = 30\n"))  # no rows at all
+    base = {"points": [point(1.0), point(2.0)]}
+    slow = load_gate.decide(reported, base, {"first_text_checked": True,
+                                             "points": [point(1.0, 5.0), point(2.0, 5.0)]})  # fmt: skip
+    assert slow["verdict"] == "FAIL"
+    assert slow["why"] == "no required row: nothing decides"
+    assert [r["verdict"] for r in slow["rows"]] == ["REPORT"]
+
+
 def test_goodput_is_judged_on_the_share_of_requests_that_met_the_slos() -> None:
     rule = LoadRule("goodput_rps", 2.0, tolerance=0.10, required=True)
     row = judge(rule, point(2.0, good_share=0.95), point(2.0, good_share=0.60, seed=3))

@@ -13,9 +13,10 @@ than any answer; a percentile decides only from enough requests to see its tail
 (:func:`needed`); answers in a burst, TTFT on an engine without a TTFT clock and shorter
 answers leave the rows they would bend undecided (docs/bench.md, "The load gate check").
 
-Rows are reported only (``REPORT``) unless ``required``. A required row without a
-comparable baseline follows ``gate.no_baseline``; a point the candidate's sweep never
-reached (it saturated earlier) while the baseline served it is a FAIL.
+Rows are reported only (``REPORT``) unless ``required``; a check without a required row
+is refused (it could not fail). A required row without a comparable baseline follows
+``gate.no_baseline``; a point the candidate's sweep never reached (it saturated earlier)
+while the baseline served it is a FAIL.
 
 Each release's record keeps its sweep compactly (per point: every request's TTFT, ITL,
 TPOT and E2E, whether it completed and met the SLOs, and the point's span), so the next
@@ -137,6 +138,14 @@ def check_config(cfg: Config) -> None:
                 f"{where} reads goodput, but [load] goodput sets no SLO",
                 hint='e.g. [load] goodput = "ttft:2s,itl:80ms"',
             )
+    if not any(rule.required for rule in lo.rules):
+        raise ConfigError(
+            "the load gate check has no required [[load.rules]] row: it would PASS whatever "
+            "the candidate's sweep measured",
+            hint='make a row decide, e.g. [[load.rules]] metric = "ttft_s.p50", point = '
+            f"{spec.points[0]:g}, required = true; or take \"load\" out of gate.checks and "
+            "sweep with `servegate bench load`",
+        )
 
 
 def _rate_for(least: int) -> float:
@@ -529,6 +538,8 @@ def decide(
     ]  # fmt: skip
     required = [r for r in rows if r["required"]]
     verdicts = {r["verdict"] for r in required}
+    if not required:  # refused at config check; a check that cannot fail never passes
+        return {"verdict": FAIL, "why": "no required row: nothing decides", "rows": rows}
     if FAIL in verdicts:
         verdict = FAIL
     elif INCONCLUSIVE in verdicts:
