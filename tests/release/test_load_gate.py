@@ -188,8 +188,7 @@ def test_a_load_check_that_no_row_decides_is_refused_and_never_passes() -> None:
     from servegate.release.gate import build_checks
 
     reported = cfg_of(
-        "[load]\nrates = [1, 2]\nduration = 30\n"
-        '[[load.rules]]\nmetric = "ttft_s.p50"\npoint = 2\n'
+        '[load]\nrates = [1, 2]\nduration = 30\n[[load.rules]]\nmetric = "ttft_s.p50"\npoint = 2\n'
     )
     for refuse in (load_gate.check_config, build_checks):
         with pytest.raises(ConfigError, match="no required") as err:

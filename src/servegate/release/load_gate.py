@@ -143,7 +143,7 @@ def check_config(cfg: Config) -> None:
             "the load gate check has no required [[load.rules]] row: it would PASS whatever "
             "the candidate's sweep measured",
             hint='make a row decide, e.g. [[load.rules]] metric = "ttft_s.p50", point = '
-            f"{spec.points[0]:g}, required = true; or take \"load\" out of gate.checks and "
+            f'{spec.points[0]:g}, required = true; or take "load" out of gate.checks and '
             "sweep with `servegate bench load`",
         )
 
