@@ -4,9 +4,11 @@ import dataclasses
 from pathlib import Path
 
 from servegate.archs import check_arch_names
-from servegate.config import Config
+from servegate.config import Config, fill
+from servegate.engine.launch import placeholders
 from servegate.kernels.targets import build_all
 from servegate.output import Output
+from servegate.pipeline import proc
 from servegate.pipeline.git import environ_without_git
 
 
@@ -28,6 +30,11 @@ def run(
         cfg = dataclasses.replace(cfg, build=dataclasses.replace(cfg.build, archs=archs))
     environ = environ_without_git()
     cache = (cache_dir or default_cache(environ)) if use_cache else None
+    # build.env as a promote applies it: what CI builds is what a release builds
+    head = proc.run(["git", "rev-parse", "HEAD"], cwd=checkout, check=False)
+    sha = head.output.strip() if head.ok else ""
+    places = placeholders(cfg, checkout.resolve(), sha)
+    environ.update({k: fill(v, **places) for k, v in cfg.build.env.items()})
     results = build_all(cfg, checkout.resolve(), cache, environ, checkout / "build" / "logs")
     if out.json_mode:
         return out.emit(

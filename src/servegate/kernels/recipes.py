@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from servegate.config import KernelTarget
-from servegate.errors import BuildFailed, ConfigError
+from servegate.errors import BuildFailed, CommandFailed, ConfigError
 from servegate.pipeline import proc
+from servegate.pipeline.hashing import sha256_file
 
 COMPILED = {".hip", ".cu", ".cpp", ".cc", ".cxx", ".c"}
 INSTALL = {
@@ -75,10 +78,122 @@ def toolchain(
         lines = [
             line.strip()
             for line in out.splitlines()
-            if "version" in line.lower() or "release" in line.lower()
+            if any(w in line.lower() for w in ("version", "release", "target:", "installeddir"))
         ]
-        versions[tool] = " | ".join(lines[:3]) or out.strip()[:200]
+        versions[tool] = " | ".join([*lines, os.path.realpath(exe)])
     return versions
+
+
+#: the environment that changes what a compiler makes (besides ``build.env``, which keys
+#: the cache whole): its variables, by name or by prefix
+COMPILER_ENV = frozenset({"CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH",
+                          "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS",
+                          "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"})  # fmt: skip
+COMPILER_ENV_PREFIXES = ("HIP", "HCC_", "ROCM", "AMDGPU", "DEVICE_LIB", "CUDA", "NVCC_",
+                         "CMAKE_", "TORCH_", "PYTORCH_", "Torch_")  # fmt: skip
+
+
+def build_environment(environ: Mapping[str, str], configured: Mapping[str, str]) -> dict[str, str]:
+    """What of the environment keys the cache: ``build.env`` as written (before its
+    placeholders are filled: a release's own folder is no change of the build) and every
+    compiler variable of ``environ`` (``HIPCC_COMPILE_FLAGS_APPEND``, ``CPATH``, ``CXX`` …);
+    not which GPUs a job may see."""
+    picked = {
+        name: value
+        for name, value in environ.items()
+        if (name in COMPILER_ENV or name.startswith(COMPILER_ENV_PREFIXES))
+        and not name.endswith("_VISIBLE_DEVICES")
+    }
+    return {**picked, **{name: f"build.env: {v}" for name, v in configured.items()}}
+
+
+def _depfile(text: str) -> list[str]:
+    """The prerequisites of a Makefile rule set as ``cc -M`` writes it (continued lines,
+    ``\\ `` for a space in a path)."""
+    found: list[str] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        _, colon, rest = line.partition(": ")
+        if colon:
+            found += [re.sub(r"\\(.)", r"\1", t) for t in re.findall(r"(?:\\.|[^\s\\])+", rest)]
+    return found
+
+
+def _key_name(checkout: Path, path: str) -> str:
+    """A file as the cache key names it: relative inside the checkout (each release has
+    its own folder), absolute outside it."""
+    full = Path(os.path.normpath(checkout / path))
+    return str(full.relative_to(checkout)) if full.is_relative_to(checkout) else str(full)
+
+
+def includes(
+    target: KernelTarget, checkout: Path, archs: tuple[str, ...], environ: Mapping[str, str]
+) -> dict[str, str]:
+    """Every file the build reads beyond its ``sources`` globs → its SHA-256: for hipcc and
+    nvcc, what the compiler's preprocessor includes with the target's own flags (``-M``:
+    headers in any folder, through links, the toolchain's headers); for CMake, every file
+    under ``source_dir`` that git tracks or would track. Raises BuildFailed when the
+    compiler cannot list them (the compile would fail the same way)."""
+    kind = compiler(target, archs)
+    names: set[str] = set()
+    if kind in ("hipcc", "nvcc"):
+        with tempfile.TemporaryDirectory(prefix="servegate-deps-") as folder:
+            depfile = Path(folder) / "deps"
+            for step in dependency_steps(target, checkout, archs, environ):
+                try:
+                    proc.run((*step.argv, "-MF", str(depfile)), cwd=checkout, env=step.env,
+                             timeout=300)  # fmt: skip
+                except CommandFailed as exc:
+                    raise BuildFailed(
+                        f"building {target.name}: the compiler could not list the sources' "
+                        f"includes: {exc}",
+                        hint="fix the sources or the target's flags",
+                    ) from None
+                names.update(_key_name(checkout, d) for d in _depfile(depfile.read_text()))
+    else:
+        top = checkout / target.source_dir
+        build = checkout / target.build_dir
+        names.update(
+            _key_name(checkout, str(p))
+            for p in _tree(top)
+            if not p.is_relative_to(build) and p.is_file()
+        )
+    return {name: sha256_file(checkout / name) for name in sorted(names)}
+
+
+def _tree(top: Path) -> list[Path]:
+    """The files under ``top`` that git tracks or would track (all of them outside git)."""
+    listed = proc.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+        cwd=top, timeout=120, check=False,
+    )  # fmt: skip
+    if listed.returncode == 0:
+        return [top / name for name in listed.output.split("\0") if name]
+    return [Path(d) / f for d, dirs, files in os.walk(top) for f in files
+            if ".git" not in Path(d).parts]  # fmt: skip
+
+
+def dependency_steps(
+    target: KernelTarget, checkout: Path, archs: tuple[str, ...], environ: Mapping[str, str]
+) -> list[Step]:
+    """One ``-M`` call a compiled source, with the flags its compile gets."""
+    env = dict(environ)
+    kind = compiler(target, archs)
+    srcs = [p for p in expand(checkout, target.sources) if p.suffix in COMPILED]
+    if kind == "hipcc":
+        env["HIP_PLATFORM"] = "amd"
+        head = ["hipcc", *(f"--offload-arch={a}" for a in archs), "-fPIC", *target.flags]
+        return [Step((*head, "-M", str(src)), env) for src in srcs]
+    lang = ["-x", "cu"] if any(p.suffix != ".cu" for p in srcs) else []
+    head = ["nvcc", *_gencode(archs), "-Xcompiler", "-fPIC", *target.flags, *lang]
+    return [Step((*head, "-M", str(src)), env) for src in srcs]
+
+
+def _gencode(archs: tuple[str, ...]) -> list[str]:
+    flags: list[str] = []
+    for arch in archs:
+        num = arch.removeprefix("sm_")
+        flags += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
+    return flags
 
 
 def steps(
@@ -104,14 +219,10 @@ def steps(
     if kind == "nvcc":
         cu_srcs = [p for p in expand(checkout, target.sources) if p.suffix in COMPILED]
         lang = ["-x", "cu"] if any(p.suffix != ".cu" for p in cu_srcs) else []
-        gencode: list[str] = []
-        for arch in archs:
-            num = arch.removeprefix("sm_")
-            gencode += ["-gencode", f"arch=compute_{num},code=sm_{num}"]
         out = checkout / target.output
         argv = (
             "nvcc",
-            *gencode,
+            *_gencode(archs),
             "-Xcompiler",
             "-fPIC",
             "-shared",

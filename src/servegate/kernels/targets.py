@@ -11,7 +11,7 @@ from typing import Any
 from servegate.config import Config, KernelTarget
 from servegate.errors import BuildFailed, CommandFailed
 from servegate.kernels import recipes
-from servegate.kernels.cache import BuildCache, Key, source_hashes, why_rebuild
+from servegate.kernels.cache import BuildCache, Key, Miss, source_hashes, why_rebuild
 from servegate.kernels.inspect import require_archs
 from servegate.pipeline import proc
 
@@ -76,6 +76,7 @@ def build_target(
     cache: BuildCache | None,
     environ: Mapping[str, str],
     log_dir: Path,
+    cache_off: str = "cache off",
 ) -> TargetResult:
     start = time.monotonic()
     archs = cfg.build.archs
@@ -86,16 +87,31 @@ def build_target(
             f"build target {target.name!r}: no file matches {list(target.sources)}",
             hint="fix the target's sources globs (relative to the checkout)",
         )
-    key = Key.make(_recipe(target), source_hashes(checkout, sources), tools, archs)
+    hashes = source_hashes(checkout, sources)
+    included = recipes.includes(target, checkout, archs, environ) if cache else {}
+    key = Key.make(
+        _recipe(target),
+        hashes,
+        tools,
+        archs,
+        includes={name: h for name, h in included.items() if name not in hashes},
+        environment=recipes.build_environment(environ, cfg.build.env),
+    )
     result = TargetResult(
         target.name, recipes.compiler(target, archs), False, "", 0.0, key.digest, tools
     )
-    restored = cache.restore(target.name, key, checkout) if cache else None
-    if restored is not None:
+    expected = target.outputs if target.kind == "cmake" else (target.output,)
+    restored = cache.restore(target.name, key, checkout, expected) if cache else Miss("")
+    if not isinstance(restored, Miss):
         result.cached, result.outputs = True, restored
-        result.reason = "cache hit: sources, toolchain, flags and archs unchanged — not rebuilt"
+        result.reason = (
+            "cache hit: sources, includes, toolchain, flags, environment and archs "
+            "unchanged — not rebuilt"
+        )
     else:
-        result.reason = why_rebuild(cache.last(target.name), key) if cache else "cache off"
+        result.reason = (
+            restored.why or why_rebuild(cache.last(target.name), key) if cache else cache_off
+        )
         result.commands = _compile(
             target, checkout, archs, cfg.build.jobs, environ, log_dir / f"{target.name}.log"
         )
@@ -123,5 +139,7 @@ def build_target(
 def build_all(
     cfg: Config, checkout: Path, cache_root: Path | None, environ: Mapping[str, str], log_dir: Path
 ) -> list[TargetResult]:
-    cache = BuildCache(cache_root) if cache_root is not None and cfg.build.cache else None
-    return [build_target(t, cfg, checkout, cache, environ, log_dir) for t in cfg.build.targets]
+    cache, why = None, "cache off"
+    if cache_root is not None and cfg.build.cache and cfg.build.targets:
+        cache, why = BuildCache.open(cache_root)
+    return [build_target(t, cfg, checkout, cache, environ, log_dir, why) for t in cfg.build.targets]
