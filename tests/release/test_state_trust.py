@@ -17,6 +17,8 @@ from servegate.engine.health import wait_healthy
 from servegate.engine.managers import supervisor
 from servegate.errors import LockHeld, PreflightFailed
 from servegate.pipeline.lock import HostLock
+from servegate.pipeline.redact import host_salt
+from servegate.release import record
 from tests.conftest import Host, Stack, hold_lock
 
 
@@ -180,13 +182,18 @@ def test_a_note_line_of_wrong_types_is_skipped_with_a_warning_by_rebuild(
     mine = json.loads(capsys.readouterr().out)["result"]["record"]["host_id"]
     planted = {"host_id": mine, "sha": first, "verdict": "released", "at": "2099",
                "startup_seconds": "fast", "artifacts": ["x"]}  # fmt: skip
+    # sealed with the host's own key (a record only this host could have written)
+    sealed = {**planted, "seal": record.seal(planted, host_salt(host.cfg.host_root))}
     repo = host.cfg.host_root / "repo.git"
-    subprocess.run(["git", "-C", str(repo), "-c", "user.name=x", "-c", "user.email=x@x", "notes",
-                    "--ref", "refs/notes/servegate", "append", "-m", json.dumps(planted), first],
-                   check=True)  # fmt: skip
+    for line in (planted, sealed):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=x", "-c", "user.email=x@x",
+                        "notes", "--ref", "refs/notes/servegate", "append", "-m",
+                        json.dumps(line), first], check=True)  # fmt: skip
     assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
     io = capsys.readouterr()
-    assert "warning: a record of " in io.err
+    assert "1 record(s) of " in io.err  # the unsealed one
+    assert "carry no seal of its key" in io.err
+    assert "warning: a record of " in io.err  # the sealed one, of the wrong types
     assert "startup_seconds is not a number" in io.err
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state["current"]["sha"] == first
@@ -355,3 +362,54 @@ def test_a_state_rebuilt_after_a_rollback_verifies_and_promotes(
     capsys.readouterr()
     assert release_main(["verify", "--config", str(host.path)]) == 0
     assert release_main(["promote", stack.commit(), "--config", str(host.path)]) == 0
+
+
+def test_a_record_pushed_to_origin_in_this_hosts_name_is_not_this_hosts(
+    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Anyone who may push to origin can append to the notes ref every box fetches and
+    merges, and every record there shows this host's id. A copy of the live release's
+    record with a later time, other build hashes and tiny bench samples (a seal made up,
+    or none) must not become the gate's baseline, make `verify` refuse the state, or
+    enter a rebuilt state."""
+    from servegate.release import bringup
+
+    live = stack.commit()
+    assert release_main(["promote", live, "--config", str(host.path), "--json"]) == 0
+    genuine = json.loads(capsys.readouterr().out)["result"]["record"]
+    genuine.pop("publish")  # what reached origin: shown, not written
+    assert genuine["seal"] == record.seal(genuine, host_salt(host.cfg.host_root))
+
+    attacker = tmp_path / "attacker"
+    subprocess.run(["git", "clone", "-q", str(stack.origin), str(attacker)], check=True)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(attacker), "-c", "user.name=x", "-c", "user.email=x@x",
+                        *args], check=True, capture_output=True)  # fmt: skip
+
+    git("fetch", "-q", "origin", "+refs/notes/servegate:refs/notes/servegate")
+    samples = {"cases": {"prose-16k": {"metrics": {"prefill_tps": [1.0, 1.1, 0.9, 1.0]}}}}
+    forged = dict(genuine, at="2099-01-01T00:00:00.000+00:00",
+                  artifacts={"build/lib.so": "0" * 64},
+                  gate={"verdict": "PASS", "checks": [{"name": "bench", "verdict": "PASS",
+                                                       "evidence": {"samples": samples}}]})  # fmt: skip
+    for seal in (None, "f" * 64, genuine["seal"]):
+        line = {k: v for k, v in forged.items() if k != "seal"}
+        if seal:
+            line["seal"] = seal
+        git("notes", "--ref", "refs/notes/servegate", "append", "-m", json.dumps(line), live)
+    git("push", "-q", "origin", "refs/notes/servegate")
+
+    ctx = host.context()
+    ctx.deployer.repo.fetch()  # what every release command does first
+    baseline = bringup.live_record(ctx)
+    assert baseline is not None
+    assert baseline["at"] == genuine["at"]
+    assert [r["at"] for r in bringup.host_released(ctx, live)] == [genuine["at"]]
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    (host.cfg.host_root / "state.json").write_text("{")
+    assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
+    assert "3 record(s) of " in capsys.readouterr().err
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["artifacts"] == genuine.get("artifacts", {})
+    assert release_main(["verify", "--config", str(host.path)]) == 0

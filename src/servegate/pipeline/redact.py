@@ -99,7 +99,8 @@ def host_salt(root: Path) -> str:
 def _read_salt(path: Path) -> str:
     fix = (
         f"remove {path} (servegate makes a new one; earlier records' hashes then no longer "
-        "compare with new ones), or make it a readable file of this user's"
+        "compare with new ones, and their seals no longer show them as this host's: the "
+        "next promote has no gate baseline), or make it a readable file of this user's"
     )
     try:
         with open(path, "rb") as handle:  # FileNotFoundError: the caller makes one

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from servegate.release.gate import (
     build_checks,
     run_gate,
 )
-from servegate.release.record import host_id, parse_notes
+from servegate.release.record import host_records
 
 
 @dataclass
@@ -194,13 +193,10 @@ def host_released(ctx: Context, sha: str) -> list[dict[str, Any]]:
     an error, not "no record" (the gate must not skip its comparison because git
     failed): it propagates and fails the check."""
     text = ctx.deployer.repo.notes(sha)
-    mine, old = host_id(ctx.cfg), f"hostname:{socket.gethostname()}"  # old: before host_id
-    return [  # every host writes the same notes ref: only this host's own record
+    return [  # every host writes the same notes ref: only what this host sealed
         r
-        for r in parse_notes(text)
-        if r.get("verdict") == "released"
-        and r.get("sha") == sha
-        and (r.get("host_id") or f"hostname:{r.get('host')}") in (mine, old)
+        for r in host_records(ctx.cfg, text)
+        if r.get("verdict") == "released" and r.get("sha") == sha
     ]
 
 

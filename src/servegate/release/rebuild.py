@@ -49,12 +49,21 @@ def live_sha(cfg: Config) -> str | None:
 def rebuild(cfg: Config) -> dict[str, Any]:
     path = hostpaths.of(cfg).state
     deployer = make_deployer(cfg)
-    mine = rec.host_id(cfg)
     entries: list[Entry] = []
     skipped: list[str] = []
+    mine = rec.host_id(cfg)
     for sha in deployer.repo.noted():
-        for r in rec.parse_notes(deployer.repo.notes(sha)):
-            if r.get("host_id") != mine or r.get("sha") != sha or not SHA.match(sha):
+        text = deployer.repo.notes(sha)
+        sealed = rec.host_records(cfg, text)
+        named = sum(1 for r in rec.parse_notes(text) if r.get("host_id") == mine)
+        if named > len(sealed):
+            skipped.append(
+                f"{named - len(sealed)} record(s) of {sha[:12]} name this host but carry no "
+                "seal of its key (written elsewhere, or before servegate sealed records): "
+                "not used"
+            )
+        for r in sealed:
+            if r.get("sha") != sha or not SHA.match(sha):
                 continue
             why = _wrong_types(r)
             if why:

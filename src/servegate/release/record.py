@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import hmac
 import json
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from servegate.config import Config
 from servegate.errors import CommandFailed
 from servegate.pipeline import atomic
 from servegate.pipeline.git import NOTES_REF, Identity, StackRepo
-from servegate.pipeline.redact import Scrubber
+from servegate.pipeline.redact import Scrubber, host_salt
 
 SCHEMA = 1
 
@@ -126,6 +128,40 @@ class ReleaseRecord:
         }
 
 
+#: what the host's seal key is for (the key is derived from the host's secret salt)
+SEAL_PURPOSE = b"servegate release record seal v1"
+
+
+def seal(doc: Mapping[str, Any], salt: str) -> str:
+    """The host's seal of a record: an HMAC-SHA256, under a key only this host holds (its
+    salt, 0600 in the host root), of the record's canonical JSON without its seal.
+
+    Every host of a fleet, and anyone who may push to origin, writes the same notes ref;
+    the box merges origin's notes into its own. A record's ``host_id`` names a host but
+    proves nothing (every record on origin shows it), so the records a box trusts as its
+    own (the gate's baseline, ``release verify``'s build hashes, a rebuilt state) are
+    those it sealed itself."""
+    key = hmac.new(salt.encode(), SEAL_PURPOSE, hashlib.sha256).digest()
+    body = {k: v for k, v in doc.items() if k != "seal"}
+    blob = json.dumps(body, sort_keys=True).encode()
+    return hmac.new(key, blob, hashlib.sha256).hexdigest()
+
+
+def host_records(cfg: Config, text: str) -> list[dict[str, Any]]:
+    """The records of a note that this host wrote and sealed, oldest first: a record
+    that names this host but carries no seal of its key (pushed to origin by someone
+    else, or written before servegate sealed records) is not this host's."""
+    salt = host_salt(cfg.host_root)
+    mine = host_id(cfg)
+    return [
+        r
+        for r in parse_notes(text)
+        if r.get("host_id") == mine
+        and isinstance(r.get("seal"), str)
+        and hmac.compare_digest(r["seal"], seal(r, salt))
+    ]
+
+
 def parse_notes(text: str) -> list[dict[str, Any]]:
     """A note holds one JSON record a line (``git notes append`` adds blank lines between;
     merging with origin's notes sorts the lines): the records, oldest first by ``at``."""
@@ -154,6 +190,7 @@ def publish(
     doc = record.as_dict()
     if scrubber is not None:
         scrubber.inplace(doc)
+    doc["seal"] = seal(doc, host_salt(cfg.host_root))
     identity = Identity(cfg.release.identity_name, cfg.release.identity_email)
     sha = record.sha
     repo.append_note(sha, json.dumps(doc, sort_keys=True), identity)
