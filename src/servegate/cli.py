@@ -39,6 +39,12 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+RELEASE_REF_HELP = (
+    "a runner that releases: take only jobs of this ref whose workflow file comes from it "
+    "(e.g. refs/heads/main); pull requests' jobs are refused"
+)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -340,6 +346,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     inst.add_argument(
         "--no-start", action="store_true", help="register and write the unit, do not start it"
     )
+    inst.add_argument("--release-ref", default="", help=RELEASE_REF_HELP)
     inst.add_argument(
         "--dry-run",
         action="store_true",
@@ -365,6 +372,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     srv.add_argument("--installation-id", default="", help="the App's installation id")
     srv.add_argument("--app-key", default="", help="the App's private key file (PEM, 0600)")
     srv.add_argument("--turns", type=int, default=0, help="stop after N jobs (0: never)")
+    srv.add_argument("--release-ref", default="", help=RELEASE_REF_HELP)
     srv.add_argument(
         "--write-unit", action="store_true",
         help="write (and enable) the systemd user unit that keeps this manager running",
@@ -468,6 +476,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
             args.token_env,
             not args.no_start,
             args.dry_run,
+            args.release_ref,
         )
     if args.command == "summary":
         from servegate.commands import summary

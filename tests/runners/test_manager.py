@@ -17,6 +17,7 @@ Documented shapes (docs.github.com/en/rest/actions/self-hosted-runners, API vers
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -403,3 +404,37 @@ def test_runner_serve_that_never_got_a_runner_exits_non_zero(
     assert run.returncode not in (0, 70), run.stderr
     assert "none of 1 turn(s) got a runner" in run.stderr
     assert TOKEN not in run.stdout + run.stderr
+
+
+def test_a_release_managers_runner_refuses_a_pull_requests_job_in_its_hook(
+    github: GitHub, runner_dir: Path, tmp_path: Path
+) -> None:
+    """Under ``runner serve --release-ref``, the one-job runner runs servegate's job-start
+    hook once GitHub hands it a job (as the real runner runs ACTIONS_RUNNER_HOOK_JOB_STARTED,
+    with the job's GITHUB_* variables): a pull request's job fails there; a job of the
+    release ref goes on."""
+    (runner_dir / "run.sh").write_text(
+        "#!/bin/sh\n"
+        f'echo "unit=$SERVEGATE_RUNNER_RELEASE_REF" >> {runner_dir}/jobs.log\n'
+        "for job in pull_request:refs/pull/7/merge workflow_dispatch:refs/heads/main; do\n"
+        "  event=${job%%:*}; ref=${job#*:}\n"
+        "  GITHUB_EVENT_NAME=$event GITHUB_REF=$ref "
+        'GITHUB_WORKFLOW_REF="team/stack/.github/workflows/x.yml@$ref" '
+        '"$ACTIONS_RUNNER_HOOK_JOB_STARTED" > /dev/null\n'
+        f'  echo "$event=$?" >> {runner_dir}/jobs.log\n'
+        "done\n"
+    )
+    creds = manager.Credentials.from_options({}, token_file=token_file(tmp_path))
+    s = dataclasses.replace(spec(github, runner_dir), release_ref="refs/heads/main")
+    api = manager.Api(s, creds)
+    try:
+        manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=1, log=lambda _: None,
+                      sleep=lambda _: None)  # fmt: skip
+    finally:
+        api.close()
+    assert (runner_dir / "jobs.log").read_text().split() == [
+        "unit=refs/heads/main",
+        "pull_request=1",
+        "workflow_dispatch=0",
+    ]
+    assert "--release-ref" in manager.unit_argv(s)

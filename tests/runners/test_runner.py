@@ -21,6 +21,9 @@ TOKEN = "AABBCCDDEEFF0011223344556677"
 CONFIG_SH = """#!/bin/sh
 # stands in for the runner's config.sh, answering the way it does
 echo "args: $*" > "$(dirname "$0")/config-args.txt"
+# the runner takes --token from ACTIONS_RUNNER_INPUT_TOKEN when it is not an argument
+[ -n "$ACTIONS_RUNNER_INPUT_TOKEN" ] || { echo "Enter runner registration token:"; exit 1; }
+echo "$ACTIONS_RUNNER_INPUT_TOKEN" > "$(dirname "$0")/config-token.txt"
 if [ "$FAKE_GITHUB" = expired ]; then
   echo "Http response code: NotFound from 'POST https://api.github.com/actions/runner-registration'"
   exit 1
@@ -92,8 +95,12 @@ def test_install_registers_ephemeral_and_writes_unit_and_hooks(
     assert f'ExecStart="{runner_dir}/run.sh"' in text
     assert "ACTIONS_RUNNER_HOOK_JOB_STARTED" in text
     assert (runner_dir / "servegate-job-started.sh").stat().st_mode & 0o100
-    # the token reached config.sh only: no file servegate wrote holds it
+    # the token reached config.sh in its environment, not on its command line (which
+    # every user of the box can read); no file servegate wrote holds it
+    assert TOKEN not in args
+    assert (runner_dir / "config-token.txt").read_text().strip() == TOKEN
     (runner_dir / "config-args.txt").unlink()
+    (runner_dir / "config-token.txt").unlink()
     for path in [*runner_dir.rglob("*"), *no_writes_to_home.rglob("*")]:
         if path.is_file():
             assert TOKEN not in path.read_text(errors="replace"), path
@@ -112,8 +119,9 @@ def test_a_dry_run_registers_writes_and_starts_nothing(
     out = capsys.readouterr().out
     assert code == 0
     assert "dry run: nothing is registered, written or started" in out
-    assert f"would register: {runner_dir}/config.sh --unattended --ephemeral" in out
-    assert "--token <token from the environment>" in out
+    assert (f"would register: ACTIONS_RUNNER_INPUT_TOKEN=<token from the environment> "
+            f"{runner_dir}/config.sh --unattended --ephemeral") in out  # fmt: skip
+    assert "--token" not in out
     assert "would start: systemctl --user enable --now servegate-runner-box1.service" in out
     assert sorted(p.name for p in runner_dir.iterdir()) == before  # config.sh never ran
     assert not (no_writes_to_home / ".config/systemd/user").exists()
@@ -133,7 +141,6 @@ def test_expired_token_is_named_and_never_printed(
     err = capsys.readouterr().err
     assert "wrong or expired" in err
     assert TOKEN not in err
-    assert "--token '<redacted>'" in err or "--token <redacted>" in err
 
 
 def test_proc_redacts_secrets_in_errors() -> None:
@@ -202,3 +209,50 @@ def test_job_completed_cleans_the_workspace(
 
 def test_hook_outside_a_runner_is_refused() -> None:
     assert hook("started").returncode == 2
+
+
+MAIN = "refs/heads/main"
+RELEASE_JOB = {"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": MAIN,
+               "GITHUB_WORKFLOW_REF": f"team/stack/.github/workflows/release.yml@{MAIN}"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("job", "why"),
+    [
+        # a pull request's GPU job that asked for labels the release runner also has
+        ({"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/7/merge",
+          "GITHUB_WORKFLOW_REF": "team/stack/.github/workflows/pull-request.yml@refs/pull/7/merge"},
+         "refuses a pull_request event"),
+        # runs the base branch's workflow, on the base ref: still a pull request's
+        ({**RELEASE_JOB, "GITHUB_EVENT_NAME": "pull_request_target"},
+         "refuses a pull_request_target event"),
+        # a writer's edited release.yml dispatched from their branch
+        ({**RELEASE_JOB, "GITHUB_REF": "refs/heads/mine",
+          "GITHUB_WORKFLOW_REF": "team/stack/.github/workflows/release.yml@refs/heads/mine"},
+         "refuses a job on refs/heads/mine"),
+        # main's commit, but the workflow file from another branch
+        ({**RELEASE_JOB,
+          "GITHUB_WORKFLOW_REF": "team/stack/.github/workflows/release.yml@refs/heads/mine"},
+         "refuses a workflow file from refs/heads/mine"),
+        ({}, "refuses a job of no known event"),
+    ],
+)  # fmt: skip
+def test_a_release_runner_refuses_every_job_but_its_refs(job: dict[str, str], why: str) -> None:
+    """The runner whose user owns the live service takes only the release ref's jobs:
+    its job-start hook fails any other job before its first step runs."""
+    done = hook("started", SERVEGATE_RUNNER="box1", SERVEGATE_RUNNER_RELEASE_REF=MAIN, **job)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"runner box1 releases from {MAIN} only: it {why}" in done.stdout
+    assert "GPU idle check" not in done.stdout  # refused before anything else
+
+
+def test_a_release_runner_takes_its_refs_jobs_and_other_runners_take_any(tmp_path: Path) -> None:
+    done = hook("started", SERVEGATE_RUNNER="box1", SERVEGATE_RUNNER_RELEASE_REF=MAIN,
+                **RELEASE_JOB)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    pr = {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/7/merge"}
+    assert hook("started", SERVEGATE_RUNNER="box1", **pr).returncode == 0
+    spec = RunnerSpec("https://github.com/team/stack", "box1", ("serving",), tmp_path, MAIN)
+    assert f'Environment="SERVEGATE_RUNNER_RELEASE_REF={MAIN}"' in render_unit(spec)
+    assert main(["runner", "install", "--url", "https://github.com/team/stack",
+                 "--release-ref", "main", "--dry-run", "--dir", str(tmp_path)]) == 2  # fmt: skip

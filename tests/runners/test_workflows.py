@@ -76,8 +76,8 @@ def evaluate(expr: str, ctx: dict[str, Any]) -> bool:
             base, _, field = path.partition(".*.")
             return wanted in [item[field] for item in value(base)]
         node: Any = ctx
-        for part in term.split("."):
-            node = node[part]
+        for part in term.split("."):  # a property that is not there is null, as in GitHub
+            node = node.get(part) if isinstance(node, dict) else None
         return node
 
     def clause(text: str) -> bool:
@@ -89,18 +89,21 @@ def evaluate(expr: str, ctx: dict[str, Any]) -> bool:
     return any(all(clause(c) for c in alt.split("&&")) for alt in expr.split("||"))
 
 
-def event(head_repo: str, labels: list[str]) -> dict[str, Any]:
-    return {
-        "github": {
-            "repository": "team/stack",
-            "event": {
-                "pull_request": {
-                    "head": {"repo": {"full_name": head_repo}},
-                    "labels": [{"name": n} for n in labels],
-                }
-            },
-        }
+def event(
+    head_repo: str, labels: list[str], action: str = "opened", label: str = ""
+) -> dict[str, Any]:
+    """A pull_request event: ``action`` (opened, synchronize, labeled …), the label it
+    applied (labeled only) and the labels the pull request has."""
+    body: dict[str, Any] = {
+        "action": action,
+        "pull_request": {
+            "head": {"repo": {"full_name": head_repo}},
+            "labels": [{"name": n} for n in labels],
+        },
     }
+    if label:
+        body["label"] = {"name": label}
+    return {"github": {"repository": "team/stack", "event": body}}
 
 
 def test_the_stand_in_refuses_what_it_does_not_cover() -> None:
@@ -109,12 +112,20 @@ def test_the_stand_in_refuses_what_it_does_not_cover() -> None:
             evaluate(expr, {})
 
 
-def test_gpu_job_runs_only_for_own_branches_or_labelled_forks() -> None:
+def test_gpu_job_runs_only_for_own_branches_or_the_commits_a_maintainer_labelled() -> None:
     gate = load("pull-request.yml")["jobs"]["gpu"]["if"]
     assert evaluate(gate, event("team/stack", []))
+    assert evaluate(gate, event("team/stack", [], "synchronize"))
     assert not evaluate(gate, event("stranger/stack", []))
-    assert not evaluate(gate, event("stranger/stack", ["needs-review"]))
-    assert evaluate(gate, event("stranger/stack", ["safe-to-test"]))
+    assert not evaluate(gate, event("stranger/stack", ["needs-review"], "labeled", "needs-review"))
+    # the maintainer read the change and applied the label: this push's commits run
+    assert evaluate(gate, event("stranger/stack", ["safe-to-test"], "labeled", "safe-to-test"))
+    # the fork pushes again: the label is still on the pull request, but nobody read the
+    # new commits, so nothing runs on the GPU until the label is applied again
+    assert not evaluate(gate, event("stranger/stack", ["safe-to-test"], "synchronize"))
+    assert not evaluate(gate, event("stranger/stack", ["safe-to-test"], "reopened"))
+    # another label applied while safe-to-test is on: not a review of new commits
+    assert not evaluate(gate, event("stranger/stack", ["safe-to-test", "x"], "labeled", "x"))
 
 
 def test_pull_request_workflow_is_least_privilege() -> None:
@@ -124,7 +135,13 @@ def test_pull_request_workflow_is_least_privilege() -> None:
     assert wf["permissions"] == {}
     assert wf["concurrency"]["group"] == "pr-${{ github.event.pull_request.number }}"
     gpu = wf["jobs"]["gpu"]
-    assert gpu["runs-on"] == ["self-hosted", "linux", "gfx1030"]
+    # a runner of its own: never the release runner (label serving), whose user owns the
+    # live service, the host root and the deploy key
+    assert gpu["runs-on"] == ["self-hosted", "linux", "gfx1030", "pr-tests"]
+    for name in ("release.yml", "release-fleet.yml"):
+        for job in load(name)["jobs"].values():
+            if "runs-on" in job and "self-hosted" in job["runs-on"]:
+                assert "serving" in job["runs-on"], (name, job["runs-on"])
     assert gpu["permissions"] == {"contents": "read"}
     assert "servegate lease" in gpu["steps"][-1]["run"]
     for job in wf["jobs"].values():

@@ -22,12 +22,14 @@ def run_install(
     token_env: str,
     start: bool,
     dry_run: bool = False,
+    release_ref: str = "",
 ) -> int:
     spec = RunnerSpec(
         url,
         name or default_name(),
         tuple(label for label in labels.split(",") if label),
         directory.resolve(),
+        check_ref(release_ref),
     )
     if dry_run:
         steps = plan(spec, os.environ)
@@ -50,6 +52,15 @@ def run_install(
     return 0
 
 
+def check_ref(ref: str) -> str:
+    if ref and not ref.startswith("refs/"):
+        raise ConfigError(
+            f"--release-ref {ref!r} is not a full ref",
+            hint=f"e.g. --release-ref refs/heads/{ref}",
+        )
+    return ref
+
+
 def run_hook(event: str) -> int:
     return hooks.job_started(os.environ) if event == "started" else hooks.job_completed(os.environ)
 
@@ -63,6 +74,7 @@ def run_serve(out: Output, args: argparse.Namespace) -> int:
         directory=args.dir.resolve(),
         api_url=args.api_url,
         runner_group_id=args.runner_group,
+        release_ref=check_ref(args.release_ref),
     )
     manager.Scope.from_url(spec.url)  # a bad --url is refused before anything else
     credentials = manager.Credentials.from_options(

@@ -62,11 +62,23 @@ def read_holder(path: Path) -> Holder | None:
 WaitCallback = Callable[[Holder | None, float], None]
 
 
-def _check_directory(directory: Path) -> None:
+def _check_directory(directory: Path) -> bool:
     """Where a lock lives no one else may create names: a directory others may write (a
     sticky one too: a neighbour plants ``gpu.lease`` → a file of ours before we first
-    run) or another user's is refused. A group may share it (a ``gpu`` group's lease)."""
+    run) or another user's (root's aside) is refused. A group may share it (a ``gpu``
+    group's lease: the release user and the pull-request runner's user) when it is
+    sticky, so that no member can unlink the lock another member holds and take a fresh
+    one beside it. True when the group shares it."""
     info = os.stat(directory)
+    shared = bool(info.st_mode & 0o020)
+    if shared and not info.st_mode & stat.S_ISVTX:
+        raise PreflightFailed(
+            f"{directory} is writable by its group without the sticky bit (mode "
+            f"{oct(stat.S_IMODE(info.st_mode))}): a member could remove the lock another "
+            "holds and take a second one",
+            hint=f"chmod +t {directory} (a shared lease folder: chmod 3770, group of the "
+            "GPU's users)",
+        )
     if info.st_mode & 0o002 or info.st_uid not in (0, os.getuid()):
         raise PreflightFailed(
             f"{directory} is writable by every user or belongs to another (owner uid "
@@ -79,6 +91,7 @@ def _check_directory(directory: Path) -> None:
             )
             + "; or use a directory of your own (host.root, host.state_dir for the lease)",
         )
+    return shared
 
 
 def _owner(path: Path) -> str:
@@ -137,9 +150,12 @@ class HostLock:
 
     def __enter__(self) -> HostLock:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _check_directory(self.path.parent)
+        shared = _check_directory(self.path.parent)
         try:  # never through a planted link: the lock is truncated and rewritten below
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW,
+                         0o660 if shared else 0o600)  # fmt: skip
+            if shared and os.fstat(fd).st_uid == os.getuid():
+                os.fchmod(fd, 0o660)  # the group's other users take it too
         except OSError as exc:
             if exc.errno == errno.ELOOP or os.path.islink(self.path):
                 raise LockHeld(

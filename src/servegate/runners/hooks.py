@@ -12,6 +12,8 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +22,52 @@ from servegate.errors import ConfigError
 from servegate.pipeline import proc
 
 MARKER = "SERVEGATE_RUNNER"
+#: set on a runner that releases (``runner install/serve --release-ref refs/heads/main``):
+#: it takes only jobs of that ref whose workflow file comes from that ref
+RELEASE_REF = "SERVEGATE_RUNNER_RELEASE_REF"
+
+
+def refused(environ: Mapping[str, str]) -> str:
+    """Why a release runner refuses the job it was given ("": it takes it, or it is no
+    release runner). The runner's user owns the live service, the host root, the deploy
+    key and the runner's token: a pull request's code (its event, its merge ref) or a
+    workflow file from another branch (a writer's edited ``release.yml`` dispatched from
+    their branch, without the production approval) must not run there. GitHub sends a
+    job to any runner with all the labels it asks for, so labels alone cannot keep them
+    out; this check runs before the job's first step, and a job-start hook that fails
+    fails the job."""
+    ref = environ.get(RELEASE_REF, "")
+    if not ref:
+        return ""
+    event = environ.get("GITHUB_EVENT_NAME", "")
+    job_ref = environ.get("GITHUB_REF", "")
+    workflow = environ.get("GITHUB_WORKFLOW_REF", "")
+    if not event or event.startswith("pull_request") or event == "merge_group":
+        return f"a {event or 'job of no known'} event"
+    if job_ref != ref:
+        return f"a job on {job_ref or 'no ref'}"
+    if not workflow.endswith("@" + ref):
+        return f"a workflow file from {workflow.rpartition('@')[2] or 'no ref'}"
+    return ""
+
+
+SCRIPT = """#!/bin/sh
+# servegate job hook ({event}), run by the Actions runner (ACTIONS_RUNNER_HOOK_JOB_*)
+exec {python} -m servegate runner hook {event}
+"""
+
+
+def script_path(directory: Path, event: str) -> Path:
+    return directory / f"servegate-job-{event}.sh"
+
+
+def write_script(directory: Path, event: str) -> Path:
+    """The runner's hook script for ``event`` (``servegate runner hook EVENT`` with this
+    Python), written where the runner is unpacked."""
+    path = script_path(directory, event)
+    path.write_text(SCRIPT.format(event=event, python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP)
+    return path
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -83,8 +131,21 @@ def _name(environ: Mapping[str, str]) -> str:
     return name
 
 
-def job_started(environ: Mapping[str, str]) -> int:
+def job_started(environ: Mapping[str, str], admission: bool = True) -> int:
+    """The checks before a job: a release runner takes only its ref's jobs
+    (:func:`refused`; ``admission=False`` before a runner has a job to look at), what
+    earlier jobs left is ended, and the GPUs must be idle."""
     name = _name(environ)
+    why = refused(environ) if admission else ""
+    if why:
+        print(
+            f"servegate: runner {name} releases from {environ[RELEASE_REF]} only: it refuses "
+            f"{why} (workflow {environ.get('GITHUB_WORKFLOW_REF', '?')}, event "
+            f"{environ.get('GITHUB_EVENT_NAME', '?')}); pull requests' GPU jobs go to a "
+            "runner of their own (docs/box-setup.md)",
+            flush=True,
+        )
+        return 1
     stale = leftovers(name)
     if stale:
         print(

@@ -1,13 +1,12 @@
 """A GitHub Actions runner on the serving box: registered ephemeral, run as a systemd
 user service, with servegate's job hooks. The registration token is read from the
-environment, passed to the runner's own ``config.sh`` and never written anywhere."""
+environment, passed to the runner's own ``config.sh`` in its environment (never on a
+command line another user could read) and never written anywhere."""
 
 from __future__ import annotations
 
 import os
 import re
-import stat
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +14,9 @@ from pathlib import Path
 from servegate.engine.managers.systemd import quote_arg, unit_dir
 from servegate.errors import CommandFailed, ConfigError, PreflightFailed
 from servegate.pipeline import proc
+from servegate.runners import hooks
 
 EXPIRED = re.compile(r"(401|403|404|Not ?Found|Unauthorized|expired|invalid token)", re.I)
-HOOK = """#!/bin/sh
-# servegate job hook ({event}), run by the Actions runner (ACTIONS_RUNNER_HOOK_JOB_*)
-exec {python} -m servegate runner hook {event}
-"""
 
 
 @dataclass(frozen=True)
@@ -29,6 +25,8 @@ class RunnerSpec:
     name: str
     labels: tuple[str, ...]
     directory: Path
+    #: a release runner's ref (``refs/heads/main``): its jobs must be of that ref
+    release_ref: str = ""
 
     @property
     def unit(self) -> str:
@@ -36,7 +34,7 @@ class RunnerSpec:
 
 
 def hook_path(spec: RunnerSpec, event: str) -> Path:
-    return spec.directory / f"servegate-job-{event}.sh"
+    return hooks.script_path(spec.directory, event)
 
 
 def render_unit(spec: RunnerSpec) -> str:
@@ -45,6 +43,8 @@ def render_unit(spec: RunnerSpec) -> str:
         "ACTIONS_RUNNER_HOOK_JOB_STARTED": str(hook_path(spec, "started")),
         "ACTIONS_RUNNER_HOOK_JOB_COMPLETED": str(hook_path(spec, "completed")),
     }
+    if spec.release_ref:
+        env[hooks.RELEASE_REF] = spec.release_ref
     lines = [
         "[Unit]",
         f"Description=GitHub Actions runner {spec.name} (ephemeral, servegate hooks)",
@@ -81,7 +81,14 @@ def token_from(environ: Mapping[str, str], name: str) -> str:
     return token
 
 
-def config_argv(spec: RunnerSpec, token: str) -> list[str]:
+#: how ``config.sh`` takes an argument from its environment (the runner reads
+#: ``ACTIONS_RUNNER_INPUT_<NAME>`` for ``--<name>``): the token stays off the command
+#: line, which every user of the box can read in /proc/PID/cmdline
+TOKEN_VARIABLE = "ACTIONS_RUNNER_INPUT_TOKEN"
+
+
+def config_argv(spec: RunnerSpec) -> list[str]:
+    """``config.sh``'s arguments; the token goes in :data:`TOKEN_VARIABLE`."""
     return [
         str(spec.directory / "config.sh"),
         "--unattended",
@@ -89,8 +96,6 @@ def config_argv(spec: RunnerSpec, token: str) -> list[str]:
         "--replace",
         "--url",
         spec.url,
-        "--token",
-        token,
         "--name",
         spec.name,
         "--labels",
@@ -115,7 +120,7 @@ def plan(spec: RunnerSpec, environ: Mapping[str, str]) -> Plan:
     """What ``install`` would do, done nowhere: no token is needed and nothing is
     registered, written or started."""
     return Plan(
-        register=config_argv(spec, "<token from the environment>"),
+        register=[f"{TOKEN_VARIABLE}=<token from the environment>", *config_argv(spec)],
         hooks=[str(hook_path(spec, e)) for e in ("started", "completed")],
         unit=str(unit_dir(dict(environ)) / spec.unit),
         unit_text=render_unit(spec),
@@ -131,9 +136,10 @@ def register(spec: RunnerSpec, token: str) -> None:
             hint="download and unpack the runner there as GitHub's 'New self-hosted runner' "
             "page shows (tar xzf actions-runner-linux-x64-*.tar.gz), then run again",
         )
-    argv = config_argv(spec, token)
+    argv = config_argv(spec)
+    env = {**os.environ, TOKEN_VARIABLE: token}
     try:
-        proc.run(argv, cwd=spec.directory, timeout=300, redact=(token,))
+        proc.run(argv, cwd=spec.directory, env=env, timeout=300, redact=(token,))
     except CommandFailed as exc:
         text = str(exc)
         hint = (
@@ -146,13 +152,7 @@ def register(spec: RunnerSpec, token: str) -> None:
 
 
 def write_hooks(spec: RunnerSpec) -> list[Path]:
-    paths = []
-    for event in ("started", "completed"):
-        path = hook_path(spec, event)
-        path.write_text(HOOK.format(event=event, python=sys.executable))
-        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP)
-        paths.append(path)
-    return paths
+    return [hooks.write_script(spec.directory, event) for event in ("started", "completed")]
 
 
 def install(spec: RunnerSpec, environ: Mapping[str, str], token_env: str, start: bool) -> Path:

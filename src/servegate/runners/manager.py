@@ -226,6 +226,8 @@ class ManagerSpec:
     api_url: str = "https://api.github.com"
     runner_group_id: int = 1
     work_folder: str = "_work"
+    #: a release runner's ref (``refs/heads/main``): its jobs must be of that ref
+    release_ref: str = ""
 
 
 class Api:
@@ -294,7 +296,7 @@ def one_turn(
     environ: Mapping[str, str],
     turn: int,
     log: Callable[[str], None] = print,
-    before: Callable[[Mapping[str, str]], int] = hooks.job_started,
+    before: Callable[[Mapping[str, str]], int] = lambda env: hooks.job_started(env, False),
     after: Callable[[Mapping[str, str]], int] = hooks.job_completed,
     hidden: Sequence[str] = CREDENTIAL_VARIABLES,
 ) -> Outcome:
@@ -303,6 +305,8 @@ def one_turn(
     # a job must never see the token that registers runners (jobs read the runner's
     # environment): only the one-job configuration goes to run.sh
     env = {k: v for k, v in environ.items() if k not in hidden} | {hooks.MARKER: spec.name}
+    if spec.release_ref:
+        env[hooks.RELEASE_REF] = spec.release_ref
     if before(env) != 0:
         return Outcome(name, skipped="the job-start checks failed (see above): no runner offered")
     run_sh = spec.directory / "run.sh"
@@ -317,9 +321,13 @@ def one_turn(
     # in the runner's environment (ACTIONS_RUNNER_INPUT_JITCONFIG, which the runner reads
     # and clears), not on its command line: /proc/PID/cmdline is readable by every user on
     # the box, /proc/PID/environ only by this one
+    # the job's own checks (which job it is: a release runner refuses a pull request's)
+    # run in the runner's job-start hook, once GitHub has handed it a job
+    started_hook = hooks.write_script(spec.directory, "started")
     done = subprocess.run(
-        [str(run_sh)], cwd=spec.directory, env={**env, JIT_VARIABLE: encoded}, check=False
-    )
+        [str(run_sh)], cwd=spec.directory, check=False,
+        env={**env, JIT_VARIABLE: encoded, "ACTIONS_RUNNER_HOOK_JOB_STARTED": str(started_hook)},
+    )  # fmt: skip
     log(f"servegate: runner {name} exited {done.returncode}")
     after({**env, "GITHUB_WORKSPACE": str(spec.directory / spec.work_folder)})
     return Outcome(name, runner_id, done.returncode, seconds=time.monotonic() - started)
@@ -400,6 +408,8 @@ def unit_argv(
             "--labels", ",".join(spec.labels), "--name", spec.name,
             "--dir", str(spec.directory.resolve()), "--api-url", spec.api_url,
             "--runner-group", str(spec.runner_group_id)]  # fmt: skip
+    if spec.release_ref:
+        argv += ["--release-ref", spec.release_ref]
     if app is not None:
         app_id, installation, key = app
         argv += ["--app-id", app_id, "--installation-id", installation,
