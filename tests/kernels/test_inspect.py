@@ -1,10 +1,12 @@
-"""GPU code objects read from libraries really built with Debian's hipcc for gfx1030."""
+"""GPU code objects read from libraries really built with Debian's hipcc for gfx1030 (and
+with nvcc where it is installed)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import struct
 import subprocess
 from importlib import resources
 from pathlib import Path
@@ -15,12 +17,18 @@ from servegate import config
 from servegate.archs import check_arch_names
 from servegate.cli import main
 from servegate.errors import BuildFailed, ConfigError
-from servegate.kernels.inspect import inspect, require_archs
+from servegate.kernels.inspect import BUNDLE_MAGIC, inspect, require_archs
 
 STACK = resources.files("servegate.demo") / "stack"
 needs_hipcc = pytest.mark.skipif(
     shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc)"
 )
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+#: a second translation unit beside the demo kernels
+SECOND_TU = """#include "portable.h"
+__global__ void twice(float* y) { y[0] *= 2; }
+extern "C" void launch_twice(float* y) { twice<<<1, 1>>>(y); }
+"""
 
 
 def build(tmp_path: Path, *archs: str) -> Path:
@@ -34,6 +42,25 @@ def build(tmp_path: Path, *archs: str) -> Path:
         check=True,
         env=dict(os.environ, HIP_PLATFORM="amd"),
     )
+    return out
+
+
+def link(tmp_path: Path, compiler: list[str], *arch_flags: list[str]) -> Path:
+    """A library of the demo kernels and a second translation unit, each compiled on its
+    own with its own arch flags (as a build with a prebuilt object or per-file flags)."""
+    for item in (STACK / "kernels").iterdir():
+        (tmp_path / item.name).write_text(item.read_text())
+    (tmp_path / "second.hip").write_text(SECOND_TU)
+    env = dict(os.environ, HIP_PLATFORM="amd")
+    objects = []
+    for src, flags in zip(["demo_kernels.hip", "second.hip"], arch_flags, strict=True):
+        obj = tmp_path / f"{src}-{'-'.join(flags)}.o"
+        pic = ["-Xcompiler", "-fPIC", "-x", "cu"] if compiler[0] == "nvcc" else ["-fPIC"]
+        cmd = [*compiler, *flags, *pic, "-c", str(tmp_path / src), "-o", str(obj)]
+        subprocess.run(cmd, check=True, env=env)
+        objects.append(str(obj))
+    out = tmp_path / f"lib-{len(list(tmp_path.glob('*.so')))}.so"
+    subprocess.run([*compiler, "-shared", *objects, "-o", str(out)], check=True, env=env)
     return out
 
 
@@ -63,6 +90,92 @@ def test_inspect_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["inspect", str(lib), "--arch", "gfx942", "--json"]) == 5
     doc = json.loads(capsys.readouterr().out)
     assert doc["result"][str(lib)]["missing"] == ["gfx942"]
+
+
+@needs_hipcc
+def test_every_bundle_must_hold_the_arch(tmp_path: Path) -> None:
+    """A kernel runs from its own translation unit's bundle: the other bundles' code for
+    gfx1030 does not help it."""
+    both = link(tmp_path, ["hipcc"], ["--offload-arch=gfx1030"], ["--offload-arch=gfx1030"])
+    assert [o.arch for o in require_archs(both, ("gfx1030",))] == ["gfx1030", "gfx1030"]
+    mixed = link(tmp_path, ["hipcc"], ["--offload-arch=gfx1030"], ["--offload-arch=gfx900"])
+    assert sorted(o.arch for o in inspect(mixed)) == ["gfx1030", "gfx900"]
+    with pytest.raises(BuildFailed) as failed:
+        require_archs(mixed, ("gfx1030",))
+    second = next(o.container for o in inspect(mixed) if o.arch == "gfx900")
+    assert second > 0
+    assert (
+        f"the .hip_fatbin bundle at offset {second} holds no code for gfx1030 (it has: gfx900)"
+        in str(failed.value)
+    )
+
+
+@needs_nvcc
+def test_every_fatbin_must_hold_the_arch(tmp_path: Path) -> None:
+    """The same for NVIDIA: one fatbin per translation unit. nvcc's own kernel-less link
+    module (built for the link's default arch) needs no arch."""
+    both = link(tmp_path, ["nvcc"], ["-arch=sm_90"], ["-arch=sm_90"])
+    require_archs(both, ("sm_90",))
+    mixed = link(tmp_path, ["nvcc"], ["-arch=sm_90"], ["-arch=sm_80"])
+    second = next(o.container for o in inspect(mixed) if o.arch == "sm_80")
+    with pytest.raises(BuildFailed) as failed:
+        require_archs(mixed, ("sm_90",))
+    assert f"the .nv_fatbin fatbin at offset {second} holds no code for sm_90" in str(failed.value)
+
+
+def fake_bundle_library(tmp_path: Path, code: bytes) -> Path:
+    """A host library (cc, no GPU compiler) whose .hip_fatbin section holds one hand-made
+    offload bundle claiming ``code`` is a gfx1030 code object."""
+    host, triple = b"host-x86_64-unknown-linux", b"hipv4-amdgcn-amd-amdhsa--gfx1030"
+    header = len(BUNDLE_MAGIC) + 8 + 2 * 24 + len(host) + len(triple)
+    bundle = BUNDLE_MAGIC + struct.pack("<Q", 2)
+    bundle += struct.pack("<QQQ", header, 0, len(host)) + host
+    bundle += struct.pack("<QQQ", header, len(code), len(triple)) + triple + code
+    src = tmp_path / "fake.c"
+    src.write_text(
+        'static const unsigned char fat[] __attribute__((section(".hip_fatbin"), used)) = {'
+        + ",".join(map(str, bundle))
+        + "};\nint f(void) { return 1; }\n"
+    )
+    lib = tmp_path / f"fake-{len(code)}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return lib
+
+
+def test_an_empty_or_foreign_code_object_is_no_code(tmp_path: Path) -> None:
+    """A bundle header that names gfx1030 is not code for it: the entry must be a
+    non-empty AMDGPU ELF (e_machine 224)."""
+    empty = fake_bundle_library(tmp_path, b"")
+    (obj,) = inspect(empty)
+    assert (obj.arch, obj.problem) == ("gfx1030", "empty")
+    with pytest.raises(BuildFailed, match=r"holds no code that runs \(it has: gfx1030 \(not"):
+        require_archs(empty, ("gfx1030",))
+    host_elf = fake_bundle_library(tmp_path, empty.read_bytes())  # an x86-64 ELF
+    (obj,) = inspect(host_elf)
+    assert obj.problem == "an ELF for machine 62, not 224"
+    with pytest.raises(BuildFailed, match="not counted: an ELF for machine 62"):
+        require_archs(host_elf, ("gfx1030",))
+
+
+@needs_hipcc
+def test_target_features_must_agree(tmp_path: Path) -> None:
+    """AMD target IDs: code for gfx90a:xnack+ runs only with xnack on; code for plain
+    gfx90a runs with either; a plain required gfx90a needs both settings covered."""
+    on = build(tmp_path, "gfx90a:xnack+")
+    require_archs(on, ("gfx90a:xnack+",))
+    with pytest.raises(
+        BuildFailed, match=r"holds no code for gfx90a:xnack- \(it has: gfx90a:xnack\+\)"
+    ):
+        require_archs(on, ("gfx90a:xnack-",))
+    with pytest.raises(BuildFailed, match="holds no code for gfx90a:xnack-"):
+        require_archs(on, ("gfx90a",))
+    both = build(tmp_path, "gfx90a:xnack+", "gfx90a:xnack-")
+    require_archs(both, ("gfx90a", "gfx90a:xnack-", "gfx90a:xnack+"))
+    sramecc_on = build(tmp_path, "gfx90a:sramecc+:xnack-", "gfx90a:xnack+")
+    with pytest.raises(BuildFailed, match="holds no code for gfx90a:sramecc-:xnack-"):
+        require_archs(sramecc_on, ("gfx90a:xnack-",))
+    any_xnack = build(tmp_path, "gfx90a")
+    require_archs(any_xnack, ("gfx90a", "gfx90a:xnack-", "gfx90a:xnack+"))
 
 
 def test_host_only_library_has_no_gpu_code(tmp_path: Path) -> None:

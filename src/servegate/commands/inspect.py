@@ -5,7 +5,7 @@ from typing import Any
 
 from servegate.archs import check_arch_names
 from servegate.errors import BuildFailed, ConfigError
-from servegate.kernels.inspect import inspect, missing_archs
+from servegate.kernels.inspect import Container, containers, gaps
 from servegate.output import Output
 
 
@@ -15,28 +15,40 @@ def run(out: Output, files: list[Path], archs: tuple[str, ...]) -> int:
     missing_any: list[str] = []
     for path in files:
         try:
-            objects = inspect(path)
+            found = containers(path)
         except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot inspect {path}: {exc}", hint="pass a built shared library (*.so)"
             ) from None
+        missing = gaps(found, archs)
         report[str(path)] = {
-            "code_objects": [o.as_dict() for o in objects],
-            "missing": missing_archs(objects, archs),
+            "code_objects": [o.as_dict() for c in found for o in c.objects],
+            "missing": list(missing),
+            "gaps": missing,
         }
-        missing_any += [f"{path}: {a}" for a in report[str(path)]["missing"]]
+        missing_any += [f"{path}: {w}" for ws in missing.values() for w in ws]
         if not out.json_mode:
-            out.line(f"{path}")
-            for o in objects:
-                out.line(f"  {o.vendor:<7}{o.arch:<10}{o.kind:<12}{o.size:>10} bytes  {o.triple}")
-            if not objects:
-                out.line("  no GPU code objects")
+            _list(out, path, found)
     error = None
     if missing_any:
         error = BuildFailed(
             "no code for: " + "; ".join(missing_any),
-            hint="build for the missing arch (--offload-arch / -arch)",
+            hint="build every source and prebuilt object for the missing arch "
+            "(--offload-arch / -arch)",
         )
     if out.json_mode:
         return out.emit(report, error.exit_code if error else 0, error)
     return out.error(error) if error else 0
+
+
+def _list(out: Output, path: Path, found: list[Container]) -> None:
+    out.line(f"{path}")
+    for c in found:
+        out.line(f"  {c.name}")
+        for o in c.objects:
+            note = f"  not counted: {o.problem}" if o.problem else ""
+            out.line(
+                f"    {o.vendor:<7}{o.arch:<16}{o.kind:<12}{o.size:>10} bytes  {o.triple}{note}"
+            )
+    if not found:
+        out.line("  no GPU code objects")

@@ -4,11 +4,29 @@ Reads the ELF sections where the toolchains put device code — ``.hip_fatbin`` 
 offload bundles, AMD) and ``.nv_fatbin`` (NVIDIA fatbins) — with no tool needed. A
 library built without the target arch loads fine and fails only on the GPU ("no binary
 for GPU"); this is the check that catches it at build time.
+
+Each translation unit (and each device link) puts its own bundle or fatbin — a
+*container* here — into the library, and a kernel runs only from its own container: so
+every container that holds code must hold code for every required arch, not the library
+as a whole. A container whose device code defines no function (the kernel-less module
+``nvcc`` links in) needs no arch. An entry counts as code for its arch only when it is
+non-empty and really is a device ELF: ``EM_AMDGPU`` (224) for AMD, ``EM_CUDA`` (190) for
+NVIDIA. PTX is no binary and never counts. A compressed NVIDIA entry (zstd or LZ4) is
+counted from its fatbin header (its declared size), as its ELF header cannot be read
+without decompressing it; a compressed AMD bundle is refused (``roc-obj-ls`` lists it).
+
+AMD target IDs (https://llvm.org/docs/AMDGPUUsage.html#target-id): ``gfx90a:xnack-``
+names a processor and the setting of a target feature (``xnack``, ``sramecc``); a feature
+left out is *any*. Code with a feature *any* runs with it on or off; code with ``+`` or
+``-`` runs only with that setting. A required target ID names the devices the library
+must run on: ``gfx90a:xnack-`` is met by code for ``gfx90a:xnack-`` or ``gfx90a``; a
+plain ``gfx90a`` (either setting) only by code for ``gfx90a``, or by both
+``gfx90a:xnack+`` and ``gfx90a:xnack-`` together.
 """
 
 from __future__ import annotations
 
-import re
+import itertools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +38,29 @@ BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 COMPRESSED_BUNDLE_MAGIC = b"CCOB"
 FATBIN_MAGIC = 0xBA55ED50
 NV_KINDS = {1: "ptx", 2: "elf"}
+NV_COMPRESSED = 0x2000 | 0x8000  # fatbin entry flags: LZ4, zstd
+EM_AMDGPU = 224
+EM_CUDA = 190
 
 
 @dataclass(frozen=True)
 class CodeObject:
     vendor: str  # amd | nvidia
-    arch: str  # gfx1030, sm_90, ...
+    arch: str  # gfx1030, gfx90a:xnack-, sm_90, ...
     kind: str  # code object | elf | ptx
     size: int
     triple: str = ""
+    #: the offset of its bundle or fatbin in the section
+    container: int = 0
+    #: why it is no code for its arch ("" when it is): empty, not a device ELF
+    problem: str = ""
+    #: whether it defines a function (machine code in a ``.text`` section, or PTX)
+    functions: bool = True
+
+    @property
+    def counts(self) -> bool:
+        """True when this is device code that runs on its arch."""
+        return not self.problem and self.kind != "ptx"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -37,85 +69,217 @@ class CodeObject:
             "kind": self.kind,
             "size": self.size,
             "triple": self.triple,
+            "container": self.container,
+            "problem": self.problem,
         }
+
+
+@dataclass(frozen=True)
+class Container:
+    """One clang offload bundle or one NVIDIA fatbin: one translation unit's device code."""
+
+    vendor: str
+    section: str
+    offset: int
+    objects: tuple[CodeObject, ...]
+
+    @property
+    def name(self) -> str:
+        kind = "bundle" if self.vendor == "amd" else "fatbin"
+        return f"the {self.section} {kind} at offset {self.offset}"
+
+    @property
+    def runs_code(self) -> bool:
+        return any(o.functions for o in self.objects if not o.problem)
 
 
 def elf_sections(data: bytes) -> dict[str, bytes]:
     """Section name → contents of a 64-bit little-endian ELF file."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ValueError("not a 64-bit little-endian ELF file")
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names_off, names_size = headers[shstrndx][4], headers[shstrndx][5]
-    names = data[names_off : names_off + names_size]
-    sections = {}
-    for name_idx, sh_type, _flags, _addr, offset, size in headers:
-        name = names[name_idx : names.index(b"\0", name_idx)].decode()
-        sections[name] = b"" if sh_type == 8 else data[offset : offset + size]  # 8: NOBITS
+    try:
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        names_off, names_size = headers[shstrndx][4], headers[shstrndx][5]
+        names = data[names_off : names_off + names_size]
+        sections = {}
+        for name_idx, sh_type, _flags, _addr, offset, size in headers:
+            name = names[name_idx : names.index(b"\0", name_idx)].decode()
+            sections[name] = b"" if sh_type == 8 else data[offset : offset + size]  # NOBITS
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        raise ValueError("a damaged ELF file (its section headers cannot be read)") from None
     return sections
 
 
-def amd_code_objects(blob: bytes) -> list[CodeObject]:
-    found: list[CodeObject] = []
-    if COMPRESSED_BUNDLE_MAGIC in blob[:16]:
-        raise ValueError("compressed offload bundle: list it with `roc-obj-ls`")
-    for match in re.finditer(re.escape(BUNDLE_MAGIC), blob):
-        pos = match.end()
+def device_elf(data: bytes, machine: int) -> tuple[str, bool]:
+    """(why ``data`` is no device ELF for ``machine`` or "", whether it has machine code)."""
+    if not data:
+        return "empty", False
+    if data[:4] != b"\x7fELF" or len(data) < 20:
+        return "not an ELF file", False
+    (found,) = struct.unpack_from("<H", data, 18)
+    if found != machine:
+        return f"an ELF for machine {found}, not {machine}", False
+    try:
+        sections = elf_sections(data)
+    except ValueError as exc:
+        return str(exc), False
+    return "", any(body for name, body in sections.items() if name.split(".")[1:2] == ["text"])
+
+
+def _bundle(blob: bytes, start: int) -> tuple[Container, int]:
+    """The offload bundle at ``start`` and the offset where it ends."""
+    pos, end, found = start + len(BUNDLE_MAGIC), start, []
+    try:
         (count,) = struct.unpack_from("<Q", blob, pos)
         pos += 8
         for _ in range(count):
-            _offset, size, triple_len = struct.unpack_from("<QQQ", blob, pos)
-            pos += 24
-            triple = blob[pos : pos + triple_len].decode()
-            pos += triple_len
-            if "amdgcn" in triple:
-                arch = triple.rsplit("--", 1)[-1] if "--" in triple else triple.rsplit("-", 1)[-1]
-                found.append(CodeObject("amd", arch, "code object", size, triple))
+            offset, size, triple_len = struct.unpack_from("<QQQ", blob, pos)
+            triple = blob[pos + 24 : pos + 24 + triple_len].decode()
+            pos += 24 + triple_len
+            end = max(end, pos, start + offset + size)
+            if "amdgcn" not in triple:
+                continue  # the host entry
+            arch = triple.rsplit("--", 1)[-1] if "--" in triple else triple.rsplit("-", 1)[-1]
+            code = blob[start + offset : start + offset + size]
+            problem, functions = device_elf(code, EM_AMDGPU)
+            if len(code) < size:
+                problem = "cut short"
+            found.append(
+                CodeObject("amd", arch, "code object", size, triple, start, problem, functions)
+            )
+    except (struct.error, UnicodeDecodeError):
+        raise ValueError(f"a damaged offload bundle at offset {start} of .hip_fatbin") from None
+    return Container("amd", ".hip_fatbin", start, tuple(found)), end
+
+
+def amd_containers(blob: bytes) -> list[Container]:
+    """The clang offload bundles of a ``.hip_fatbin`` section, one after another."""
+    found: list[Container] = []
+    pos = 0
+    while (start := blob.find(BUNDLE_MAGIC, pos)) >= 0:
+        if blob.find(COMPRESSED_BUNDLE_MAGIC, pos, start) >= 0:
+            break
+        bundle, pos = _bundle(blob, start)
+        found.append(bundle)
+    if blob.find(COMPRESSED_BUNDLE_MAGIC, pos) >= 0:
+        raise ValueError("compressed offload bundle: list it with `roc-obj-ls`")
     return found
 
 
-def nvidia_code_objects(blob: bytes) -> list[CodeObject]:
-    found: list[CodeObject] = []
+def _nv_entry(blob: bytes, entry: int, container: int) -> tuple[CodeObject, int]:
+    kind, _u, header, size = struct.unpack_from("<HHIQ", blob, entry)
+    (arch,) = struct.unpack_from("<I", blob, entry + 28)
+    flags, unpacked = 0, size
+    if header >= 64:
+        (flags,) = struct.unpack_from("<Q", blob, entry + 40)
+        (unpacked,) = struct.unpack_from("<Q", blob, entry + 56)
+    payload = blob[entry + header : entry + header + size]
+    kind_name = NV_KINDS.get(kind, str(kind))
+    if kind_name != "elf":
+        problem, functions = ("" if payload else "empty"), bool(payload)
+    elif flags & NV_COMPRESSED:
+        problem, functions = ("" if payload and unpacked else "empty"), True
+    else:
+        problem, functions = device_elf(payload, EM_CUDA)
+    obj = CodeObject("nvidia", f"sm_{arch}", kind_name, size, "", container, problem, functions)
+    return obj, entry + header + size
+
+
+def nvidia_containers(blob: bytes) -> list[Container]:
+    """The fatbins of a ``.nv_fatbin`` section, one after another."""
+    found: list[Container] = []
     pos = 0
     while pos + 16 <= len(blob):
         magic, _version, header_size, fat_size = struct.unpack_from("<IHHQ", blob, pos)
         if magic != FATBIN_MAGIC:
             pos += 8  # fatbins are 8-byte aligned inside the section
             continue
-        entry, end = pos + header_size, pos + header_size + fat_size
-        while entry + 32 <= end:
-            kind, _u, entry_header, size = struct.unpack_from("<HHIQ", blob, entry)
-            (arch,) = struct.unpack_from("<I", blob, entry + 28)
-            if entry_header == 0:
-                break
-            found.append(CodeObject("nvidia", f"sm_{arch}", NV_KINDS.get(kind, str(kind)), size))
-            entry += entry_header + size
+        entry, end, objects = pos + header_size, pos + header_size + fat_size, []
+        try:
+            while entry + 32 <= end:
+                if struct.unpack_from("<I", blob, entry + 4)[0] == 0:
+                    break
+                obj, entry = _nv_entry(blob, entry, pos)
+                objects.append(obj)
+        except struct.error:
+            raise ValueError(f"a damaged fatbin at offset {pos} of .nv_fatbin") from None
+        found.append(Container("nvidia", ".nv_fatbin", pos, tuple(objects)))
         pos = end
     return found
 
 
-def inspect(path: Path) -> list[CodeObject]:
+def containers(path: Path) -> list[Container]:
     sections = elf_sections(path.read_bytes())
-    objects = amd_code_objects(sections.get(".hip_fatbin", b""))
-    objects += nvidia_code_objects(sections.get(".nv_fatbin", b""))
-    return objects
+    return amd_containers(sections.get(".hip_fatbin", b"")) + nvidia_containers(
+        sections.get(".nv_fatbin", b"")
+    )
 
 
-def missing_archs(objects: list[CodeObject], archs: tuple[str, ...]) -> list[str]:
-    """Configured archs with no device code (PTX does not count: it is not a binary)."""
-    have = {o.arch.split(":")[0] for o in objects if o.kind != "ptx"}
-    return [a for a in archs if a.split(":")[0] not in have]
+def inspect(path: Path) -> list[CodeObject]:
+    return [o for c in containers(path) for o in c.objects]
+
+
+def _target_id(arch: str) -> tuple[str, dict[str, str]]:
+    """``gfx90a:sramecc+:xnack-`` → ("gfx90a", {"sramecc": "+", "xnack": "-"})."""
+    processor, *features = arch.split(":")
+    return processor, {f[:-1]: f[-1] for f in features if len(f) > 1 and f[-1] in "+-"}
+
+
+def uncovered(required: str, objects: tuple[CodeObject, ...]) -> list[str]:
+    """The settings of the target ID ``required`` that no object in ``objects`` runs on,
+    each as a target ID (``[]``: code for all of them is there)."""
+    if required.startswith("sm_"):
+        return [] if any(o.counts and o.arch == required for o in objects) else [required]
+    processor, want = _target_id(required)
+    codes = [f for p, f in (_target_id(o.arch) for o in objects if o.counts) if p == processor]
+    free = sorted({name for c in codes for name in c} - set(want))
+    missing = []
+    for values in itertools.product("+-", repeat=len(free)):
+        device = {**want, **dict(zip(free, values, strict=True))}
+        if not any(all(device[f] == v for f, v in c.items()) for c in codes):
+            missing.append(":".join([processor, *(f"{f}{device[f]}" for f in sorted(device))]))
+    return missing
+
+
+def _has(container: Container) -> str:
+    listed = [o.arch + (f" ({o.kind})" if o.kind == "ptx" else "") for o in container.objects]
+    listed = [a + (f" (not counted: {o.problem})" if o.problem else "")
+              for a, o in zip(listed, container.objects, strict=True)]  # fmt: skip
+    return ", ".join(listed) or "nothing"
+
+
+def gaps(found: list[Container], archs: tuple[str, ...]) -> dict[str, list[str]]:
+    """Required arch → where code for it is missing: every container of its vendor that
+    runs code must hold code for it, and there must be one."""
+    out: dict[str, list[str]] = {}
+    for arch in archs:
+        vendor = "nvidia" if arch.startswith("sm_") else "amd"
+        mine = [c for c in found if c.vendor == vendor and c.runs_code]
+        idle = [c for c in found if c.vendor == vendor and not c.runs_code]
+        if not mine:
+            out[arch] = [f"{c.name} holds no code that runs (it has: {_has(c)})" for c in idle]
+            out[arch] = out[arch] or [
+                f"no {vendor.upper()} GPU code" if found else "no GPU code at all"
+            ]
+        for c in mine:
+            if lacking := uncovered(arch, c.objects):
+                out.setdefault(arch, []).append(
+                    f"{c.name} holds no code for {', '.join(lacking)} (it has: {_has(c)})"
+                )
+    return out
 
 
 def require_archs(path: Path, archs: tuple[str, ...]) -> list[CodeObject]:
-    objects = inspect(path)
-    missing = missing_archs(objects, archs)
+    found = containers(path)
+    missing = gaps(found, archs)
     if missing:
-        have = ", ".join(sorted({o.arch for o in objects})) or "no GPU code at all"
+        where = "; ".join(w for ws in missing.values() for w in ws)
         raise BuildFailed(
-            f"{path} holds no code for {', '.join(missing)} (it has: {have})",
-            hint="pass the arch to the compiler (--offload-arch=gfx1030, "
-            "-DCMAKE_HIP_ARCHITECTURES=gfx1030, -arch=sm_90) and build again",
+            f"{path} holds no code for {', '.join(missing)}: {where}",
+            hint="pass the arch to the compiler for every source and prebuilt object "
+            "(--offload-arch=gfx1030, -DCMAKE_HIP_ARCHITECTURES=gfx1030, -arch=sm_90) "
+            "and build again",
         )
-    return objects
+    return [o for c in found for o in c.objects]
