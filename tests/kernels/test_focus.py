@@ -176,3 +176,107 @@ def test_run_without_pytest_says_so(
     assert code == 2
     assert "pytest is not installed for" in err
     assert "focus.python" in err
+
+
+def commit(checkout: Path, message: str) -> None:
+    repo = git.Repo(checkout)
+    with repo.git.custom_environment(**DEV.env):
+        repo.git.add("--all")
+        repo.git.commit("-q", "-m", message)
+
+
+def on_main(checkout: Path, message: str) -> None:
+    """Commit the working tree on main and start the feature branch again from it."""
+    repo = git.Repo(checkout)
+    repo.git.switch("-q", "main")
+    commit(checkout, message)
+    repo.git.switch("-q", "-C", "feature")
+
+
+def test_a_rename_counts_its_old_path(cfg: config.Config, checkout: Path) -> None:
+    """A kernel header moved into docs/ breaks the build: its old path selects the kernel
+    tests, whatever the user's diff config says."""
+    repo = git.Repo(checkout)
+    for key, value in [("diff.renames", "copies"), ("diff.external", "false"),
+                       ("diff.relative", "true"), ("diff.noprefix", "true")]:  # fmt: skip
+        repo.git.config(key, value)
+    (checkout / "docs").mkdir()
+    repo.git.mv("kernels/version.h", "docs/version.h")
+    commit(checkout, "move the version header to the docs")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert sel.changed == ["docs/version.h", "kernels/version.h"]
+    assert sorted(sel.tests) == KERNEL_TESTS
+    assert sel.tests["tests/test_version_gpu.py"] == ["kernels/version.h (rule 1)"]
+
+
+def test_a_submodule_bump_counts_though_git_is_told_to_ignore_it(
+    cfg: config.Config, checkout: Path, tmp_path: Path
+) -> None:
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    (vendor / "x.h").write_text("#define X 1\n")
+    sub = git.Repo.init(vendor, initial_branch="main")
+    commit(vendor, "1")
+    repo = git.Repo(checkout)
+    repo.git.switch("-q", "main")
+    repo.git.execute(["git", "-c", "protocol.file.allow=always", "submodule", "add", "-q",
+                      str(vendor), "kernels/vendor"])  # fmt: skip
+    repo.git.config("-f", ".gitmodules", "submodule.kernels/vendor.ignore", "all")
+    on_main(checkout, "vendor kernels")
+    (vendor / "x.h").write_text("#define X 2\n")
+    commit(vendor, "2")
+    inner = git.Repo(checkout / "kernels" / "vendor")
+    inner.git.execute(["git", "-c", "protocol.file.allow=always", "pull", "-q", "origin", "main"])
+    assert inner.head.commit.hexsha == sub.head.commit.hexsha
+    commit(checkout, "bump the vendored kernels")
+    repo.git.config("diff.ignoreSubmodules", "all")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert sel.changed == ["kernels/vendor"]
+    assert sorted(sel.tests) == KERNEL_TESTS
+
+
+def test_a_path_git_would_quote_is_matched_as_it_is(cfg: config.Config, checkout: Path) -> None:
+    edit(checkout, "kernels/ñandú.h", "#define N 1\n")
+    git.Repo(checkout).git.add("--all")
+    edit(checkout, "kernels/tab\there.h", "#define T 1\n")  # untracked
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert sel.changed == ["kernels/tab\there.h", "kernels/ñandú.h"]
+    assert sel.tests["tests/test_scale_add_gpu.py"] == [
+        "kernels/tab\there.h (rule 1)",
+        "kernels/ñandú.h (rule 1)",
+    ]
+
+
+def test_a_change_behind_a_tracked_symlink_counts_for_the_link(
+    cfg: config.Config, checkout: Path
+) -> None:
+    """kernels/version.h links into docs/, kernels/shared links to a folder there: an edit
+    of the docs files changes the build, so it selects the kernel tests."""
+    (checkout / "docs" / "shared").mkdir(parents=True)
+    (checkout / "kernels" / "version.h").rename(checkout / "docs" / "kernels-version.h")
+    (checkout / "kernels" / "version.h").symlink_to("../docs/kernels-version.h")
+    (checkout / "docs" / "shared" / "common.h").write_text("#define C 1\n")
+    (checkout / "kernels" / "shared").symlink_to("../docs/shared")
+    on_main(checkout, "share headers with the docs")
+    edit(checkout, "docs/kernels-version.h")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert sel.changed == ["docs/kernels-version.h"]
+    assert sel.linked == {"kernels/version.h": "docs/kernels-version.h"}
+    assert sel.tests["tests/test_version_gpu.py"] == [
+        "kernels/version.h (links to changed docs/kernels-version.h) (rule 1)"
+    ]
+    git.Repo(checkout).git.checkout("--", "docs/kernels-version.h")
+    edit(checkout, "docs/shared/common.h")
+    sel = select(cfg.focus, checkout, "main", {}, [])
+    assert sel.linked == {"kernels/shared/common.h": "docs/shared/common.h"}
+    assert sorted(sel.tests) == KERNEL_TESTS
+
+
+def test_nothing_changed_says_so(
+    cfg: config.Config, checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head = git.Repo(checkout).head.commit.hexsha
+    assert main(["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]) == 0
+    out = capsys.readouterr().out
+    assert f"nothing changed between main (merge base {head[:12]}) and HEAD ({head[:12]})" in out
+    assert "docs" not in out

@@ -55,10 +55,17 @@ def run(
         return out.emit(selection.as_dict())
     for warning in selection.warnings:
         out.err.print(f"warning: {warning}", markup=False)
-    out.line(
-        f"{len(selection.changed)} file(s) changed since the merge base with "
-        f"{base or cfg.focus.base}"
-    )
+    base = base or cfg.focus.base
+    if selection.changed or selection.run_all:
+        out.line(f"{len(selection.changed)} file(s) changed since the merge base with {base}")
+    else:
+        out.line(
+            f"nothing changed between {base} (merge base {selection.merge_base[:12]}) and "
+            f"HEAD ({selection.head[:12]}), working tree included: nothing selected"
+        )
+        return 0
+    for link, target in selection.linked.items():
+        out.line(f"  {link} links to {target}, which changed")
     if selection.run_all:
         out.line(f"running everything ({selection.run_all})")
     for test, why in selection.tests.items():

@@ -5,11 +5,18 @@ focus map: each rule's source globs (``!glob`` excludes) select its tests; ignor
 files (docs) select nothing; a changed file no rule covers selects the configured
 wider set, never nothing; ``always`` tests join any non-empty selection. An
 environment variable or a pull-request label runs everything.
+
+The diff is read the way the build sees the tree, whatever the user's git config says:
+a rename is its old path and its new one, a submodule whose commit moved is a change
+(``ignore = all`` in ``.gitmodules`` notwithstanding), paths come NUL-separated and
+unquoted, and a changed file that a tracked symbolic link points at (or lies under a
+folder one points at) is a change of the link's path as well.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,7 +28,7 @@ import git
 
 from servegate.config import Build, Focus
 from servegate.errors import GitRefusal
-from servegate.pipeline.git import open_repo
+from servegate.pipeline.git import head_of, open_repo
 
 
 @cache
@@ -60,6 +67,11 @@ class Selection:
     #: test path → why it was chosen
     tests: dict[str, list[str]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: a tracked symlink's path → the changed file it points at (or into)
+    linked: dict[str, str] = field(default_factory=dict)
+    #: the merge base the diff starts from and HEAD, as SHAs
+    merge_base: str = ""
+    head: str = ""
 
     def add(self, tests: tuple[str, ...], why: str) -> None:
         for test in tests:
@@ -71,25 +83,87 @@ class Selection:
             "run_all": self.run_all,
             "tests": self.tests,
             "warnings": self.warnings,
+            "linked": self.linked,
+            "merge_base": self.merge_base,
+            "head": self.head,
         }
 
 
-def changed_files(checkout: Path, base: str, built: tuple[str, ...] = ()) -> list[str]:
-    """Files that differ from the merge base with ``base``: tracked changes, and untracked
-    files except what the build writes (``built``: globs of its outputs and logs) — a
-    fresh ``servegate build`` is no change to test."""
-    repo = open_repo(checkout)
+#: diff options that keep the user's git config out of the list of changed paths
+DIFF_PLUMBING = (
+    "--name-only",
+    "-z",
+    "--no-renames",
+    "--ignore-submodules=none",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--no-relative",
+)
+
+
+def merge_base_of(checkout: Path, base: str) -> str:
     try:
-        merge_base = repo.git.merge_base(base, "HEAD")
+        return str(open_repo(checkout).git.merge_base(base, "HEAD"))
     except git.GitCommandError:
         raise GitRefusal(
             f"the diff base {base!r} does not exist in {checkout}",
             hint="fetch it (git fetch origin) or pass --base with a branch, tag or SHA",
         ) from None
-    tracked = repo.git.diff("--name-only", merge_base).splitlines()
-    untracked = repo.git.ls_files("--others", "--exclude-standard").splitlines()
+
+
+def changed_files(checkout: Path, base: str, built: tuple[str, ...] = ()) -> list[str]:
+    """Files that differ from the merge base with ``base``: tracked changes (both paths
+    of a rename, a moved submodule), and untracked files except what the build writes
+    (``built``: globs of its outputs and logs) — a fresh ``servegate build`` is no
+    change to test."""
+    repo = open_repo(checkout)
+    tracked = repo.git.diff(*DIFF_PLUMBING, merge_base_of(checkout, base), "--").split("\0")
+    untracked = repo.git.ls_files("-z", "--others", "--exclude-standard").split("\0")
     untracked = [f for f in untracked if not (built and matches(f, built))]
-    return sorted(set(tracked) | set(untracked))
+    return sorted((set(tracked) | set(untracked)) - {""})
+
+
+def symlinks(checkout: Path) -> dict[str, str]:
+    """Tracked symbolic links → the path in the repository they point at (links that
+    point outside it are left out)."""
+    repo = open_repo(checkout)
+    links = {}
+    for entry in repo.git.ls_files("-s", "-z").split("\0"):
+        mode, _, rest = entry.partition(" ")
+        if mode != "120000":
+            continue
+        oid, path = rest.split(" ", 1)[0], rest.split("\t", 1)[1]
+        target = repo.git.cat_file("blob", oid)
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        if not (target.startswith("/") or resolved == ".." or resolved.startswith("../")):
+            links[path] = resolved
+    return links
+
+
+def _through(link: str, target: str, path: str) -> str:
+    """``path`` as seen through ``link``, which points at ``target`` ("" if not there)."""
+    if path == target:
+        return link
+    if target == ".":
+        return f"{link}/{path}"
+    return link + path[len(target) :] if path.startswith(target + "/") else ""
+
+
+def linked_changes(changed: list[str], links: dict[str, str]) -> dict[str, str]:
+    """Paths that change because a tracked link points at a changed file or into a
+    changed folder's file (links of links followed, up to 8 deep) → that changed file."""
+    found: dict[str, str] = {}
+    todo = {path: path for path in changed}
+    for _ in range(8):
+        more = {}
+        for path, origin in todo.items():
+            for link, target in links.items():
+                alias = _through(link, target, path)
+                if alias and alias not in found and alias not in changed:
+                    more[alias] = origin
+        found.update(more)
+        todo = more
+    return found
 
 
 def labels_from(environ: Mapping[str, str], given: list[str]) -> set[str]:
@@ -140,13 +214,16 @@ def select(
         sel.add(focus.all_tests, f"run all: {run_all}")
         return sel
     sel = Selection(changed_files(checkout, base, built), warnings=check_map(focus, checkout))
-    relevant = [f for f in sel.changed if not matches(f, focus.ignore)]
+    sel.merge_base, sel.head = merge_base_of(checkout, base), head_of(open_repo(checkout))
+    sel.linked = linked_changes(sel.changed, symlinks(checkout))
+    relevant = [f for f in [*sel.changed, *sel.linked] if not matches(f, focus.ignore)]
     for path in relevant:
+        name = f"{path} (links to changed {sel.linked[path]})" if path in sel.linked else path
         hits = [n for n, rule in enumerate(focus.rules, 1) if matches(path, rule.sources)]
         for n in hits:
-            sel.add(focus.rules[n - 1].tests, f"{path} (rule {n})")
+            sel.add(focus.rules[n - 1].tests, f"{name} (rule {n})")
         if not hits:
-            sel.add(focus.fallback, f"{path} matched no rule: fallback")
+            sel.add(focus.fallback, f"{name} matched no rule: fallback")
     if relevant:
         sel.add(focus.always, "always")
     return sel
