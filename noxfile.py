@@ -87,5 +87,5 @@ def build(session: nox.Session) -> None:
 @nox.session
 def gpu_tests(session: nox.Session) -> None:
     """The GPU tests the change since origin/main touches (`-- --base REV`, `--label L`);
-    without a GPU it says how many were skipped."""
+    without a GPU it says how many were skipped (`-- --require-gpu`: it fails, exit 21)."""
     session.run(*SERVEGATE, "focus", "--config", "tools/focus.toml", "--run", *session.posargs)

@@ -309,6 +309,11 @@ def servegate_parser() -> argparse.ArgumentParser:
         "--label", action="append", default=[], help="a pull-request label (repeatable)"
     )
     foc.add_argument("--run", action="store_true", help="run the selected tests with pytest")
+    foc.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="with --run: fail (exit 21) when no GPU is visible instead of skipping (a GPU CI job)",
+    )
     foc.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     _common(foc)
     lease = sub.add_parser("lease", help="run a command holding the host's GPU lease")
@@ -504,7 +509,9 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "focus":
         from servegate.commands import focus
 
-        return focus.run(cfg, out, args.dir, args.base, args.label, args.run, args.pytest_args)
+        return focus.run(
+            cfg, out, args.dir, args.base, args.label, args.run, args.pytest_args, args.require_gpu
+        )
     if args.command == "config":
         from servegate.commands import config_check
 

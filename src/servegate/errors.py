@@ -175,6 +175,14 @@ class StateInvalid(ServegateError):
     title = "host state invalid"
 
 
+class NoGpuVisible(ServegateError):
+    """``servegate focus --run --require-gpu`` found no GPU on the machine (no
+    ``nvidia-smi`` or ``rocminfo`` lists one): the selected GPU tests would all skip."""
+
+    exit_code = 21
+    title = "no GPU visible"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -207,4 +215,5 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     HostKeyRejected,
     GpuTestsSkipped,
     StateInvalid,
+    NoGpuVisible,
 )

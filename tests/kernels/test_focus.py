@@ -280,3 +280,26 @@ def test_nothing_changed_says_so(
     out = capsys.readouterr().out
     assert f"nothing changed between main (merge base {head[:12]}) and HEAD ({head[:12]})" in out
     assert "docs" not in out
+
+
+def test_require_gpu_fails_a_run_with_no_gpu_visible(
+    cfg: config.Config,
+    checkout: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A GPU runner whose GPU is invisible must not go green on skipped tests. The PATH
+    holds git and nothing that could list a GPU (this test's edge)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").symlink_to(str(shutil.which("git")))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    edit(checkout, "kernels/demo_kernels.hip")
+    argv = ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"]
+    assert main([*argv, "--require-gpu"]) == 21
+    err = capfd.readouterr().err
+    assert "neither nvidia-smi nor rocminfo lists a GPU here: the 7 selected GPU test(s)" in err
+    assert main(argv) == 0
+    assert "no GPU: 7 tests skipped" in capfd.readouterr().out
+    assert main([*argv[:-1], "--require-gpu"]) == 2

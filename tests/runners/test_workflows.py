@@ -144,6 +144,7 @@ def test_pull_request_workflow_is_least_privilege() -> None:
                 assert "serving" in job["runs-on"], (name, job["runs-on"])
     assert gpu["permissions"] == {"contents": "read"}
     assert "servegate lease" in gpu["steps"][-1]["run"]
+    assert gpu["steps"][-1]["run"].endswith(" --require-gpu")  # skipped is not green
     for job in wf["jobs"].values():
         checkout = next(s for s in job["steps"] if "actions/checkout@" in s.get("uses", ""))
         assert checkout["with"]["persist-credentials"] is False

@@ -8,7 +8,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from servegate.config import Config
-from servegate.errors import ConfigError, GpuTestsSkipped
+from servegate.errors import ConfigError, GpuTestsSkipped, NoGpuVisible
 from servegate.kernels import gpu
 from servegate.kernels.focus import Selection, build_outputs, select
 from servegate.output import Output
@@ -47,7 +47,10 @@ def run(
     labels: list[str],
     execute: bool,
     extra: list[str],
+    require_gpu: bool = False,
 ) -> int:
+    if require_gpu and not execute:
+        raise ConfigError("--require-gpu needs --run", hint="add --run, or drop --require-gpu")
     selection = select(
         cfg.focus, checkout, base or cfg.focus.base, os.environ, labels, build_outputs(cfg.build)
     )
@@ -79,6 +82,13 @@ def run(
     argv = _pytest(selection, cfg, extra)
     _require_pytest(argv[0], checkout)
     has_gpu = gpu.detect()
+    if not has_gpu and require_gpu:
+        raise NoGpuVisible(
+            f"neither nvidia-smi nor rocminfo lists a GPU here: the "
+            f"{_count(argv, checkout)} selected GPU test(s) would all skip",
+            hint="check the runner's driver, /dev/kfd or /dev/nvidia* permissions and its "
+            "environment; run without --require-gpu on a machine that has no GPU",
+        )
     if not has_gpu:
         out.line(f"no GPU: {_count(argv, checkout)} tests skipped (they run on a machine with one)")
     with tempfile.TemporaryDirectory(prefix="servegate-focus-") as tmp:

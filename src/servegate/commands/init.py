@@ -36,7 +36,7 @@ from servegate.release.gate import build_checks
 NOXFILE = '''"""The sessions servegate's pull-request workflow runs (servegate init wrote this).
 
     nox -s lint mypy tests             # CPU checks, on hosted runners
-    nox -s build gpu_tests -- --base origin/main   # on the serving box, under its lease
+    nox -s build gpu_tests -- --base origin/main --require-gpu   # the serving box, its lease
 """
 
 import nox
