@@ -233,7 +233,11 @@ def _wait_for(check: Any, what: str, timeout: float = 60) -> None:
 def test_connection_lost_before_the_switch_leaves_the_host_as_it_was(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
+    """Two releases first, so that going back one (a rollback to ``previous``) would show:
+    the host must keep the release it served when the link went, not an older one."""
+    ws, older = released(lab, stack, tmp_path, capsys, fleet=False)
+    good = stack.commit("ok", "good")
+    assert run(["promote", good, "--config", str(ws)], capsys)[0] == 0
     h = lab.hosts[0]
     pid = service_pid(h)
     slow = stack.commit("slow-build", "builds slowly")
@@ -243,9 +247,16 @@ def test_connection_lost_before_the_switch_leaves_the_host_as_it_was(
     time.sleep(2.0)  # inside build.sh's 20 s
     assert h.drop_connections() >= 1
     thread.join(timeout=120)
-    capsys.readouterr()
+    doc = json.loads(capsys.readouterr().out)
     assert out["code"] == 17
-    assert state(h).pending is None
+    [row] = doc["result"]["hosts"]
+    assert row["verdict"] == "connection lost"
+    assert row["recovery"].startswith("nothing to undo"), row
+    assert row["live"] == good
+    left = state(h)
+    assert left.pending is None
+    assert left.previous is not None
+    assert left.previous.sha == older
     assert service_pid(h) == pid
     assert live(h) == good
     code, doc = run(["verify", "--config", str(ws)], capsys)
@@ -286,6 +297,45 @@ def test_connection_lost_after_the_switch_is_finished_by_the_next_run(
     code, doc = run(["verify", "--config", str(ws)], capsys)
     assert code == 0, doc
     assert live(h) == good
+
+
+@pytest.mark.parametrize("lab", [2], indirect=True)
+def test_a_host_lost_after_it_released_goes_back_with_its_wave(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second host releases, then its link goes before its answer arrives (its sshd
+    session is killed, as a network drop would): recover finds nothing half done there,
+    but the host serves the release of a failed wave, so it is rolled back with it."""
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=True)
+    second = lab.hosts[1]
+    drop = tmp_path / "drop-after-promote.sh"
+    drop.write_text(
+        "#!/bin/bash\n"
+        f'if [ "$2" != promote ] || [[ "$*" != *"{second.config}"* ]] || [ -e {tmp_path}/dropped ]; then\n'
+        f'  exec "{sshlab.SERVEGATE}" "$@"\n'
+        "fi\n"
+        f'"{sshlab.SERVEGATE}" "$@" >/dev/null 2>&1; touch {tmp_path}/dropped; pid=$$\n'
+        'while [ "$pid" -gt 1 ]; do\n'
+        "  pid=$(awk '{print $4}' /proc/$pid/stat)\n"
+        '  case "$(cat /proc/$pid/comm)" in sshd*) kill -9 "$pid"; break;; esac\n'
+        "done\n"
+    )
+    drop.chmod(0o755)
+    ws.write_text(
+        ws.read_text().replace(f'servegate = "{sshlab.SERVEGATE}"', f'servegate = "{drop}"')
+    )
+    nxt = stack.commit("ok", "next")
+    code, doc = run(["promote", nxt, "--config", str(ws)], capsys)
+    assert (tmp_path / "dropped").exists()
+    assert code == 17, doc
+    result = doc["result"]
+    assert result["failed_host"] == second.ssh
+    row = result["hosts"][1]
+    assert row["verdict"] == "connection lost"
+    assert row["recovery"].startswith("nothing to undo"), row
+    assert row["rollback"] == "ok"
+    assert row["live"] == good
+    assert [live(h) for h in lab.hosts] == [nxt, good]
 
 
 def test_bench_runs_on_the_host_with_the_hosts_config(

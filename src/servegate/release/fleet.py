@@ -168,6 +168,8 @@ def _promote_waves(run: FleetRun, sha: str, allow_non_ff: bool) -> dict[str, Any
                 continue
             failed = host
             victims = touched + (touched_all if cfg.fleet.on_failure == "all" else [])
+            if answer is None and _released_before_the_link_went(run, host, sha):
+                victims.append(host)
             rolled = [_roll_back_host(run, h) for h in victims]
             code = answer.exit_code if answer is not None else HostUnreachable.exit_code
             if not all(rolled):
@@ -202,20 +204,35 @@ def _promote_one(run: FleetRun, host: RemoteHost, sha: str, extra: list[str]) ->
 
 
 def _recover_after_lost_connection(run: FleetRun, host: RemoteHost) -> None:
-    """Reconnect once and let the host undo a half-done promote (its state file knows)."""
+    """Reconnect once and run ``release recover`` there. A promote cut off after its
+    switch left ``pending`` in the host's state, and recover puts the last proven release
+    back; one cut off before its switch touched nothing live, and recover leaves it so (a
+    plain rollback would take the host one release further back than it served). The
+    host's ``release status`` then says what it serves."""
     host.transport.close()
     try:
-        answer = host.call("release", "rollback")
+        answer = host.call("release", "recover")
+        status = host.call("release", "status")
     except ServegateError as exc:
         run.row(host, recovery=f"not reachable again: {exc}")
         return
     result = answer.result if isinstance(answer.result, dict) else {}
-    if answer.ok:
-        run.row(
-            host, recovery=f"rolled back to {str(result.get('sha'))[:12]}", live=result.get("sha")
-        )
+    undone = result.get("recovered")
+    if not answer.ok:
+        recovery = f"FAILED: {answer.message}"
+    elif isinstance(undone, dict):
+        recovery = f"undid the interrupted release: {str(undone.get('sha'))[:12]} is back"
     else:
-        run.row(host, recovery=answer.message or "nothing to undo")
+        recovery = "nothing to undo: no switch was left half done"
+    run.row(host, recovery=recovery, live=live_sha(status))
+
+
+def _released_before_the_link_went(run: FleetRun, host: RemoteHost, sha: str) -> bool:
+    """Whether a host whose connection was lost had recorded the release first: it serves
+    it, proven, and goes back with its wave like any host that took it. (A host not
+    surveyed, a lone one, has no earlier release known to go back to: it keeps it.)"""
+    served = run.row(host).get("live")
+    return served == sha and host.address in run.before and run.before[host.address] != sha
 
 
 def _roll_back_host(run: FleetRun, host: RemoteHost) -> bool:
