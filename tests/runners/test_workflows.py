@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +14,10 @@ from typing import Any
 
 import pytest
 import yaml
+
+from servegate.cli import release_main
+from servegate.release.state import HostState
+from tests.conftest import Host, Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = resources.files("servegate.runners") / "workflows"
@@ -414,3 +419,30 @@ def test_fleet_rollback_step_recovers_a_promote_cut_off_after_its_switch(
         f"release status --config {config} --json",
     ]
     assert "nothing to roll back" in summary
+
+
+def test_fleet_run_leaves_a_box_that_served_the_sha_before_it(
+    tmp_path: Path, stack: Stack, host: Host
+) -> None:
+    """The box served the SHA before this run; its wave job promotes it again (a promote
+    of the live SHA re-gates it), another box fails, and the rollback job runs here: the
+    box keeps the SHA, not the older release it served before that. Both steps are the
+    workflow's own scripts, run by bash with the real servegate."""
+    older = stack.commit("ok", "older")
+    assert release_main(["promote", older, "--config", str(host.path)]) == 0
+    sha = stack.commit("ok", "served before the run")
+    assert release_main(["promote", sha, "--config", str(host.path)]) == 0
+    jobs = load("release-fleet.yml")["jobs"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "SHA": sha,
+           "GITHUB_RUN_ID": "4242", "RUNNER_TEMP": str(tmp_path),
+           "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"), "SERVEGATE_CONFIG": str(host.path),
+           "XDG_STATE_HOME": str(tmp_path / "state")}  # fmt: skip
+    for job in ("waves", "rollback"):
+        script = jobs[job]["steps"][0]["run"]
+        done = subprocess.run(["bash", "-e", "-c", script], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, f"{job}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    current = HostState.load(host.cfg.host_root / "state.json").current
+    assert current is not None
+    assert current.sha == sha
+    assert sha in host.live_root()
+    assert f"this box served {sha} before this run" in (tmp_path / "summary").read_text()
