@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from servegate import config as config_mod
+from servegate.cli import release_main
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.release.state import HostState
 from tests import sshlab
-from tests.conftest import Stack
+from tests.conftest import Host, Stack
 from tests.release.test_ssh import host_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,13 +77,19 @@ def lab(tmp_path: Path, stack: Stack) -> Iterator[sshlab.Lab]:
                 Supervisor(config_mod.load(h.config, {})).shutdown_daemon()
 
 
-def inventory(lab: sshlab.Lab, tmp: Path, bins: dict[int, str] | None = None) -> Path:
+def inventory(
+    lab: sshlab.Lab,
+    tmp: Path,
+    bins: dict[int, str] | None = None,
+    hostvars: dict[int, str] | None = None,
+) -> Path:
     lines = ["[serving]"]
     for h in lab.hosts:
         lines.append(
             f"box{h.index} ansible_host={h.address} ansible_user=root "
             f"servegate_config={h.config} "
-            f"servegate_bin={(bins or {}).get(h.index, sshlab.SERVEGATE)}"
+            f"servegate_bin={(bins or {}).get(h.index, sshlab.SERVEGATE)} "
+            f"{(hostvars or {}).get(h.index, '')}".rstrip()
         )
     ssh_args = (f"-o UserKnownHostsFile={lab.known_hosts} -o StrictHostKeyChecking=yes "
                 "-o ConnectTimeout=3")  # fmt: skip
@@ -98,7 +105,12 @@ def inventory(lab: sshlab.Lab, tmp: Path, bins: dict[int, str] | None = None) ->
 
 
 def playbook(
-    collections: Path, lab: sshlab.Lab, tmp: Path, sha: str, bins: dict[int, str] | None = None
+    collections: Path,
+    lab: sshlab.Lab,
+    tmp: Path,
+    sha: str,
+    bins: dict[int, str] | None = None,
+    hostvars: dict[int, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -113,7 +125,7 @@ def playbook(
     }
     run = subprocess.run(
         [tool("ansible-playbook"), "servegate.release.rolling", "-i",
-         str(inventory(lab, tmp, bins)),
+         str(inventory(lab, tmp, bins, hostvars)),
          "-e", f"servegate_sha={sha}", "-e", "servegate_batch=2"],
         env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
@@ -243,3 +255,70 @@ def test_a_connection_lost_mid_promote_still_rolls_the_batch_back(
     assert found["box3"] == "connection lost during its promote"
     assert found["box2"] == "released, then rolled back with its batch"
     assert "box4" not in found
+
+
+def test_a_promote_past_its_timeout_is_recovered_by_the_rescue(
+    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+) -> None:
+    """The canary's promote runs past `servegate_timeout` after its switch (a long
+    start-up) and servegate is killed at once (`servegate_interrupt_grace: 0`): the host
+    is left half switched, the task fails as changed, and the rescue recovers it (the
+    last proven release back, the attempt recorded), so no ungated release serves."""
+    good = stack.commit("ok", "good")
+    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    canary = lab.hosts[0]
+    canary.config.write_text(
+        canary.config.read_text().replace("startup_timeout = 8", "startup_timeout = 90")
+    )
+    slow = stack.commit("slow-start", "a start-up longer than the timeout")
+    run = playbook(
+        collections, lab, tmp_path, slow,
+        hostvars={1: "servegate_timeout=12 servegate_interrupt_grace=0"},
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "ran past 12 s and was killed" in run.stdout
+    assert run.stdout.count("PLAY [Canary first, then batches]") == 1
+    assert stats(run.stdout) == {"box1": "timed out (exit 124)"}
+    state = HostState.load(canary.root / "state.json")
+    assert state.pending is None
+    assert state.history[-1].sha == slow
+    assert state.history[-1].verdict == "rolled_back"
+    assert "interrupted after the switch" in state.history[-1].reason
+    assert [live(h) for h in lab.hosts] == [good] * 4
+
+
+def test_the_module_interrupts_a_promote_past_its_timeout(stack: Stack, host: Host) -> None:
+    """Past `timeout`, servegate is interrupted as Ctrl-C would: it puts the previous
+    release back by itself, verified, within `interrupt_grace`; the task fails as
+    changed (the role's rescue acts on a changed host). The module runs as Ansible runs
+    it: its file, with its arguments in a JSON file."""
+    good = stack.commit("ok", "good")
+    assert release_main(["promote", good, "--config", str(host.path)]) == 0
+    host.path.write_text(
+        host.path.read_text().replace("startup_timeout = 8", "startup_timeout = 90")
+    )
+    slow = stack.commit("slow-start", "a start-up longer than the timeout")
+    args = host.path.parent / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {
+        "action": "promote", "sha": slow, "config": str(host.path),
+        "servegate": str(BIN / "servegate"), "timeout": 12, "interrupt_grace": 120,
+    }}))  # fmt: skip
+    module = COLLECTION / "plugins" / "modules" / "release.py"
+    done = subprocess.run([sys.executable, str(module), str(args)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    answer = json.loads(done.stdout)
+    assert answer["failed"] is True
+    assert answer["changed"] is True
+    assert answer["exit_code"] == 124
+    assert answer["verdict"] == "timed out"
+    assert (
+        "ran past 12 s and was interrupted (interrupted; the previous release was put back)"
+        in answer["msg"]
+    )
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.pending is None
+    assert state.current is not None
+    assert state.current.sha == good
+    assert state.history[-1].verdict == "rolled_back"
+    assert state.history[-1].reason == "interrupted"
+    assert host.live_root() == host.release_dir(good)

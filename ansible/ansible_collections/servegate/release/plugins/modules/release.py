@@ -17,6 +17,8 @@ description:
   - C(changed) is true only when a release happened (a promote that released, a
     rollback that ran); any other outcome fails with servegate's exit code and reason,
     after servegate has rolled the host back on its own where the gate failed.
+  - A command past O(timeout) fails with exit code 124 as C(changed): the host may be
+    half switched, and the role's rescue recovers a changed host.
 options:
   action:
     description: What to run.
@@ -41,9 +43,21 @@ options:
     type: str
     default: servegate
   timeout:
-    description: Seconds the command may take (a promote builds, restarts and gates).
+    description:
+      - Seconds the command may take (a promote builds, restarts and gates).
+      - Past it servegate is interrupted as Ctrl-C would (after its switch it puts the
+        previous release back, verified), then killed after O(interrupt_grace). The task
+        fails as C(changed) with exit code 124: a killed promote can leave the host half
+        switched, and the role's rescue recovers a changed host.
     type: int
     default: 7200
+  interrupt_grace:
+    description:
+      - Seconds servegate is given, once interrupted at O(timeout), to put the previous
+        release back by itself before it is killed (a restart, its health check and
+        gate; a large model's start-up takes minutes).
+    type: int
+    default: 900
 author:
   - servegate maintainers
 """
@@ -84,8 +98,10 @@ gate:
   type: str
 """
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -110,13 +126,36 @@ def _gate(result):
     return gate.get("verdict") if isinstance(gate, dict) else None
 
 
+def _stop(proc, grace):
+    """Interrupt servegate as Ctrl-C would, then kill it if it is still there after
+    ``grace`` seconds: interrupted after its switch, servegate puts the previous release
+    back, verified, and records the attempt; killed, it leaves ``pending`` in the host's
+    state for ``release recover``. Returns its output and how it was stopped."""
+    for sig, wait, how in (
+        (signal.SIGINT, grace, "interrupted"),
+        (signal.SIGKILL, 30, f"killed after {grace} s more"),
+    ):
+        with contextlib.suppress(ProcessLookupError):  # it ended on its own meanwhile
+            os.killpg(proc.pid, sig)
+        try:
+            out, err = proc.communicate(timeout=wait)
+            return out, err, how
+        except subprocess.TimeoutExpired:
+            continue
+    return "", "", "killed, and did not end"
+
+
 def _run(module, action, extra=()):
     """servegate release ACTION on this host: (exit code, result, error, stderr)."""
     p = module.params
     argv = [p["servegate"], "release", action, *extra, "--config", p["config"], "--json"]
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=p["timeout"], check=False
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own group: stopped whole, and alone
         )
     except FileNotFoundError:
         module.fail_json(
@@ -126,20 +165,29 @@ def _run(module, action, extra=()):
             servegate={},
             cmd=argv,
         )
+    try:
+        out, err = proc.communicate(timeout=p["timeout"])
     except subprocess.TimeoutExpired:
+        out, err, how = _stop(proc, p["interrupt_grace"])
+        _, result, error = _answer(out)
+        said = error.get("message") or result.get("reason") or ""
+        if error.get("hint"):
+            said += f"; {error['hint']}"
+        if how != "interrupted":
+            said = "the host may be half switched: `release recover` finishes it"
         module.fail_json(
-            msg=f"servegate release {action} ran past {p['timeout']} s",
+            msg=f"servegate release {action} ran past {p['timeout']} s and was {how}"
+            + (f" ({said})" if said else ""),
+            # its state is unknown: a changed host is what the role's rescue recovers
+            changed=action in ("promote", "rollback", "recover"),
             exit_code=124,
-            verdict="failed",
-            servegate={},
+            verdict="timed out",
+            servegate=result,
             cmd=argv,
         )
-    code, out, err = done.returncode, done.stdout, done.stderr
-    try:
-        doc = json.loads(out)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
+    code = proc.returncode
+    doc, result, error = _answer(out)
+    if doc is None:
         module.fail_json(
             msg=f"servegate answered no JSON object (exit {code}): {err.strip()[-800:]}",
             exit_code=code,
@@ -147,9 +195,20 @@ def _run(module, action, extra=()):
             servegate={},
             cmd=argv,
         )
+    return code, result, error, err
+
+
+def _answer(out):
+    """servegate's JSON document on stdout, with its result and error objects."""
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None, {}, {}
     result = doc.get("result") if isinstance(doc.get("result"), dict) else {}
     error = doc.get("error") if isinstance(doc.get("error"), dict) else {}
-    return code, result, error, err
+    return doc, result, error
 
 
 def _undo(module, sha):
@@ -186,6 +245,7 @@ def main():
             "config": {"type": "path", "default": "~/servegate.toml"},
             "servegate": {"type": "str", "default": "servegate"},
             "timeout": {"type": "int", "default": 7200},
+            "interrupt_grace": {"type": "int", "default": 900},
         },
         required_if=[("action", "promote", ("sha",))],
         supports_check_mode=True,
