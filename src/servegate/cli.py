@@ -43,6 +43,10 @@ RELEASE_REF_HELP = (
     "a runner that releases: take only jobs of this ref whose workflow file comes from it "
     "(e.g. refs/heads/main); pull requests' jobs are refused"
 )
+RELEASE_REPO_HELP = (
+    "with --release-ref on an organisation's runner: the repository (OWNER/REPO) whose "
+    "jobs it takes (default: the one --url names)"
+)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -352,6 +356,7 @@ def servegate_parser() -> argparse.ArgumentParser:
         "--no-start", action="store_true", help="register and write the unit, do not start it"
     )
     inst.add_argument("--release-ref", default="", help=RELEASE_REF_HELP)
+    inst.add_argument("--release-repo", default="", help=RELEASE_REPO_HELP)
     inst.add_argument(
         "--dry-run",
         action="store_true",
@@ -378,6 +383,7 @@ def servegate_parser() -> argparse.ArgumentParser:
     srv.add_argument("--app-key", default="", help="the App's private key file (PEM, 0600)")
     srv.add_argument("--turns", type=int, default=0, help="stop after N jobs (0: never)")
     srv.add_argument("--release-ref", default="", help=RELEASE_REF_HELP)
+    srv.add_argument("--release-repo", default="", help=RELEASE_REPO_HELP)
     srv.add_argument(
         "--write-unit", action="store_true",
         help="write (and enable) the systemd user unit that keeps this manager running",
@@ -482,6 +488,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
             not args.no_start,
             args.dry_run,
             args.release_ref,
+            args.release_repo,
         )
     if args.command == "summary":
         from servegate.commands import summary

@@ -38,6 +38,12 @@ class HostPaths:
         return self.root / "unpushed.json"
 
     @property
+    def records(self) -> Path:
+        """Every record this host wrote, sealed, one a line: its own copy of them, which
+        no push to origin can remove."""
+        return self.root / "records.jsonl"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

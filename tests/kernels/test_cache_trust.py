@@ -228,3 +228,44 @@ def test_servegate_build_applies_build_env_as_a_promote_does(
     (target,) = json.loads(capsys.readouterr().out)["result"]["targets"]
     archs = {o["arch"] for objs in target["code_objects"].values() for o in objs}
     assert archs == {"gfx1030", "gfx900"}
+
+
+def test_device_only_headers_response_files_and_driver_variables_key_the_cache(
+    checkout: Path, tmp_path: Path
+) -> None:
+    """What hipcc's host-side listing does not show: a header only the device side
+    includes, a response file named in the flags, a clang driver variable."""
+    (checkout / "kernels" / "k.hip").write_text(
+        SOURCE.replace('#include "detail/sign.h"\n', '#include "detail/sign.h"\n'
+                       "#if defined(__HIP_DEVICE_COMPILE__)\n#include \"detail/dev.h\"\n#endif\n")
+    )  # fmt: skip
+    (checkout / "kernels" / "detail" / "dev.h").write_text("#define SCALE 1.0f\n")
+    (checkout / "kernels" / "opts.rsp").write_text("-DVERSION=1\n")
+    flagged = config.parse(
+        BASE + TARGET.format(env="").replace('flags = ["-O2"]', 'flags = ["-O2", "@kernels/opts.rsp"]'),
+        environ={},
+    )  # fmt: skip
+    cache = tmp_path / "cache"
+    build(checkout, cache, flagged)
+    assert build(checkout, cache, flagged).cached
+    (checkout / "kernels" / "detail" / "dev.h").write_text("#define SCALE 666.0f\n")
+    device = build(checkout, cache, flagged)
+    assert device.reason == "changed: includes (kernels/detail/dev.h)"
+    (checkout / "kernels" / "opts.rsp").write_text("-DVERSION=666\n")
+    assert build(checkout, cache, flagged).reason == "changed: includes (kernels/opts.rsp)"
+    driver = build(checkout, cache, flagged, CCC_OVERRIDE_OPTIONS="+-DEVIL")
+    assert driver.reason == "changed: environment (CCC_OVERRIDE_OPTIONS)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a link of another uid needs root")
+def test_a_cache_folder_reached_through_another_users_link_is_not_used(
+    checkout: Path, tmp_path: Path
+) -> None:
+    real = tmp_path / "real-cache"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "cache-link"
+    link.symlink_to(real)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)  # its owner could re-point it
+    result = build(checkout, link)
+    assert result.reason.startswith("cache not used: ")
+    assert f"link of uid {NOBODY}" in result.reason

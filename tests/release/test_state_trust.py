@@ -413,3 +413,48 @@ def test_a_record_pushed_to_origin_in_this_hosts_name_is_not_this_hosts(
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state["current"]["artifacts"] == genuine.get("artifacts", {})
     assert release_main(["verify", "--config", str(host.path)]) == 0
+
+
+def test_a_note_origin_removed_or_poisoned_does_not_take_this_hosts_records(
+    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A push to origin can rewrite the notes ref: remove the live release's note (the
+    host's fetch takes it as a fast-forward), or add a line whose seal is no hex at all.
+    The host still has its own sealed copy of what it recorded: verify checks against
+    it, a rebuilt state finds the live release, and nothing crashes."""
+    from servegate.release import bringup
+
+    live = stack.commit()
+    assert release_main(["promote", live, "--config", str(host.path), "--json"]) == 0
+    genuine = json.loads(capsys.readouterr().out)["result"]["record"]
+    attacker = tmp_path / "attacker"
+    subprocess.run(["git", "clone", "-q", str(stack.origin), str(attacker)], check=True)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(attacker), "-c", "user.name=x", "-c", "user.email=x@x",
+                        *args], check=True, capture_output=True)  # fmt: skip
+
+    git("fetch", "-q", "origin", "+refs/notes/servegate:refs/notes/servegate")
+    git("notes", "--ref", "refs/notes/servegate", "remove", live)
+    git("push", "-q", "origin", "refs/notes/servegate")  # no force needed: a new commit
+    ctx = host.context()
+    ctx.deployer.repo.fetch()
+    assert ctx.deployer.repo.notes(live).strip() == ""  # gone from the note
+    assert [r["at"] for r in bringup.host_released(ctx, live)] == [genuine["at"]]
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    assert "no release record of this host" not in capsys.readouterr().out
+
+    poisoned = dict(genuine, seal="\u00e9", at="2099-01-01T00:00:00.000+00:00")
+    poisoned.pop("publish", None)
+    git("fetch", "-q", "origin", "+refs/notes/servegate:refs/notes/servegate")
+    git("notes", "--ref", "refs/notes/servegate", "add", "-f", "-m", json.dumps(poisoned), live)
+    git("push", "-q", "origin", "refs/notes/servegate")
+    ctx.deployer.repo.fetch()
+    assert "\u00e9" in ctx.deployer.repo.notes(live) or "\\u00e9" in ctx.deployer.repo.notes(live)
+    assert [r["at"] for r in bringup.host_released(ctx, live)] == [genuine["at"]]
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    (host.cfg.host_root / "state.json").write_text("{")
+    assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == live
+    assert release_main(["verify", "--config", str(host.path)]) == 0

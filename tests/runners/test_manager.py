@@ -418,14 +418,16 @@ def test_a_release_managers_runner_refuses_a_pull_requests_job_in_its_hook(
         f'echo "unit=$SERVEGATE_RUNNER_RELEASE_REF" >> {runner_dir}/jobs.log\n'
         "for job in pull_request:refs/pull/7/merge workflow_dispatch:refs/heads/main; do\n"
         "  event=${job%%:*}; ref=${job#*:}\n"
-        "  GITHUB_EVENT_NAME=$event GITHUB_REF=$ref "
+        "  GITHUB_EVENT_NAME=$event GITHUB_REF=$ref GITHUB_REPOSITORY=team/stack "
         'GITHUB_WORKFLOW_REF="team/stack/.github/workflows/x.yml@$ref" '
         '"$ACTIONS_RUNNER_HOOK_JOB_STARTED" > /dev/null\n'
         f'  echo "$event=$?" >> {runner_dir}/jobs.log\n'
         "done\n"
     )
     creds = manager.Credentials.from_options({}, token_file=token_file(tmp_path))
-    s = dataclasses.replace(spec(github, runner_dir), release_ref="refs/heads/main")
+    s = dataclasses.replace(
+        spec(github, runner_dir), release_ref="refs/heads/main", release_repo="team/stack"
+    )
     api = manager.Api(s, creds)
     try:
         manager.serve(s, api, {"PATH": os.environ["PATH"]}, turns=1, log=lambda _: None,

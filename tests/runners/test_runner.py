@@ -213,7 +213,10 @@ def test_hook_outside_a_runner_is_refused() -> None:
 
 MAIN = "refs/heads/main"
 RELEASE_JOB = {"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": MAIN,
+               "GITHUB_REPOSITORY": "team/stack",
                "GITHUB_WORKFLOW_REF": f"team/stack/.github/workflows/release.yml@{MAIN}"}  # fmt: skip
+RELEASE_RUNNER = {"SERVEGATE_RUNNER": "box1", "SERVEGATE_RUNNER_RELEASE_REF": MAIN,
+                  "SERVEGATE_RUNNER_RELEASE_REPO": "team/stack"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -235,24 +238,39 @@ RELEASE_JOB = {"GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": MAIN,
           "GITHUB_WORKFLOW_REF": "team/stack/.github/workflows/release.yml@refs/heads/mine"},
          "refuses a workflow file from refs/heads/mine"),
         ({}, "refuses a job of no known event"),
+        # an organisation's runner: another repository's main, with its own workflow
+        ({**RELEASE_JOB, "GITHUB_REPOSITORY": "team/scratch",
+          "GITHUB_WORKFLOW_REF": f"team/scratch/.github/workflows/gpu.yml@{MAIN}"},
+         "refuses a job of team/scratch's workflow"),
+        # this repository's job running another repository's workflow file
+        ({**RELEASE_JOB, "GITHUB_WORKFLOW_REF": f"team/scratch/.github/workflows/x.yml@{MAIN}"},
+         "refuses a job of team/stack's workflow team/scratch/"),
     ],
 )  # fmt: skip
 def test_a_release_runner_refuses_every_job_but_its_refs(job: dict[str, str], why: str) -> None:
     """The runner whose user owns the live service takes only the release ref's jobs:
     its job-start hook fails any other job before its first step runs."""
-    done = hook("started", SERVEGATE_RUNNER="box1", SERVEGATE_RUNNER_RELEASE_REF=MAIN, **job)
+    done = hook("started", **RELEASE_RUNNER, **job)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"runner box1 releases from {MAIN} only: it {why}" in done.stdout
+    assert f"runner box1 releases from team/stack {MAIN} only: it {why}" in done.stdout
     assert "GPU idle check" not in done.stdout  # refused before anything else
 
 
 def test_a_release_runner_takes_its_refs_jobs_and_other_runners_take_any(tmp_path: Path) -> None:
-    done = hook("started", SERVEGATE_RUNNER="box1", SERVEGATE_RUNNER_RELEASE_REF=MAIN,
-                **RELEASE_JOB)  # fmt: skip
+    done = hook("started", **RELEASE_RUNNER, **RELEASE_JOB)
     assert done.returncode == 0, done.stdout + done.stderr
+    # a release runner told no repository takes nothing
+    unset = {**RELEASE_RUNNER, "SERVEGATE_RUNNER_RELEASE_REPO": ""}
+    assert hook("started", **unset, **RELEASE_JOB).returncode == 1
     pr = {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_REF": "refs/pull/7/merge"}
     assert hook("started", SERVEGATE_RUNNER="box1", **pr).returncode == 0
-    spec = RunnerSpec("https://github.com/team/stack", "box1", ("serving",), tmp_path, MAIN)
+    spec = RunnerSpec("https://github.com/team/stack", "box1", ("serving",), tmp_path, MAIN,
+                      "team/stack")  # fmt: skip
     assert f'Environment="SERVEGATE_RUNNER_RELEASE_REF={MAIN}"' in render_unit(spec)
-    assert main(["runner", "install", "--url", "https://github.com/team/stack",
-                 "--release-ref", "main", "--dry-run", "--dir", str(tmp_path)]) == 2  # fmt: skip
+    assert 'Environment="SERVEGATE_RUNNER_RELEASE_REPO=team/stack"' in render_unit(spec)
+    install = ["runner", "install", "--release-ref", MAIN, "--dry-run", "--dir", str(tmp_path)]
+    assert main([*install, "--url", "https://github.com/team/stack"]) == 0
+    assert main([*install, "--url", "https://github.com/team/stack", "--release-ref", "main"]) == 2
+    # an organisation's runner must be told which repository it releases
+    assert main([*install, "--url", "https://github.com/team"]) == 2
+    assert main([*install, "--url", "https://github.com/team", "--release-repo", "team/stack"]) == 0

@@ -23,6 +23,7 @@ def run_install(
     start: bool,
     dry_run: bool = False,
     release_ref: str = "",
+    release_repo: str = "",
 ) -> int:
     spec = RunnerSpec(
         url,
@@ -30,6 +31,7 @@ def run_install(
         tuple(label for label in labels.split(",") if label),
         directory.resolve(),
         check_ref(release_ref),
+        release_repository(url, release_ref, release_repo),
     )
     if dry_run:
         steps = plan(spec, os.environ)
@@ -61,6 +63,24 @@ def check_ref(ref: str) -> str:
     return ref
 
 
+def release_repository(url: str, ref: str, given: str) -> str:
+    """The repository a release runner takes jobs of: the one its --url names, or, for an
+    organisation's runner (which GitHub sends every repository's jobs), --release-repo."""
+    if not ref:
+        return ""
+    scope = manager.Scope.from_url(url)
+    named = f"{scope.owner}/{scope.repo}" if scope.repo else ""
+    if given and named and given.lower() != named.lower():
+        raise ConfigError(f"--release-repo {given} is not the repository --url names ({named})")
+    if not (given or named):
+        raise ConfigError(
+            f"--url {url} registers the runner for an organisation: every repository of it "
+            "can send it jobs",
+            hint="name the repository it releases: --release-repo OWNER/REPO",
+        )
+    return given or named
+
+
 def run_hook(event: str) -> int:
     return hooks.job_started(os.environ) if event == "started" else hooks.job_completed(os.environ)
 
@@ -75,6 +95,7 @@ def run_serve(out: Output, args: argparse.Namespace) -> int:
         api_url=args.api_url,
         runner_group_id=args.runner_group,
         release_ref=check_ref(args.release_ref),
+        release_repo=release_repository(args.url, args.release_ref, args.release_repo),
     )
     manager.Scope.from_url(spec.url)  # a bad --url is refused before anything else
     credentials = manager.Credentials.from_options(

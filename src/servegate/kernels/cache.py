@@ -96,6 +96,8 @@ def untrusted(path: Path) -> str:
     me = os.geteuid()
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode):
+        if info.st_uid not in (0, me):  # its owner could point it elsewhere
+            return f"{path} is a link of uid {info.st_uid}"
         info = os.stat(path)
     if not stat.S_ISDIR(info.st_mode):
         return f"{path} is not a folder"
@@ -105,11 +107,17 @@ def untrusted(path: Path) -> str:
             f"{oct(stat.S_IMODE(info.st_mode))})"
         )
     absolute = Path(os.path.abspath(path))
-    for chain in (absolute.parents, absolute.resolve().parents, [absolute.resolve()]):
-        for above in chain:
-            why = _writable_by_others(os.stat(above), (0, me))
-            if why:
-                return f"{above}, a folder above it, is {why}"
+    for above in absolute.parents:  # as written: a link's owner could point it elsewhere
+        info = os.lstat(above)
+        if stat.S_ISLNK(info.st_mode):
+            if info.st_uid not in (0, me):
+                return f"{above}, above it, is a link of uid {info.st_uid}"
+        elif why := _writable_by_others(info, (0, me)):
+            return f"{above}, a folder above it, is {why}"
+    for above in (*absolute.resolve().parents, absolute.resolve()):
+        why = _writable_by_others(os.stat(above), (0, me))
+        if why:
+            return f"{above}, a folder above it, is {why}"
     return ""
 
 

@@ -88,9 +88,11 @@ def toolchain(
 #: the cache whole): its variables, by name or by prefix
 COMPILER_ENV = frozenset({"CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH",
                           "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS",
-                          "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"})  # fmt: skip
+                          "CUDAHOSTCXX", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS",
+                          "COMPILER_PATH", "SOURCE_DATE_EPOCH", "MAX_JOBS"})  # fmt: skip
 COMPILER_ENV_PREFIXES = ("HIP", "HCC_", "ROCM", "AMDGPU", "DEVICE_LIB", "CUDA", "NVCC_",
-                         "CMAKE_", "TORCH_", "PYTORCH_", "Torch_")  # fmt: skip
+                         "CMAKE_", "TORCH_", "PYTORCH_", "Torch_", "CCC_", "CLANG", "LLVM_",
+                         "GCC_", "LD_", "PERL", "OFFLOAD_", "OMP_TARGET")  # fmt: skip
 
 
 def build_environment(environ: Mapping[str, str], configured: Mapping[str, str]) -> dict[str, str]:
@@ -157,7 +159,21 @@ def includes(
             for p in _tree(top)
             if not p.is_relative_to(build) and p.is_file()
         )
+    names.update(_key_name(checkout, f) for f in named_files(checkout, target))
     return {name: sha256_file(checkout / name) for name in sorted(names)}
+
+
+def named_files(checkout: Path, target: KernelTarget) -> list[str]:
+    """Files the target's flags and CMake arguments name (``@opts.rsp``,
+    ``-Wl,--version-script=x.map``, ``-DCMAKE_TOOLCHAIN_FILE=t.cmake``, ``lib.a``): the
+    compiler reads them, so their contents key the cache, not only their names."""
+    found = []
+    for arg in (*target.flags, *target.cmake_args):
+        for candidate in {arg, arg.removeprefix("@"), arg.rpartition("=")[2],
+                          arg.rpartition(",")[2]}:  # fmt: skip
+            if candidate and (checkout / candidate).is_file():
+                found.append(candidate)
+    return found
 
 
 def _tree(top: Path) -> list[Path]:
@@ -180,9 +196,16 @@ def dependency_steps(
     kind = compiler(target, archs)
     srcs = [p for p in expand(checkout, target.sources) if p.suffix in COMPILED]
     if kind == "hipcc":
+        # the host side, then each arch's device side on its own: a header included
+        # under __HIP_DEVICE_COMPILE__ is in no host listing
         env["HIP_PLATFORM"] = "amd"
-        head = ["hipcc", *(f"--offload-arch={a}" for a in archs), "-fPIC", *target.flags]
-        return [Step((*head, "-M", str(src)), env) for src in srcs]
+        host = [f"--offload-arch={a}" for a in archs]
+        sides = [host, *([f"--offload-arch={a}", "--cuda-device-only"] for a in archs)]
+        return [
+            Step(("hipcc", *side, "-fPIC", *target.flags, "-M", str(src)), env)
+            for src in srcs
+            for side in sides
+        ]
     lang = ["-x", "cu"] if any(p.suffix != ".cu" for p in srcs) else []
     head = ["nvcc", *_gencode(archs), "-Xcompiler", "-fPIC", *target.flags, *lang]
     return [Step((*head, "-M", str(src)), env) for src in srcs]

@@ -194,9 +194,7 @@ def host_released(ctx: Context, sha: str) -> list[dict[str, Any]]:
     failed): it propagates and fails the check."""
     text = ctx.deployer.repo.notes(sha)
     return [  # every host writes the same notes ref: only what this host sealed
-        r
-        for r in host_records(ctx.cfg, text)
-        if r.get("verdict") == "released" and r.get("sha") == sha
+        r for r in host_records(ctx.cfg, text, sha) if r.get("verdict") == "released"
     ]
 
 

@@ -52,19 +52,20 @@ def rebuild(cfg: Config) -> dict[str, Any]:
     entries: list[Entry] = []
     skipped: list[str] = []
     mine = rec.host_id(cfg)
-    for sha in deployer.repo.noted():
-        text = deployer.repo.notes(sha)
-        sealed = rec.host_records(cfg, text)
-        named = sum(1 for r in rec.parse_notes(text) if r.get("host_id") == mine)
-        if named > len(sealed):
+    noted = set(deployer.repo.noted())
+    logged = {str(r.get("sha")) for r in rec.logged(cfg)}  # a note origin removed included
+    for sha in sorted(s for s in noted | logged if SHA.match(s)):
+        text = deployer.repo.notes(sha) if sha in noted else ""
+        sealed = rec.host_records(cfg, text, sha)
+        unsealed = [r for r in rec.parse_notes(text) if r.get("host_id") == mine
+                    and r not in sealed]  # fmt: skip
+        if unsealed:
             skipped.append(
-                f"{named - len(sealed)} record(s) of {sha[:12]} name this host but carry no "
+                f"{len(unsealed)} record(s) of {sha[:12]} name this host but carry no "
                 "seal of its key (written elsewhere, or before servegate sealed records): "
                 "not used"
             )
         for r in sealed:
-            if r.get("sha") != sha or not SHA.match(sha):
-                continue
             why = _wrong_types(r)
             if why:
                 skipped.append(

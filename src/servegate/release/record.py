@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
@@ -147,19 +148,48 @@ def seal(doc: Mapping[str, Any], salt: str) -> str:
     return hmac.new(key, blob, hashlib.sha256).hexdigest()
 
 
-def host_records(cfg: Config, text: str) -> list[dict[str, Any]]:
-    """The records of a note that this host wrote and sealed, oldest first: a record
-    that names this host but carries no seal of its key (pushed to origin by someone
-    else, or written before servegate sealed records) is not this host's."""
+def host_records(cfg: Config, text: str, sha: str) -> list[dict[str, Any]]:
+    """This host's records of ``sha``, oldest first: those it sealed, in the note's
+    ``text`` and in its own copy (:func:`logged`), once each. A record that names this
+    host but carries no seal of its key (pushed to origin by someone else, or written
+    before servegate sealed records) is not this host's; one removed from the note (a
+    push to origin can rewrite the notes ref) is still found in the copy."""
     salt = host_salt(cfg.host_root)
     mine = host_id(cfg)
-    return [
-        r
-        for r in parse_notes(text)
-        if r.get("host_id") == mine
-        and isinstance(r.get("seal"), str)
-        and hmac.compare_digest(r["seal"], seal(r, salt))
-    ]
+    found: dict[str, dict[str, Any]] = {}
+    for r in [*parse_notes(text), *logged(cfg)]:
+        if (
+            r.get("sha") == sha
+            and r.get("host_id") == mine
+            and isinstance(r.get("seal"), str)
+            and hmac.compare_digest(r["seal"].encode(), seal(r, salt).encode())  # any text
+        ):
+            found.setdefault(r["seal"], r)
+    return sorted(found.values(), key=lambda r: str(r.get("at", "")))
+
+
+def logged(cfg: Config) -> list[dict[str, Any]]:
+    """The records in this host's own copy (``<host.root>/records.jsonl``); unreadable
+    lines are skipped (their seals are checked by the reader)."""
+    try:
+        fd = os.open(hostpaths.of(cfg).records, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return []
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        return parse_notes(f.read())
+
+
+def _keep(cfg: Config, line: str) -> None:
+    """Append a sealed record to the host's own copy, durably, before it goes anywhere
+    else."""
+    path = hostpaths.of(cfg).records
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def parse_notes(text: str) -> list[dict[str, Any]]:
@@ -191,9 +221,11 @@ def publish(
     if scrubber is not None:
         scrubber.inplace(doc)
     doc["seal"] = seal(doc, host_salt(cfg.host_root))
+    line = json.dumps(doc, sort_keys=True)
+    _keep(cfg, line)
     identity = Identity(cfg.release.identity_name, cfg.release.identity_email)
     sha = record.sha
-    repo.append_note(sha, json.dumps(doc, sort_keys=True), identity)
+    repo.append_note(sha, line, identity)
     refs = [f"{NOTES_REF}:{NOTES_REF}"]
     if tag:
         message = f"servegate release {sha[:12]} ({record.verdict})"

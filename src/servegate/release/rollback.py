@@ -194,11 +194,11 @@ def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | Non
     """This host's ``released`` record of ``sha`` made by the interrupted run (at or after
     ``since``), with its tag; None when the run died before recording."""
     try:
-        records = rec.host_records(ctx.cfg, ctx.deployer.repo.notes(sha))
+        records = rec.host_records(ctx.cfg, ctx.deployer.repo.notes(sha), sha)
     except ServegateError:
         return None
     for r in reversed(records):
-        if r.get("verdict") == "released" and r.get("sha") == sha and str(r.get("at", "")) >= since:
+        if r.get("verdict") == "released" and str(r.get("at", "")) >= since:
             return {"verdict": "released", "tag": str(r.get("tag", "")), "at": str(r.get("at"))}
     return None
 

@@ -25,6 +25,8 @@ MARKER = "SERVEGATE_RUNNER"
 #: set on a runner that releases (``runner install/serve --release-ref refs/heads/main``):
 #: it takes only jobs of that ref whose workflow file comes from that ref
 RELEASE_REF = "SERVEGATE_RUNNER_RELEASE_REF"
+#: and of this repository (``owner/repo``): an organisation's runner serves all of them
+RELEASE_REPO = "SERVEGATE_RUNNER_RELEASE_REPO"
 
 
 def refused(environ: Mapping[str, str]) -> str:
@@ -42,8 +44,12 @@ def refused(environ: Mapping[str, str]) -> str:
     event = environ.get("GITHUB_EVENT_NAME", "")
     job_ref = environ.get("GITHUB_REF", "")
     workflow = environ.get("GITHUB_WORKFLOW_REF", "")
+    repo = environ.get(RELEASE_REPO, "").lower()
+    job_repo = environ.get("GITHUB_REPOSITORY", "")
     if not event or event.startswith("pull_request") or event == "merge_group":
         return f"a {event or 'job of no known'} event"
+    if not repo or job_repo.lower() != repo or not workflow.lower().startswith(repo + "/"):
+        return f"a job of {job_repo or 'no repository'}'s workflow {workflow or '?'}"
     if job_ref != ref:
         return f"a job on {job_ref or 'no ref'}"
     if not workflow.endswith("@" + ref):
@@ -139,7 +145,8 @@ def job_started(environ: Mapping[str, str], admission: bool = True) -> int:
     why = refused(environ) if admission else ""
     if why:
         print(
-            f"servegate: runner {name} releases from {environ[RELEASE_REF]} only: it refuses "
+            f"servegate: runner {name} releases from {environ.get(RELEASE_REPO, '?')} "
+            f"{environ[RELEASE_REF]} only: it refuses "
             f"{why} (workflow {environ.get('GITHUB_WORKFLOW_REF', '?')}, event "
             f"{environ.get('GITHUB_EVENT_NAME', '?')}); pull requests' GPU jobs go to a "
             "runner of their own (docs/box-setup.md)",

@@ -27,6 +27,8 @@ class RunnerSpec:
     directory: Path
     #: a release runner's ref (``refs/heads/main``): its jobs must be of that ref
     release_ref: str = ""
+    #: and its repository (``owner/repo``)
+    release_repo: str = ""
 
     @property
     def unit(self) -> str:
@@ -45,6 +47,7 @@ def render_unit(spec: RunnerSpec) -> str:
     }
     if spec.release_ref:
         env[hooks.RELEASE_REF] = spec.release_ref
+        env[hooks.RELEASE_REPO] = spec.release_repo
     lines = [
         "[Unit]",
         f"Description=GitHub Actions runner {spec.name} (ephemeral, servegate hooks)",

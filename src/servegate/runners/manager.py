@@ -228,6 +228,8 @@ class ManagerSpec:
     work_folder: str = "_work"
     #: a release runner's ref (``refs/heads/main``): its jobs must be of that ref
     release_ref: str = ""
+    #: and its repository (``owner/repo``)
+    release_repo: str = ""
 
 
 class Api:
@@ -307,6 +309,7 @@ def one_turn(
     env = {k: v for k, v in environ.items() if k not in hidden} | {hooks.MARKER: spec.name}
     if spec.release_ref:
         env[hooks.RELEASE_REF] = spec.release_ref
+        env[hooks.RELEASE_REPO] = spec.release_repo
     if before(env) != 0:
         return Outcome(name, skipped="the job-start checks failed (see above): no runner offered")
     run_sh = spec.directory / "run.sh"
@@ -409,7 +412,7 @@ def unit_argv(
             "--dir", str(spec.directory.resolve()), "--api-url", spec.api_url,
             "--runner-group", str(spec.runner_group_id)]  # fmt: skip
     if spec.release_ref:
-        argv += ["--release-ref", spec.release_ref]
+        argv += ["--release-ref", spec.release_ref, "--release-repo", spec.release_repo]
     if app is not None:
         app_id, installation, key = app
         argv += ["--app-id", app_id, "--installation-id", installation,
