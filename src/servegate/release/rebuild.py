@@ -53,10 +53,11 @@ def rebuild(cfg: Config) -> dict[str, Any]:
     skipped: list[str] = []
     mine = rec.host_id(cfg)
     noted = set(deployer.repo.noted())
-    logged = {str(r.get("sha")) for r in rec.logged(cfg)}  # a note origin removed included
+    own = rec.logged(cfg)
+    logged = {str(r.get("sha")) for r in own}  # a note origin removed included
     for sha in sorted(s for s in noted | logged if SHA.match(s)):
         text = deployer.repo.notes(sha) if sha in noted else ""
-        sealed = rec.host_records(cfg, text, sha)
+        sealed = rec.host_records(cfg, text, sha, own)
         unsealed = [r for r in rec.parse_notes(text) if r.get("host_id") == mine
                     and r not in sealed]  # fmt: skip
         if unsealed:

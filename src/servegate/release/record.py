@@ -148,16 +148,19 @@ def seal(doc: Mapping[str, Any], salt: str) -> str:
     return hmac.new(key, blob, hashlib.sha256).hexdigest()
 
 
-def host_records(cfg: Config, text: str, sha: str) -> list[dict[str, Any]]:
+def host_records(
+    cfg: Config, text: str, sha: str, kept: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """This host's records of ``sha``, oldest first: those it sealed, in the note's
     ``text`` and in its own copy (:func:`logged`), once each. A record that names this
     host but carries no seal of its key (pushed to origin by someone else, or written
     before servegate sealed records) is not this host's; one removed from the note (a
-    push to origin can rewrite the notes ref) is still found in the copy."""
+    push to origin can rewrite the notes ref) is still found in the copy (``kept``: the
+    copy already read, by a caller that reads many SHAs' records)."""
     salt = host_salt(cfg.host_root)
     mine = host_id(cfg)
     found: dict[str, dict[str, Any]] = {}
-    for r in [*parse_notes(text), *logged(cfg)]:
+    for r in [*parse_notes(text), *(logged(cfg) if kept is None else kept)]:
         if (
             r.get("sha") == sha
             and r.get("host_id") == mine
