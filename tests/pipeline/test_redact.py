@@ -130,6 +130,9 @@ def test_an_unreadable_salt_is_an_error_never_an_unsalted_hash(tmp_path: Path) -
         redact.host_salt(tmp_path)
     (tmp_path / "salt").rmdir()
     (tmp_path / "salt").write_bytes(b"\xff\xfe not text")
+    with pytest.raises(StateInvalid, match="not a private file"):  # 0644: others read it
+        redact.host_salt(tmp_path)
+    (tmp_path / "salt").chmod(0o600)
     with pytest.raises(StateInvalid, match="not a salt") as err:
         redact.host_salt(tmp_path)
     assert err.value.hint.startswith(f"remove {tmp_path / 'salt'}")

@@ -112,6 +112,12 @@ def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
     assert state["history"][-1]["verdict"] == "rolled_back"
     assert state["history"][-1]["tag"] == tags[0]
     assert release_main(["verify", "--config", str(host.path)]) == 0
+    # a state made again from the records agrees: the superseded record is no release
+    (host.cfg.host_root / "state.json").write_text("{")
+    assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
+    rebuilt = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert rebuilt["current"]["sha"] == good
+    assert [e["verdict"] for e in rebuilt["history"] if e["sha"] == nxt] == ["rolled_back"]
 
 
 def test_ctrl_c_while_the_record_is_pushed_keeps_the_proven_release(

@@ -458,3 +458,36 @@ def test_a_note_origin_removed_or_poisoned_does_not_take_this_hosts_records(
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state["current"]["sha"] == live
     assert release_main(["verify", "--config", str(host.path)]) == 0
+
+
+def test_a_torn_line_in_the_hosts_record_copy_costs_no_later_record(
+    host: Host, stack: Stack
+) -> None:
+    """A crash or a full disk mid-append leaves a line without its end: the next record
+    starts a line of its own instead of being glued onto it (and lost)."""
+    first = stack.commit()
+    assert release_main(["promote", first, "--config", str(host.path)]) == 0
+    copy = host.cfg.host_root / "records.jsonl"
+    with copy.open("a") as f:
+        f.write('{"verdict": "released", "sha": "')  # torn
+    second = stack.commit()
+    assert release_main(["promote", second, "--config", str(host.path)]) == 0
+    assert [r["sha"] for r in record.logged(host.cfg)] == [first, second]
+
+
+def test_a_salt_others_could_read_is_refused_not_used(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The salt seals this host's records: one others can read (a copy made without
+    -p, one shared by a fleet's image) could seal records in its name."""
+    live = stack.commit()
+    assert release_main(["promote", live, "--config", str(host.path)]) == 0
+    salt = host.cfg.host_root / "salt"
+    salt.chmod(0o644)
+    capsys.readouterr()
+    assert release_main(["verify", "--config", str(host.path)]) != 0
+    err = capsys.readouterr().err
+    assert "is not a private file of this user's" in err
+    assert "chmod 600" in err
+    salt.chmod(0o600)
+    assert release_main(["verify", "--config", str(host.path)]) == 0

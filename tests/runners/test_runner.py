@@ -274,3 +274,17 @@ def test_a_release_runner_takes_its_refs_jobs_and_other_runners_take_any(tmp_pat
     # an organisation's runner must be told which repository it releases
     assert main([*install, "--url", "https://github.com/team"]) == 2
     assert main([*install, "--url", "https://github.com/team", "--release-repo", "team/stack"]) == 0
+
+
+def test_a_serving_runner_without_release_ref_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    install = ["runner", "install", "--url", "https://github.com/team/stack", "--dry-run",
+               "--dir", str(tmp_path)]  # fmt: skip
+    assert main([*install, "--labels", "self-hosted,linux,gfx1030,serving"]) == 0
+    assert "warning: this runner has the label `serving` but no --release-ref" in (
+        capsys.readouterr().err
+    )
+    assert main([*install, "--labels", "self-hosted,linux,gfx1030,pr-tests"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert main([*install, "--release-repo", "team/stack"]) == 2  # nothing without a ref

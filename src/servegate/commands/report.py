@@ -14,7 +14,7 @@ from servegate.errors import NothingToDo, ResultFileError, ServegateError
 from servegate.output import Output
 from servegate.release import bench_gate
 from servegate.release.deploy import make_deployer
-from servegate.release.record import parse_notes
+from servegate.release.record import host_records
 from servegate.release.state import HostState
 
 
@@ -30,14 +30,15 @@ def collect(cfg: Config | None, files: list[Path]) -> list[history.Point]:
                 continue
             seen.add(entry.sha)
             try:
-                records = parse_notes(repo.notes(entry.sha))
+                records = host_records(cfg, repo.notes(entry.sha), entry.sha)  # its own
             except ServegateError:
                 continue
             for rec in records:
                 doc = bench_gate.recorded_samples(rec)
                 if doc is None:
                     continue
-                gate = next(c for c in rec["gate"]["checks"] if c.get("name") == bench_gate.CHECK)
+                checks = [c for c in rec["gate"]["checks"] if isinstance(c, dict)]
+                gate = next(c for c in checks if c.get("name") == bench_gate.CHECK)
                 points += history.points_from(
                     results.from_record(doc, entry.sha[:12]), entry.sha[:12],
                     str(rec.get("at", "")), str(gate.get("verdict", "")), str(rec.get("verdict")),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 from servegate.engine.managers.systemd import unit_dir
@@ -33,6 +34,7 @@ def run_install(
         check_ref(release_ref),
         release_repository(url, release_ref, release_repo),
     )
+    warn_unguarded(spec.labels, spec.release_ref)
     if dry_run:
         steps = plan(spec, os.environ)
         if out.json_mode:
@@ -63,10 +65,26 @@ def check_ref(ref: str) -> str:
     return ref
 
 
+def warn_unguarded(labels: tuple[str, ...], ref: str) -> None:
+    """A runner labelled ``serving`` (what release.yml asks for) that takes any job."""
+    if "serving" in labels and not ref:
+        print(
+            "warning: this runner has the label `serving` but no --release-ref: GitHub "
+            "sends it any job that asks for its labels, a pull request's included, and the "
+            "job runs as the user that owns the live service (docs/box-setup.md, step 6)",
+            file=sys.stderr,
+        )
+
+
 def release_repository(url: str, ref: str, given: str) -> str:
     """The repository a release runner takes jobs of: the one its --url names, or, for an
     organisation's runner (which GitHub sends every repository's jobs), --release-repo."""
     if not ref:
+        if given:
+            raise ConfigError(
+                "--release-repo does nothing without --release-ref",
+                hint="e.g. --release-ref refs/heads/main --release-repo " + given,
+            )
         return ""
     scope = manager.Scope.from_url(url)
     named = f"{scope.owner}/{scope.repo}" if scope.repo else ""
@@ -97,6 +115,7 @@ def run_serve(out: Output, args: argparse.Namespace) -> int:
         release_ref=check_ref(args.release_ref),
         release_repo=release_repository(args.url, args.release_ref, args.release_repo),
     )
+    warn_unguarded(spec.labels, spec.release_ref)
     manager.Scope.from_url(spec.url)  # a bad --url is refused before anything else
     credentials = manager.Credentials.from_options(
         os.environ, args.token_env, args.token_file, args.app_id, args.installation_id,

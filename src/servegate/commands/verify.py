@@ -72,13 +72,15 @@ def run(cfg: Config, out: Output) -> int:
 def _recorded_artifacts(
     ctx: Context, sha: str, state_artifacts: Mapping[str, str]
 ) -> Mapping[str, str] | None:
-    """The build hashes this host's release records of ``sha`` hold (None: no record with
-    them). The live libraries are checked against state.json's copy; a copy that any
-    record contradicts (someone who could write the host root rebuilt a library and
-    wrote its hash there, or appended a record that says so) is refused, not believed."""
+    """The build hashes this host's latest sealed release record of ``sha`` holds (None:
+    no record with them). The live libraries are checked against state.json's copy; a
+    copy that record contradicts (someone who could write the host root rebuilt a
+    library and wrote its hash there) is refused, not believed. Only this host's sealed
+    records count, so the latest is its own last build of the SHA (a promote of the SHA
+    again may rebuild it with other hashes)."""
     kept = [r["artifacts"] for r in bringup.host_released(ctx, sha)
             if isinstance(r.get("artifacts"), dict)]  # fmt: skip
-    for recorded in kept:
+    for recorded in kept[-1:]:
         if dict(recorded) != dict(state_artifacts):
             differ = sorted(
                 k for k in set(recorded) | set(state_artifacts)

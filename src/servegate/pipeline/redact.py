@@ -17,6 +17,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -102,15 +103,31 @@ def _read_salt(path: Path) -> str:
         "compare with new ones, and their seals no longer show them as this host's: the "
         "next promote has no gate baseline), or make it a readable file of this user's"
     )
-    try:
-        with open(path, "rb") as handle:  # FileNotFoundError: the caller makes one
-            raw = handle.read(4096)
+    try:  # FileNotFoundError: the caller makes one
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise StateInvalid(
-            f"the host's redaction salt {path} cannot be read: {exc.strerror or exc}", hint=fix
+            f"the host's redaction salt {path} cannot be read (a link is not followed): "
+            f"{exc.strerror or exc}",
+            hint=fix,
         ) from exc
+    try:
+        info = os.fstat(fd)
+        raw = os.read(fd, 4096) if stat.S_ISREG(info.st_mode) else b""
+    finally:
+        os.close(fd)
+    # the key that seals this host's records and salts its redaction hashes: no one
+    # else may read it (a copy without -p, an image shared by a fleet)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise StateInvalid(
+            f"the host's salt {path} is not a private file of this user's (owner uid "
+            f"{info.st_uid}, mode {oct(stat.S_IMODE(info.st_mode))}): whoever could read it "
+            "could seal records in this host's name",
+            hint=f"if no one else has read it: chown $(id -u) {path} && chmod 600 {path}; "
+            f"otherwise {fix}",
+        )
     try:
         salt = raw.decode("ascii").strip()
     except UnicodeDecodeError:

@@ -114,9 +114,11 @@ def results_dir(cfg: Config) -> Path:
 
 def recorded_samples(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The bench samples a release record's gate kept, if any."""
-    if not record:
-        return None
-    for check in (record.get("gate") or {}).get("checks") or []:
+    gate = record.get("gate") if record else None
+    checks = gate.get("checks") if isinstance(gate, dict) else None
+    for check in checks if isinstance(checks, list) else []:  # a note may hold anything
+        if not isinstance(check, dict):
+            continue
         if check.get("name") == CHECK and isinstance(check.get("evidence"), dict):
             samples = check["evidence"].get("samples")
             return samples if isinstance(samples, dict) else None

@@ -66,7 +66,14 @@ def rebuild(cfg: Config) -> dict[str, Any]:
                 "seal of its key (written elsewhere, or before servegate sealed records): "
                 "not used"
             )
+        # a released record that a later one supersedes (recover found the run that wrote
+        # it died before its state said so, and rolled it back) is no release
+        overridden = {
+            str(r["supersedes"].get("at")) for r in sealed if isinstance(r.get("supersedes"), dict)
+        }
         for r in sealed:
+            if r.get("verdict") == "released" and str(r.get("at")) in overridden:
+                continue
             why = _wrong_types(r)
             if why:
                 skipped.append(

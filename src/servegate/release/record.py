@@ -187,9 +187,14 @@ def _keep(cfg: Config, line: str) -> None:
     else."""
     path = hostpaths.of(cfg).records
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, (line + "\n").encode())
+        data = (line + "\n").encode()
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":  # a line torn by a crash or a
+            data = b"\n" + data  # full disk: this record must not be glued onto it
+        while data:
+            data = data[os.write(fd, data) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -223,6 +228,7 @@ def publish(
     doc = record.as_dict()
     if scrubber is not None:
         scrubber.inplace(doc)
+    doc = dict(json.loads(json.dumps(doc, sort_keys=True)))  # sealed as readers parse it
     doc["seal"] = seal(doc, host_salt(cfg.host_root))
     line = json.dumps(doc, sort_keys=True)
     _keep(cfg, line)
