@@ -19,10 +19,18 @@ from tests.conftest import Host, Stack
 RELEASE = str(Path(sys.executable).with_name("release"))
 
 
+def ctrl_c_works() -> None:
+    """A terminal's Ctrl-C reaches a process whose SIGINT is not ignored; a test run
+    started in the background (nohup, `&` without job control) would hand it an ignored
+    one."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_when(host: Host, sha: str, marker: str) -> tuple[int, str]:
     child = subprocess.Popen(
         [RELEASE, "promote", sha, "--config", str(host.path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=ctrl_c_works,
     )  # fmt: skip
     assert child.stdout is not None
     seen = ""

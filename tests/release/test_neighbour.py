@@ -140,7 +140,11 @@ def test_a_lease_link_the_neighbour_planted_is_refused_and_its_target_untouched(
     assert run.returncode == 6, run.stderr
     assert "writable by every user" in run.stderr
     assert "chmod o-w" in run.stderr
-    state.chmod(0o770)  # shared with a group only: the link the neighbour left is named
+    state.chmod(0o770)  # shared with a group, not sticky: a member could remove a lease
+    run = lease()
+    assert run.returncode == 6, run.stderr
+    assert "without the sticky bit" in run.stderr
+    state.chmod(0o3770)  # a group's sticky folder: the link the neighbour left is named
     run = lease()
     assert run.returncode == 4, run.stderr
     assert f"symbolic link owned by uid {neighbour.pw_uid}" in run.stderr

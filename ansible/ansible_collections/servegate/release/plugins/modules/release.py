@@ -145,6 +145,10 @@ def _stop(proc, grace):
     return "", "", "killed, and did not end"
 
 
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run(module, action, extra=()):
     """servegate release ACTION on this host: (exit code, result, error, stderr)."""
     p = module.params
@@ -156,6 +160,9 @@ def _run(module, action, extra=()):
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,  # its own group: stopped whole, and alone
+            # its interrupt must work even where Ansible itself runs with SIGINT ignored
+            # (started in the background, by nohup or cron): a child inherits that
+            preexec_fn=_default_sigint,
         )
     except FileNotFoundError:
         module.fail_json(
