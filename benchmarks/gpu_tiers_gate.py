@@ -187,7 +187,7 @@ def main() -> int:
     positions = "140000" if arch.startswith("sm_") else "32768"
     start = time.monotonic()
     sb = sandbox.create(work / "demo", python, engine="transformers", arch=arch,
-                        shape=(str(args.hidden), str(args.layers), positions))  # fmt: skip
+                        model_shape=(str(args.hidden), str(args.layers), positions))  # fmt: skip
     sb.config.write_text(tiers_config(sb, args))
     shutil.copy(sb.config, args.out / "servegate.toml")
     print(f"sandbox {sb.root} ready in {time.monotonic() - start:.0f} s", flush=True)
@@ -225,9 +225,9 @@ def main() -> int:
             for why in row["invalid"]:
                 print(f"    invalid: {json.dumps(why)[:300]}")
         for r in release.get("rows", []):
-            n = f"{r['n_baseline']}/{r['n_candidate']}"
+            ns = f"{r['n_baseline']}/{r['n_candidate']}"
             print(f"  gate {r['case']:<13} {r['metric']:<15} ratio {r['ratio']} interval "
-                  f"{r['interval']} n {n}: {r['verdict']}")  # fmt: skip
+                  f"{r['interval']} n {ns}: {r['verdict']}")  # fmt: skip
     ok = [r["verdict"] for r in summary["releases"]] == ["released", "released"]
     return 0 if ok else 1
 

@@ -22,6 +22,7 @@ from servegate import config as config_mod
 from servegate.about import version_line
 from servegate.errors import INTERNAL_ERROR, INTERRUPTED, ConfigError, ServegateError
 from servegate.output import Output
+from servegate.pipeline import interrupts
 from servegate.pipeline.gitenv import scrub_git_env
 
 if TYPE_CHECKING:
@@ -38,6 +39,11 @@ class _Version(argparse.Action):
         print(version_line())
         parser.exit()
 
+
+#: the release commands that switch the live service: SIGTERM and SIGHUP stop them as
+#: Ctrl-C does (after the switch, the previous release is put back), whatever SIGINT
+#: they inherited
+SWITCHING = ("promote", "rollback", "recover")
 
 RELEASE_REF_HELP = (
     "a runner that releases: take only jobs of this ref whose workflow file comes from it "
@@ -88,6 +94,14 @@ def _release_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action="store_true",
         help="make the host state again from this host's release notes and release "
         "directories (the damaged file is kept aside)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for a promote or rollback still running on this host to "
+        "end, then recover what it left (default: fail at once, exit 4)",
     )
     _common(p)
 
@@ -528,13 +542,16 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     from servegate.commands import history, promote, recover, rollback, status, verify
 
     handlers: dict[str, Callable[[], int]] = {
-        "recover": lambda: recover.run(cfg, out, args.rebuild_state),
+        "recover": lambda: recover.run(cfg, out, args.rebuild_state, args.wait),
         "promote": lambda: promote.run(cfg, out, args.sha, args.allow_non_ff),
         "rollback": lambda: rollback.run(cfg, out, args.to),
         "status": lambda: status.run(cfg, out),
         "history": lambda: history.run(cfg, out, args.n),
         "verify": lambda: verify.run(cfg, out),
     }
+    if args.release_command in SWITCHING:
+        with interrupts.handled(f"release {args.release_command}"):
+            return handlers[args.release_command]()
     return handlers[args.release_command]()
 
 

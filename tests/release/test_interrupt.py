@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,22 +27,44 @@ def ctrl_c_works() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _interrupt_when(host: Host, sha: str, marker: str) -> tuple[int, str]:
-    child = subprocess.Popen(
-        [RELEASE, "promote", sha, "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=ctrl_c_works,
-    )  # fmt: skip
+def sigint_ignored() -> None:
+    """What nohup, cron or a non-interactive shell's ``cmd &`` hand a child."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _read_until(child: subprocess.Popen[str], marker: str, seen: str = "") -> str:
     assert child.stdout is not None
-    seen = ""
     deadline = time.monotonic() + 120
     while marker not in seen and time.monotonic() < deadline:
         line = child.stdout.readline()
         if not line:
             break
         seen += line
+    return seen
+
+
+def _interrupt_when(
+    host: Host,
+    sha: str,
+    marker: str,
+    sig: signal.Signals = signal.SIGINT,
+    inherited: Callable[[], None] = ctrl_c_works,
+    again: tuple[signal.Signals, ...] = (),
+) -> tuple[int, str]:
+    """Promote ``sha``, send ``sig`` once ``marker`` is printed; with ``again``, send
+    those too once the putting back has begun."""
+    child = subprocess.Popen(
+        [RELEASE, "promote", sha, "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=inherited,
+    )  # fmt: skip
+    seen = _read_until(child, marker)
     time.sleep(0.5)
-    child.send_signal(signal.SIGINT)
+    child.send_signal(sig)
+    if again:
+        seen = _read_until(child, "rolling back", seen)
+        for other in again:
+            child.send_signal(other)
     rest, _ = child.communicate(timeout=180)
     return child.returncode, seen + rest
 
@@ -58,6 +81,95 @@ def test_ctrl_c_after_the_switch_rolls_back_as_interrupted(host: Host, stack: St
     assert state["current"]["sha"] == good
     assert state["history"][-1]["verdict"] == "rolled_back"
     assert state["history"][-1]["reason"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("sig", "inherited"),
+    [
+        (signal.SIGINT, sigint_ignored),  # Ctrl-C works whatever SIGINT was inherited
+        (signal.SIGTERM, sigint_ignored),  # systemd stopping a unit, `timeout`, a CI cancel
+        (signal.SIGHUP, ctrl_c_works),  # the SSH session that ran it is gone
+    ],
+    ids=["SIGINT-inherited-ignored", "SIGTERM", "SIGHUP"],
+)
+def test_a_stop_signal_after_the_switch_rolls_back_as_interrupted(
+    host: Host, stack: Stack, sig: signal.Signals, inherited: Callable[[], None]
+) -> None:
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    slow = stack.commit("slow-start")
+    code, output = _interrupt_when(host, slow, "switch", sig, inherited)
+    assert code == 130, output[-3000:]
+    assert "rolling back" in output
+    assert release_main(["verify", "--config", str(host.path)]) == 0  # the good one serves
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == good
+    assert state.get("pending") is None
+    assert state["history"][-1]["verdict"] == "rolled_back"
+    assert state["history"][-1]["reason"] == "interrupted"
+
+
+def test_more_stop_signals_do_not_cut_the_putting_back_short(host: Host, stack: Stack) -> None:
+    """A CI runner's cancel sends SIGINT, then SIGTERM; a person presses Ctrl-C twice. The
+    first starts the rollback; the later ones are said and the rollback finishes."""
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    slow = stack.commit("slow-start")
+    code, output = _interrupt_when(
+        host, slow, "switch", signal.SIGINT, again=(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    )
+    assert code == 130, output[-3000:]
+    assert "finishes what it started" in output
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == good
+    assert state.get("pending") is None
+    assert state["history"][-1]["verdict"] == "rolled_back"
+
+
+def test_recover_waits_for_a_promote_still_running_then_undoes_what_its_kill_left(
+    host: Host, stack: Stack
+) -> None:
+    """A CI runner kills a cancelled promote's process tree; the recover step that
+    follows may start while it still holds the host lock. ``release recover --wait``
+    waits for it, then puts the last proven release back."""
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    slow = stack.commit("slow-start")
+    child = subprocess.Popen(
+        [RELEASE, "promote", slow, "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen = _read_until(child, "switch")
+    time.sleep(0.5)
+    recovering = subprocess.Popen(
+        [RELEASE, "recover", "--wait", "120", "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    time.sleep(2)
+    assert recovering.poll() is None, "recover did not wait for the promote's host lock"
+    child.kill()  # the tree killed mid-switch: nothing put back, the pending mark stays
+    child.communicate(timeout=60)
+    out, _ = recovering.communicate(timeout=240)
+    assert recovering.returncode == 0, seen + out
+    assert "is live again and verified" in out
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == good
+    assert state.get("pending") is None
+    # without --wait a held lock is refused at once (exit 4), as before
+    holder = subprocess.Popen(
+        [RELEASE, "promote", slow, "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _read_until(holder, "preflight")
+        refused = subprocess.run([RELEASE, "recover", "--config", str(host.path)],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert refused.returncode == 4, refused.stderr
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
 
 
 def test_ctrl_c_before_the_switch_changes_nothing(host: Host, stack: Stack) -> None:

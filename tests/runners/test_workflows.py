@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -414,7 +416,7 @@ def test_fleet_rollback_step_recovers_a_promote_cut_off_after_its_switch(
     config = f"{tmp_path}/servegate.toml"
     assert calls == [
         f"release status --config {config} --json",
-        f"release recover --config {config} --json",
+        f"release recover --wait 120 --config {config} --json",
         f"servegate summary {tmp_path}/recover.json",
         f"release status --config {config} --json",
     ]
@@ -446,3 +448,66 @@ def test_fleet_run_leaves_a_box_that_served_the_sha_before_it(
     assert current.sha == sha
     assert sha in host.live_root()
     assert f"this box served {sha} before this run" in (tmp_path / "summary").read_text()
+
+
+def _pending(host: Host) -> bool:
+    path = host.cfg.host_root / "state.json"
+    try:
+        return bool(json.loads(path.read_text()).get("pending"))
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("kill_after", [10.0, 0.5], ids=["as-the-runner", "tree-killed-at-once"])
+def test_a_cancelled_release_run_leaves_the_previous_release_serving(
+    tmp_path: Path, stack: Stack, host: Host, kill_after: float
+) -> None:
+    """The release workflow cancelled after the switch, as GitHub's runner cancels a step:
+    SIGINT to the step's shell alone, SIGTERM 7.5 s later, the process tree killed 2.5 s
+    after that; then the job's ``if: cancelled()`` step. The shell hands servegate the
+    cancel (an in-process rollback); whatever the kill cut short, the recover step
+    finishes: the previous release serves, verified. Both steps are the workflow's own
+    scripts, run by bash with the real servegate."""
+    good = stack.commit("ok", "good")
+    assert release_main(["promote", good, "--config", str(host.path)]) == 0
+    slow = stack.commit("slow-start", "slow to start")
+    steps = load("release.yml")["jobs"]["promote"]["steps"]
+    assert steps[1]["if"] == "cancelled()"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "SHA": slow,
+           "RUNNER_TEMP": str(tmp_path), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary"),
+           "SERVEGATE_CONFIG": str(host.path)}  # fmt: skip
+    shell = subprocess.Popen(["bash", "-e", "-c", steps[0]["run"]], env=env,
+                             start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not _pending(host) and shell.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _pending(host), "the promote never reached its switch"
+    time.sleep(0.5)
+    shell.send_signal(signal.SIGINT)  # the shell alone, not its process group
+    ended_by_itself = False
+    for sig, wait in ((signal.SIGTERM, min(7.5, kill_after)), (signal.SIGKILL, 2.5)):
+        try:
+            shell.wait(wait)
+            ended_by_itself = True
+            break
+        except subprocess.TimeoutExpired:
+            if sig == signal.SIGKILL or kill_after < 7.5:
+                os.killpg(shell.pid, signal.SIGKILL)  # the runner kills the process tree
+                shell.wait(10)
+                break
+            shell.send_signal(sig)
+    if ended_by_itself:  # servegate got the cancel and put the good release back itself
+        assert shell.returncode == 130
+        result = json.loads((tmp_path / "promote.json").read_text())["result"]
+        assert (result["verdict"], result["reason"]) == ("rolled_back", "interrupted")
+    recover = subprocess.run(["bash", "-e", "-c", steps[1]["run"]], env=env,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert recover.returncode == 0, recover.stdout[-2000:] + recover.stderr[-2000:]
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    state = HostState.load(host.cfg.host_root / "state.json")
+    assert state.current is not None
+    assert state.current.sha == good
+    assert state.pending is None
+    assert state.history[-1].sha == slow
+    assert state.history[-1].verdict == "rolled_back"

@@ -7,18 +7,26 @@ import os
 from servegate import hostpaths
 from servegate.config import Config
 from servegate.output import Output
-from servegate.pipeline.lock import HostLock
+from servegate.pipeline.lock import Holder, HostLock
 from servegate.release import rebuild
 from servegate.release.context import Context
 from servegate.release.rollback import recover
 
 
-def run(cfg: Config, out: Output, rebuild_state: bool = False) -> int:
+def run(cfg: Config, out: Output, rebuild_state: bool = False, wait: float = 0.0) -> int:
     if rebuild_state:
         return _rebuild(cfg, out)
     ctx = Context.create(cfg, out.reporter(), os.environ)
     out.scrub = ctx.scrub
-    with HostLock(ctx.lock_path, "release recover"):
+    said = [-30.0]
+
+    def waiting(holder: Holder | None, waited: float) -> None:
+        if waited - said[0] >= 30:
+            said[0] = waited
+            who = holder.describe() if holder else "a process that left no record"
+            ctx.reporter.note(f"release recover waits for {who} to end ({waited:.0f}s so far)")
+
+    with HostLock(ctx.lock_path, "release recover", wait=wait, on_wait=waiting):
         result = recover(ctx)
     if out.json_mode:
         return out.emit({"recovered": result})

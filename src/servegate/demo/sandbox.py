@@ -282,10 +282,10 @@ def create(
     config: bool = True,
     engine: str = "vllm",
     arch: str = "gfx1030",
-    shape: tuple[str, str, str] | None = None,
+    model_shape: tuple[str, str, str] | None = None,
 ) -> Sandbox:
-    """A fresh sandbox at ``root`` (an earlier demo sandbox there is replaced); ``shape``:
-    the transformers model's (hidden, layers, positions) instead of ``MODEL_SHAPE``'s."""
+    """A fresh sandbox at ``root`` (an earlier demo sandbox there is replaced). Its
+    transformers model has ``model_shape`` (hidden, layers, positions), or MODEL_SHAPE's."""
     if root.exists():
         if not (root / MARKER).exists():
             raise ConfigError(
@@ -306,7 +306,7 @@ def create(
     shape: list[str] = []
     if engine == "transformers":  # sampled, and exactly max_tokens long: no EOS token
         sb.hub.mkdir()
-        hidden, layers, positions = shape or MODEL_SHAPE["gpu" if sb.gpu else "cpu"]
+        hidden, layers, positions = model_shape or MODEL_SHAPE["gpu" if sb.gpu else "cpu"]
         shape = ["--hidden", hidden, "--layers", layers, "--max-positions", positions, "--no-eos"]
         if sb.gpu:  # made on the GPU in its serving dtype: seconds, not minutes
             shape += ["--dtype", "bfloat16", "--device", "cuda"]
