@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu_tiers_gate.py --out DIR [--tiers 16k,128k]
         [--profiles regular,coding] [--hidden 1024 --layers 8] [--max-tokens 128]
-        [--repetitions 3] [--max-repetitions 6] [--kv-blocks 640]
+        [--repetitions 3] [--max-repetitions 5] [--kv-blocks 640]
         [--tolerance 0.05] [--decode-tolerance 0.15] [--arch sm_90] [--work DIR]
 
 What ``gpu_transformers_bench.py`` measures with ``servegate bench`` against a server it
@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -167,13 +168,16 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--max-repetitions", type=int, default=6)
+    parser.add_argument("--max-repetitions", type=int, default=5)
     parser.add_argument("--kv-blocks", type=int, default=640, help="KV blocks of 256 tokens")
     parser.add_argument("--tolerance", type=float, default=0.05, help="prefill's rule")
     parser.add_argument("--decode-tolerance", type=float, default=0.15, help="decode's rule")
     parser.add_argument("--arch", default="", help="default: the first NVIDIA GPU's")
     parser.add_argument("--work", type=Path, help="where the sandbox goes (default: a temp dir)")
     args = parser.parse_args()
+    # `timeout` stops it with SIGTERM: the service is shut down and what was measured
+    # is kept (the promote under way is killed; its host root goes with the sandbox)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     arch = args.arch or gpu_arch()
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="sg-tiers-"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -202,3 +203,49 @@ def test_arch_names_that_do_not_exist(tmp_path: Path, capsys: pytest.CaptureFixt
     not_elf.write_text("hello")
     assert main(["inspect", str(not_elf)]) == 2
     assert "not a 64-bit little-endian ELF" in capsys.readouterr().err
+
+
+def relabel(lib: Path, old: str, new: str) -> Path:
+    """The library with each offload bundle label naming ``old`` made to name ``new``
+    (of the same length): a hostile or broken build step's bundle."""
+    assert len(old) == len(new)
+    data = lib.read_bytes()
+    label = f"amdgcn-amd-amdhsa--{old}".encode()
+    assert label in data
+    out = lib.with_name(f"relabelled-{new.replace(':', '_')}.so")
+    out.write_bytes(data.replace(label, f"amdgcn-amd-amdhsa--{new}".encode()))
+    return out
+
+
+@needs_hipcc
+@pytest.mark.parametrize(
+    ("built", "labelled", "why"),
+    [
+        ("gfx1031", "gfx1030", "its ELF header says gfx1031, not gfx1030"),
+        ("gfx906", "gfx908", "its ELF header says gfx906, not gfx908"),
+        ("gfx90a:xnack+", "gfx90a:xnack-", "says gfx90a:xnack+, not gfx90a:xnack-"),
+    ],
+)
+def test_a_bundle_label_must_agree_with_its_elf_header(
+    tmp_path: Path, built: str, labelled: str, why: str
+) -> None:
+    """Code built for one GPU under a label that names another passes the loader's match
+    and then runs on the wrong GPU: inspect reads the processor and the xnack/sramecc
+    settings from the code object's e_flags, not only from its label."""
+    lib = build(tmp_path, built)
+    require_archs(lib, (built,))
+    lied = relabel(lib, built, labelled)
+    (obj,) = inspect(lied)
+    assert obj.arch == labelled
+    assert why in obj.problem
+    with pytest.raises(BuildFailed, match=f"not counted: .*{re.escape(why)}"):
+        require_archs(lied, (labelled,))
+
+
+@needs_hipcc
+def test_labels_of_honest_builds_agree_with_their_headers(tmp_path: Path) -> None:
+    lib = build(tmp_path, "gfx1030", "gfx90a:xnack-", "gfx90a:sramecc+:xnack+", "gfx906")
+    objects = inspect(lib)
+    assert {o.arch for o in objects} == {"gfx1030", "gfx90a:xnack-", "gfx90a:sramecc+:xnack+",
+                                         "gfx906"}  # fmt: skip
+    assert [o.problem for o in objects] == ["", "", "", ""]

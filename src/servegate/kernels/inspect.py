@@ -15,6 +15,13 @@ NVIDIA. PTX is no binary and never counts. A compressed NVIDIA entry (zstd or LZ
 counted from its fatbin header (its declared size), as its ELF header cannot be read
 without decompressing it; a compressed AMD bundle is refused (``roc-obj-ls`` lists it).
 
+An AMD entry's label (the bundle's triple) must agree with what its ELF header says it
+is: the processor in ``e_flags`` (``EF_AMDGPU_MACH``) and, in code objects of version 4
+and later, the ``xnack`` and ``sramecc`` settings. Code for gfx1031 labelled gfx1030 (or
+for ``xnack+`` labelled ``xnack-``) is no code for its label: the loader matches the
+label and the GPU then runs code built for another one. A processor this table does not
+know is taken by its label.
+
 AMD target IDs (https://llvm.org/docs/AMDGPUUsage.html#target-id): ``gfx90a:xnack-``
 names a processor and the setting of a target feature (``xnack``, ``sramecc``); a feature
 left out is *any*. Code with a feature *any* runs with it on or off; code with ``+`` or
@@ -41,6 +48,25 @@ NV_KINDS = {1: "ptx", 2: "elf"}
 NV_COMPRESSED = 0x2000 | 0x8000  # fatbin entry flags: LZ4, zstd
 EM_AMDGPU = 224
 EM_CUDA = 190
+#: ``e_flags & 0xff`` (EF_AMDGPU_MACH) → processor, from LLVM's AMDGPUUsage ("AMDGPU ELF
+#: Header"); checked against hipcc's own output for the processors it builds
+AMDGPU_MACH = {
+    0x020: "gfx600", 0x021: "gfx601", 0x022: "gfx700", 0x023: "gfx701", 0x024: "gfx702",
+    0x025: "gfx703", 0x026: "gfx704", 0x028: "gfx801", 0x029: "gfx802", 0x02A: "gfx803",
+    0x02B: "gfx810", 0x02C: "gfx900", 0x02D: "gfx902", 0x02E: "gfx904", 0x02F: "gfx906",
+    0x030: "gfx908", 0x031: "gfx909", 0x032: "gfx90c", 0x033: "gfx1010", 0x034: "gfx1011",
+    0x035: "gfx1012", 0x036: "gfx1030", 0x037: "gfx1031", 0x038: "gfx1032", 0x039: "gfx1033",
+    0x03A: "gfx602", 0x03B: "gfx705", 0x03C: "gfx805", 0x03D: "gfx1035", 0x03E: "gfx1034",
+    0x03F: "gfx90a", 0x040: "gfx940", 0x041: "gfx1100", 0x042: "gfx1013", 0x043: "gfx1150",
+    0x044: "gfx1103", 0x045: "gfx1036", 0x046: "gfx1101", 0x047: "gfx1102", 0x048: "gfx1200",
+    0x049: "gfx1250", 0x04A: "gfx1151", 0x04B: "gfx941", 0x04C: "gfx942", 0x04E: "gfx1201",
+    0x04F: "gfx950", 0x051: "gfx9-generic", 0x052: "gfx10-1-generic",
+    0x053: "gfx10-3-generic", 0x054: "gfx11-generic", 0x055: "gfx1152", 0x058: "gfx1153",
+    0x059: "gfx12-generic", 0x05F: "gfx9-4-generic",
+}  # fmt: skip
+#: code object v4 and later (EI_ABIVERSION >= 2): the feature fields of ``e_flags``
+AMDGPU_FEATURES = {"xnack": (0x300, 8), "sramecc": (0xC00, 10)}
+AMDGPU_SETTING = {0: "unsupported", 1: "any", 2: "-", 3: "+"}
 
 
 @dataclass(frozen=True)
@@ -128,6 +154,27 @@ def device_elf(data: bytes, machine: int) -> tuple[str, bool]:
     return "", any(body for name, body in sections.items() if name.split(".")[1:2] == ["text"])
 
 
+def label_mismatch(code: bytes, arch: str) -> str:
+    """Why the AMDGPU ELF ``code`` is not code for the target ID ``arch`` its bundle
+    label names ("" when its header agrees, or names a processor this table lacks)."""
+    processor, want = _target_id(arch)
+    (flags,) = struct.unpack_from("<I", code, 48)
+    found = AMDGPU_MACH.get(flags & 0xFF)
+    if processor not in AMDGPU_MACH.values():
+        return ""
+    if found != processor:
+        said = found or f"an unknown processor (EF_AMDGPU_MACH {flags & 0xFF:#x})"
+        return f"its ELF header says {said}, not {processor} as its label does"
+    if code[8] < 2:  # code object v2/v3: no feature fields to compare
+        return ""
+    for name, (mask, shift) in AMDGPU_FEATURES.items():
+        setting = AMDGPU_SETTING[(flags & mask) >> shift]
+        expected = want.get(name, "any")
+        if setting in ("-", "+") and setting != expected:  # code for one setting only
+            return f"its ELF header says {processor}:{name}{setting}, not {arch} as its label does"
+    return ""
+
+
 def _bundle(blob: bytes, start: int) -> tuple[Container, int]:
     """The offload bundle at ``start`` and the offset where it ends."""
     pos, end, found = start + len(BUNDLE_MAGIC), start, []
@@ -146,6 +193,7 @@ def _bundle(blob: bytes, start: int) -> tuple[Container, int]:
             problem, functions = device_elf(code, EM_AMDGPU)
             if len(code) < size:
                 problem = "cut short"
+            problem = problem or label_mismatch(code, arch)
             found.append(
                 CodeObject("amd", arch, "code object", size, triple, start, problem, functions)
             )
