@@ -271,3 +271,56 @@ def test_ctrl_c_while_the_record_is_pushed_keeps_the_proven_release(
     third = stack.commit(message="third")
     assert release_main(["promote", third, "--config", str(host.path)]) == 0
     assert not (host.cfg.host_root / "unpushed.json").exists()
+
+
+def test_a_stop_signal_during_the_rollback_of_a_failed_start_does_not_cut_it_short(
+    host: Host, stack: Stack
+) -> None:
+    """A cancel that comes while a failed release is being rolled back (the first signal,
+    not a second one) must let the putting back finish: the old release is stopped."""
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    broken = stack.commit("exit")
+    code, output = _interrupt_when(host, broken, "rolling back", signal.SIGTERM)
+    assert "rolled back: " in output, output[-3000:]
+    assert release_main(["verify", "--config", str(host.path)]) == 0  # the good one serves
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state["current"]["sha"] == good
+    assert state.get("pending") is None
+    assert state["history"][-1]["verdict"] == "rolled_back"
+    assert code != 0
+
+
+def test_sighup_with_stderr_gone_still_rolls_back_as_interrupted(
+    host: Host, stack: Stack, tmp_path: Path
+) -> None:
+    """A lost SSH session: SIGHUP, and stderr leads nowhere. The handler's message must not
+    take the place of the stop (a BrokenPipeError is no Ctrl-C)."""
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    slow = stack.commit("slow-start")
+    result = tmp_path / "promote.json"
+    with result.open("w") as out:
+        child = subprocess.Popen(
+            [RELEASE, "promote", slow, "--config", str(host.path), "--json"],
+            stdout=out, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    state_path = host.cfg.host_root / "state.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if state_path.exists() and json.loads(state_path.read_text() or "{}").get("pending"):
+            break
+        time.sleep(0.1)
+    time.sleep(1.5)  # switched: the slow release is starting
+    assert child.stderr is not None
+    child.stderr.close()  # the reader is gone
+    child.send_signal(signal.SIGHUP)
+    child.wait(timeout=180)
+    doc = json.loads(result.read_text())
+    assert child.returncode == 130, doc
+    state = json.loads(state_path.read_text())
+    assert state["current"]["sha"] == good
+    assert state.get("pending") is None
+    assert state["history"][-1]["verdict"] == "rolled_back"
+    assert state["history"][-1]["reason"] == "interrupted"
+    assert release_main(["verify", "--config", str(host.path)]) == 0

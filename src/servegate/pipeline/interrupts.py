@@ -22,11 +22,42 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import FrameType
 
 #: the signals that stop a switching command the way Ctrl-C does
 STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: the stop signals received within :func:`handled` (the first one's name first)
+_received: list[str] = []
+#: how many :func:`putting_back` blocks are running
+_putting_back = [0]
+
+
+def _say(text: str) -> None:
+    """Print to stderr from a signal handler: a stderr that leads nowhere (a lost SSH
+    session's, a closed pipe's) must not raise in place of the stop, nor in the middle of
+    the putting back."""
+    with suppress(OSError, ValueError):
+        print(text, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def putting_back() -> Iterator[None]:
+    """Within the block (it puts a release back after a switch), a stop signal, the first
+    one too, is said and does not cut it short; :func:`stop_if_received` afterwards stops
+    a command that would go on to switch again."""
+    _putting_back[0] += 1
+    try:
+        yield
+    finally:
+        _putting_back[0] -= 1
+
+
+def stop_if_received() -> None:
+    """KeyboardInterrupt if a stop signal came during a :func:`putting_back` block."""
+    if _received:
+        raise KeyboardInterrupt
 
 
 @contextmanager
@@ -36,22 +67,23 @@ def handled(what: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield  # only the main thread may set handlers (and gets the signals)
         return
-    received: list[str] = []
+    received = _received
+    received.clear()
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if received:
-            print(
-                f"\nservegate: {name} while {what} is stopping after {received[0]}: it "
+        if received or _putting_back[0]:
+            after = f" after {received[0]}" if received else ""
+            received.append(name)
+            _say(
+                f"\nservegate: {name} while {what} is stopping{after}: it "
                 "finishes what it started (putting the previous release back after a "
-                "switch); SIGKILL stops it, and `release recover` then finishes it",
-                file=sys.stderr,
-                flush=True,
+                "switch); SIGKILL stops it, and `release recover` then finishes it"
             )
             return
         received.append(name)
         if signum != signal.SIGINT:
-            print(f"\nservegate: {name}: {what} stops as for Ctrl-C", file=sys.stderr, flush=True)
+            _say(f"\nservegate: {name}: {what} stops as for Ctrl-C")
         raise KeyboardInterrupt
 
     old = {s: signal.signal(s, on_stop) for s in STOPS}
@@ -60,3 +92,4 @@ def handled(what: str) -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        received.clear()

@@ -24,7 +24,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.kernels.build import BuildResult, run_build
-from servegate.pipeline import redact
+from servegate.pipeline import interrupts, redact
 from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
@@ -141,6 +141,7 @@ def promote(ctx: Context, requested: str, allow_non_ff: bool = False) -> Outcome
     bringup.check_host_root(ctx)  # before its lock file is made in it
     with HostLock(ctx.lock_path, f"release promote {requested}"):
         recover(ctx)
+        interrupts.stop_if_received()  # a stop during the recover: switch nothing more
         return _promote(ctx, requested, allow_non_ff, start)
 
 
@@ -369,6 +370,21 @@ def _scrubbed(exc: ServegateError, scrub: redact.Scrubber) -> ServegateError:
 
 
 def _roll_back(
+    ctx: Context,
+    sha: str,
+    release_dir: Path,
+    built: BuildResult,
+    evidence: bringup.Evidence,
+    exc: ServegateError,
+    start: float,
+) -> Outcome:
+    """Put the previous release back after the switch and record the attempt; a stop
+    signal (a cancel after a failed gate, the first signal too) does not cut it short."""
+    with interrupts.putting_back():
+        return _put_back(ctx, sha, release_dir, built, evidence, exc, start)
+
+
+def _put_back(
     ctx: Context,
     sha: str,
     release_dir: Path,
