@@ -324,3 +324,54 @@ def test_sighup_with_stderr_gone_still_rolls_back_as_interrupted(
     assert state["history"][-1]["verdict"] == "rolled_back"
     assert state["history"][-1]["reason"] == "interrupted"
     assert release_main(["verify", "--config", str(host.path)]) == 0
+
+
+def test_a_stop_signal_during_release_rollback_leaves_a_verified_release(
+    host: Host, stack: Stack
+) -> None:
+    first = stack.commit()
+    assert promote(host.context(), first).verdict == "released"
+    second = stack.commit(message="second")
+    assert promote(host.context(), second).verdict == "released"
+    child = subprocess.Popen(
+        [RELEASE, "rollback", "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen = _read_until(child, "rb switch")
+    child.send_signal(signal.SIGTERM)
+    rest, _ = child.communicate(timeout=180)
+    output = seen + rest
+    assert child.returncode == 130, output[-3000:]
+    assert "which was serving, is back and verified" in output
+    assert release_main(["verify", "--config", str(host.path)]) == 0, output[-3000:]
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state.get("pending") is None, output[-3000:]
+    assert state["current"]["sha"] == second
+
+
+def test_a_stop_signal_during_release_recover_does_not_cut_its_putting_back_short(
+    host: Host, stack: Stack
+) -> None:
+    good = stack.commit()
+    assert promote(host.context(), good).verdict == "released"
+    slow = stack.commit("slow-start")
+    killed = subprocess.Popen(
+        [RELEASE, "promote", slow, "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    _read_until(killed, "switch")
+    killed.kill()  # nothing put back: the pending mark stays
+    killed.communicate(timeout=60)
+    child = subprocess.Popen(
+        [RELEASE, "recover", "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen = _read_until(child, "rb switch")
+    child.send_signal(signal.SIGTERM)
+    rest, _ = child.communicate(timeout=180)
+    output = seen + rest
+    assert child.returncode == 0, output[-3000:]
+    assert release_main(["verify", "--config", str(host.path)]) == 0, output[-3000:]
+    state = json.loads((host.cfg.host_root / "state.json").read_text())
+    assert state.get("pending") is None
+    assert state["current"]["sha"] == good

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from servegate.engine.launch import placeholders
 from servegate.errors import (
+    Interrupted,
     NothingToDo,
     PreflightFailed,
     RollbackFailed,
@@ -16,6 +17,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.kernels.build import run_build
+from servegate.pipeline import interrupts
 from servegate.pipeline.hashing import sha256_file
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
@@ -122,6 +124,13 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     sha = str(pending.get("sha", ""))
     live = ctx.state.current
     back = live.sha[:12] if live else "nothing (no release was recorded)"
+    with interrupts.putting_back():  # what it puts back, a stop signal does not cut short
+        return _recover(ctx, pending, sha, live, back)
+
+
+def _recover(
+    ctx: Context, pending: dict[str, Any], sha: str, live: Entry | None, back: str
+) -> dict[str, Any]:
     ctx.reporter.note(
         f"an interrupted {pending.get('kind', 'promote')} of {sha[:12]} (started "
         f"{pending.get('at', '?')}) left the service half switched; putting back {back}"
@@ -227,6 +236,27 @@ def pick_target(ctx: Context, to: str | None) -> Entry:
     return ctx.state.previous
 
 
+def _put_back_after_stop(ctx: Context, target: Entry, current: Entry) -> NoReturn:
+    """A stop signal cut the rollback to ``target`` short after its switch: the release
+    that was serving is put back, verified, whatever signal comes next."""
+    with interrupts.putting_back():
+        back = restore(ctx, current)
+        if back["ok"]:
+            ctx.state.pending = None
+            ctx.state.save()
+    if not back["ok"]:
+        raise RollbackFailed(
+            f"the rollback to {target.sha[:12]} was interrupted, and putting "
+            f"{current.sha[:12]} back failed: {ctx.scrubber.text(back['reason'])}",
+            hint=WHAT_TO_DO.format(root=ctx.cfg.host_root),
+        )
+    raise Interrupted(
+        f"interrupted: the rollback to {target.sha[:12]} was stopped; {current.sha[:12]}, "
+        "which was serving, is back and verified",
+        hint="run `release rollback` again to go back",
+    )
+
+
 def restore_problem(ctx: Context, target: Entry) -> str:
     """Why ``target`` could not be started again from its files ("" when it could): its
     checkout is gone, or a built artifact is missing or differs from what was built."""
@@ -261,6 +291,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
     bringup.check_host_root(ctx)  # before its lock file is made in it
     with HostLock(ctx.lock_path, f"release rollback {to or ''}".strip()):
         recovered = recover(ctx)
+        interrupts.stop_if_received()  # a stop during the recover: switch nothing more
         current = ctx.state.current
         if recovered is not None and (to is None or (current and current.sha.startswith(to))):
             recovered["stages"] = ctx.runner.as_list()
@@ -280,7 +311,12 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
         what = f"release rollback to {target.sha[:12]}"
         with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
             mark_pending(ctx, "rollback", target.sha, Path(target.release_dir))
-            result = restore(ctx, target)
+            try:
+                result = restore(ctx, target)
+            except KeyboardInterrupt:
+                if current is None or again:
+                    raise  # nothing else to put back: `release recover` finishes it
+                _put_back_after_stop(ctx, target, current)
             if not result["ok"] and current is not None and not again:
                 back = restore(ctx, current)  # the release that was serving, back
                 if back["ok"]:
@@ -297,7 +333,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             raise RollbackFailed(
                 ctx.scrubber.text(result["reason"]), hint=WHAT_TO_DO.format(root=ctx.cfg.host_root)
             )
-        with ctx.runner.stage("record"):
+        with interrupts.putting_back(), ctx.runner.stage("record"):
             typed = rec.ReleaseRecord.new(
                 ctx.cfg, target.sha, current.sha if current else None, "rollback"
             )
