@@ -568,7 +568,7 @@ def _remote(cfg: config_mod.Config, args: argparse.Namespace, out: Output) -> in
         "rollback": ["--to", args.to] if getattr(args, "to", None) else [],
         "history": ["-n", str(getattr(args, "n", 20))],
         "verify": [],
-        "recover": [],
+        "recover": ["--wait", str(args.wait)] if getattr(args, "wait", 0) else [],
     }[sub]
     return fleet.each_command(cfg, out, [sub, *extra])
 
