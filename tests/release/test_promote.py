@@ -711,3 +711,19 @@ def test_a_nested_repository_the_build_leaves_is_untracked_code(
     assert release_main(["promote", nested, "--config", str(host.path)]) == 8
     assert "untracked code planted/" in capsys.readouterr().err
     assert_serving(host, a)
+
+
+def test_code_loaded_after_the_proof_during_the_gate_is_not_recorded_as_proven(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The release is clean while provenance reads it, and its first answer to the gate
+    loads a library from outside the release into the very process that was proven
+    (same pid, same start): the process the record would call proven runs foreign code
+    by then, so it is not released."""
+    good = released(host, stack)
+    sha = stack.commit("foreign-after-answer")
+    capsys.readouterr()
+    assert release_main(["promote", sha, "--config", str(host.path)]) == 8
+    assert "mapped from outside the release" in capsys.readouterr().err
+    assert_serving(host, good)
+    assert HostState.load(host.cfg.host_root / "state.json").current.sha == good  # type: ignore[union-attr]

@@ -215,6 +215,19 @@ def still_proven(ctx: Context, evidence: Evidence) -> None:
         )
 
 
+def proven_after_gate(
+    ctx: Context, sha: str, release_dir: Path, artifacts: Mapping[str, str], evidence: Evidence
+) -> provenance.Report:
+    """After the gate, before the record: the proven process still serves, and it is
+    proven again. A proof read before the gate says what the process ran then; code it
+    loaded or exec'd into since (on the gate's first request: same pid, same start) is
+    what it runs now, and the record says what runs when it is written."""
+    still_proven(ctx, evidence)
+    report = prove(ctx, sha, release_dir, artifacts, evidence)
+    still_proven(ctx, evidence)
+    return report
+
+
 def restarter(
     ctx: Context,
     sha: str,

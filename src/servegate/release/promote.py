@@ -220,7 +220,8 @@ def _switch_and_prove(
                 ctx.reporter.note(f"provenance, weaker evidence: {line}")
         with runner.stage("gate") as st:
             decision = bringup.gate(ctx, sha, release_dir, evidence, artifacts=built.artifacts)
-            bringup.still_proven(ctx, evidence)  # what the record will say was proven
+            # what the record will say was proven: that process, as it runs now
+            bringup.proven_after_gate(ctx, sha, release_dir, built.artifacts, evidence)
             st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
     except ServegateError as exc:
         return _roll_back(ctx, sha, release_dir, built, evidence, exc, start)

@@ -65,7 +65,8 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
             bringup.prove(ctx, target.sha, release_dir, artifacts, evidence)
         with runner.stage("rb smoke"):
             bringup.gate(ctx, target.sha, release_dir, evidence, smoke_only=True)
-            bringup.still_proven(ctx, evidence)  # the process the record will say was proven
+            # the process the record will say was proven, as it runs now
+            bringup.proven_after_gate(ctx, target.sha, release_dir, artifacts, evidence)
     except ServegateError as exc:
         return {
             "ok": False,
