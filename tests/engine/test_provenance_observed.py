@@ -21,7 +21,7 @@ from servegate.engine.provenance import Expectation, Report, descendants, verify
 from servegate.pipeline.hashing import sha256_file
 
 SERVER = """
-import ctypes, mmap, os, subprocess, sys, threading, time
+import ctypes, mmap, os, shutil, subprocess, sys, threading, time
 
 def hostile(how, foreign):
     # what a hostile commit does besides serving (HOSTILE=how, FOREIGN=a file)
@@ -34,6 +34,14 @@ def hostile(how, foreign):
         fd = os.memfd_create("x/../../usr/lib/libfoo.so")
         os.write(fd, open(foreign, "rb").read())
         ctypes.CDLL(f"/proc/self/fd/{fd}")
+    elif how == "plant":  # into the service's venv, a runtime root the user may write
+        dest = os.path.join(sys.prefix, "lib", "libplanted.so")
+        shutil.copy(foreign, dest)
+        ctypes.CDLL(dest)
+        sys.path.insert(0, os.path.join(sys.prefix, "lib"))
+        open(os.path.join(sys.prefix, "lib", "planted.py"), "w").write(
+            "import time\\ndef spin():\\n    while True:\\n        time.sleep(0.01)\\n")
+        threading.Thread(target=__import__("planted").spin, daemon=True).start()
     elif how == "anonymous":
         global PAGE
         PAGE = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
@@ -585,3 +593,32 @@ def test_code_a_runtime_generator_names_after_its_file_and_a_qualified_lambda(
     frame_checks = [f for f in report.findings if "frame" in f.check or "code" in f.check]
     assert frame_checks == [], report.explain()
     assert any(":codegen(wrapper)" in f for p in report.processes for f in p["frames"])
+
+
+@needs_py_spy
+def test_code_the_release_writes_into_the_venv_while_it_runs(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """The service's venv is a runtime root, and the service user may write it: the
+    release's server copies a foreign library and module into it after it started and
+    loads them. Runtime code that changed after the process started is not the runtime
+    the service was started with."""
+    venv = tmp_path / "venv"
+    make_venv(venv)
+    foreign = cc(tmp_path / "evil" / "libevil.so", "int evil(void) { return 6; }\n",
+                 "-shared", "-fPIC")  # fmt: skip
+    python = str(venv / "bin" / "python")
+    s = serve(services, release, python=python, HOSTILE="plant", FOREIGN=str(foreign))
+    report = verify(s.pid, expect(release, interpreter=python))
+    planted = {
+        f.found.split(" ")[0]
+        for f in report.findings
+        if f.check == "runtime code written after the process started" and f.pid == s.pid
+    }
+    assert planted == {str(venv / "lib" / "libplanted.so"), str(venv / "lib" / "planted.py")}
+    # the venv as it was when the service started is still runtime code
+    clean = tmp_path / "clean"
+    shutil.copytree(release, clean)
+    fresh = serve(services, clean, python=python)
+    report = verify(fresh.pid, expect(clean, interpreter=python, releases_root=tmp_path))
+    assert report.ok, report.explain()

@@ -23,6 +23,7 @@ import os
 import re
 import stat
 import subprocess
+import time
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from servegate.engine.liveproc import (
     interpreter_flags,
     mapped_sha256,
     pyvenv,
+    started_at,
 )
 
 #: system library directories, and the engine runtimes' usual homes
@@ -262,6 +264,7 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
     ext_names = {Path(f).name for f in where.extensions}
     others = os.path.realpath(exp.releases_root) + os.sep if exp.releases_root else None
     mine = os.path.realpath(exp.release_dir)
+    started = started_at(info.pid)
     for m in info.mapped:
         real = where.real(m.path)
         if others and real.startswith(others) and not (real == mine or real.startswith(mine + "/")):
@@ -294,6 +297,8 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
         if kind in ("foreign", "copy") and Path(m.path).name in ext_names:
             continue  # "extension … mapped from outside the release"
         _judge_mapping(info, m, kind, detail, exp, where, report)
+        if kind == "runtime" and not m.deleted:
+            _check_planted(info, m.path, started, exp, report)
 
 
 def _judge_mapping(
@@ -359,6 +364,41 @@ def _judge_mapping(
         )
 
 
+def _check_planted(
+    info: ProcInfo, path: str, started: float | None, exp: Expectation, report: Report
+) -> None:
+    """Code of a default runtime root (the interpreter's venv and base, the system
+    library directories) that was written after the process started: the venv is the
+    service user's, so the release's own code can drop a library or module there and
+    load it as "runtime". Compile caches and configured roots are written at run time
+    by design (a JIT's output) and are not held to this."""
+    if started is None or any(_within(path, root) for root in exp.runtime_roots):
+        return
+    try:
+        changed = os.stat(path).st_ctime  # nothing sets a ctime back
+    except OSError:
+        return
+    if changed > started:  # the start is read rounded down to a clock tick
+        report.findings.append(
+            Finding(
+                "runtime code written after the process started",
+                "code of the venv or the system as it was when the service started",
+                f"{path} changed at {_when(changed)}, after the process started "
+                f"({_when(started)}): written while the service ran",
+                info.pid,
+            )
+        )
+
+
+def _within(path: str, root: Path) -> bool:
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base + os.sep)
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
 def _is_device(m: Mapped) -> bool:
     """GPU device nodes (/dev/nvidia*, /dev/kfd, /dev/dri/*) are mapped, not code files;
     a deleted mapping is never one (``/dev/zero (deleted)`` is anonymous memory)."""
@@ -387,6 +427,7 @@ def check_frames(
 ) -> None:
     """The frames the process is running: each file classified like mapped code, each
     frame checked against its file, and every thread's own code must have a file."""
+    started = started_at(info.pid)
     for named in seen.files:
         file = generated_by(named) or named
         kind, detail = where.classify(file)
@@ -406,6 +447,8 @@ def check_frames(
                         info.pid,
                     )
                 )
+            else:
+                _check_planted(info, file, started, exp, report)
             continue
         expected = f"a file of {exp.release_dir} or a runtime root"
         if kind == "copy":

@@ -7,6 +7,7 @@ The types every provenance check shares (:mod:`servegate.engine.provenance` runs
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,6 +280,18 @@ def read_process(pid: int) -> ProcInfo | None:
         )
     except (FileNotFoundError, ProcessLookupError):
         return None  # it ended while we looked
+
+
+def started_at(pid: int) -> float | None:
+    """When the process started, in seconds since the epoch, to a clock tick: its start
+    in ticks since boot (/proc/PID/stat) placed on the wall clock through the boot clock
+    now (/proc/stat's whole-second btime would blur it by a second)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
 
 
 def mapped_sha256(pid: int, mapped: Mapped) -> tuple[str, str]:

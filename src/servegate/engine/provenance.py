@@ -42,6 +42,7 @@ from servegate.engine.liveproc import (
     mapped_sha256,
     read_process,
     service_processes,
+    started_at,
     started_path,
 )
 from servegate.errors import CommandFailed
@@ -305,15 +306,7 @@ def start_ticks(pid: int) -> int | None:
 
 
 def _start_time(pid: int) -> float | None:
-    """When the process started, in seconds since the epoch, to a clock tick: its start
-    in ticks since boot (/proc/PID/stat) placed on the wall clock through the boot clock
-    now (/proc/stat's whole-second btime would blur it by a second)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    since_boot = int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot)
+    return started_at(pid)
 
 
 def _check_age(main: ProcInfo, exp: Expectation, tracked: set[str] | None, report: Report) -> None:
