@@ -158,6 +158,9 @@ class Provenance:
     py_spy: str = ""
     #: a Python process whose frames cannot be read is a finding (not inference)
     require_observed: bool = False
+    #: the interpreter's venv, its base and the system library directories must not be
+    #: writable by the user servegate (and the service, and the release's build) runs as
+    read_only_runtime: bool = False
     #: py-spy dumps per process (0.1 s apart): code that runs now and then is seen more often
     samples: int = 3
     #: start-up hooks (paths) accepted although they run code the check cannot see

@@ -145,11 +145,25 @@ def writable_roots(exp: Expectation, roots: list[Path] | None = None) -> list[Fi
     allow. A sticky directory is no exception: code roots are never shared drop boxes."""
     out = []
     candidates: list[Path] = []
+    defaults: list[Path] = []
     for root in [*exp.runtime_roots, *(roots or [])]:
         # a venv's or a prefix's own code directories, below the root itself
-        candidates.append(root)
-        for pattern in CODE_DIRS:
-            candidates += Path(root).glob(pattern)
+        found = [Path(root), *(p for pattern in CODE_DIRS for p in Path(root).glob(pattern))]
+        candidates += found
+        if root not in exp.runtime_roots:
+            defaults += found
+    if exp.read_only_runtime:
+        out += [
+            Finding(
+                f"runtime root {root}",
+                "not writable by the user that runs the service and its release's build "
+                "(provenance.read_only_runtime)",
+                f"this user ({os.getuid()}) may write it: a release's build or server could "
+                "plant a library or module there before the service starts",
+            )
+            for root in dict.fromkeys(defaults)
+            if root.is_dir() and os.access(root, os.W_OK)
+        ]
     for root in dict.fromkeys(candidates):
         try:
             info = os.stat(root)

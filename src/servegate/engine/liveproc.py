@@ -71,6 +71,9 @@ class Expectation:
     py_spy: str = ""
     #: a Python process whose frames could not be observed is a finding, not inference
     require_observed: bool = False
+    #: ``provenance.read_only_runtime``: the default runtime roots must not be writable by
+    #: this user (the release's build runs as it and could plant code there)
+    read_only_runtime: bool = False
     #: py-spy dumps per process, 0.1 s apart, their stacks merged
     samples: int = 3
     #: start-up hooks (paths) accepted although they run code the check cannot see

@@ -157,6 +157,7 @@ class Context:
             declared_env=dict(spec.env),
             py_spy=os.path.expanduser(self.cfg.provenance.py_spy),
             require_observed=self.cfg.provenance.require_observed,
+            read_only_runtime=self.cfg.provenance.read_only_runtime,
             samples=self.cfg.provenance.samples,
             allowed_hooks=self.cfg.provenance.allowed_hooks,
             anonymous_code=self.cfg.provenance.anonymous_code,
