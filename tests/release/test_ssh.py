@@ -6,6 +6,8 @@ switch."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -266,9 +268,26 @@ def test_connection_lost_before_the_switch_leaves_the_host_as_it_was(
     assert live(h) == after
 
 
-def test_connection_lost_after_the_switch_is_finished_by_the_next_run(
+def _remote_promote_pid(h: sshlab.LabHost, sha: str) -> int:
+    """The host's own ``release promote`` of ``sha`` (run by its sshd session)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"promote" in argv and sha.encode() in argv and str(h.config).encode() in argv:
+            return int(entry.name)
+    raise AssertionError(f"no promote of {sha[:12]} runs on {h.ssh}")
+
+
+def test_connection_lost_after_the_switch_the_host_puts_itself_back(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The link goes and stays down after the switch: the host's promote hangs up
+    (SIGHUP), puts the release it served back itself, verified, and records the attempt
+    as interrupted; the next run finds nothing half done."""
     ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
     h = lab.hosts[0]
     slow = stack.commit("slow-start", "starts slowly")
@@ -276,7 +295,71 @@ def test_connection_lost_after_the_switch_is_finished_by_the_next_run(
     thread = _promote_in_background(ws, slow, out)
     _wait_for(lambda: state(h).pending is not None, "the switch")
     time.sleep(1.0)
-    lab.stop(h)  # the link goes and stays down: servegate cannot clean up at once
+    lab.stop(h)  # the link goes and stays down
+    thread.join(timeout=120)
+    capsys.readouterr()
+    assert out["code"] == 17
+    _wait_for(lambda: state(h).pending is None, "the host's own putting back", timeout=120)
+    done = state(h)
+    assert done.current is not None
+    assert done.current.sha == good
+    assert (done.history[-1].sha, done.history[-1].verdict) == (slow, "rolled_back")
+    assert done.history[-1].reason == "interrupted"
+    assert live(h) == good
+    lab.start(h)
+    code, doc = run(["status", "--config", str(ws)], capsys)
+    assert doc["result"]["hosts"][0]["pending"] is None
+    code, doc = run(["verify", "--config", str(ws)], capsys)
+    assert code == 0, doc
+
+
+def test_connection_dropped_after_the_switch_the_fleet_waits_for_the_hosts_put_back(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The link drops after the switch and comes back at once: the fleet reconnects and
+    runs ``release recover --wait`` while the host's hung-up promote still puts the
+    previous release back; recover waits for it (not "host busy"), and the run ends
+    with the previous release serving, verified."""
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
+    h = lab.hosts[0]
+    slow = stack.commit("slow-start", "starts slowly")
+    out: dict[str, int] = {}
+    thread = _promote_in_background(ws, slow, out)
+    _wait_for(lambda: state(h).pending is not None, "the switch")
+    time.sleep(1.0)
+    assert h.drop_connections() >= 1
+    thread.join(timeout=300)
+    doc = json.loads(capsys.readouterr().out)
+    assert out["code"] == 17
+    [row] = doc["result"]["hosts"]
+    assert row["verdict"] == "connection lost"
+    assert not row["recovery"].startswith(("FAILED", "not reachable")), row
+    assert row["live"] == good
+    done = state(h)
+    assert done.pending is None
+    assert (done.history[-1].sha, done.history[-1].verdict) == (slow, "rolled_back")
+    code, doc = run(["verify", "--config", str(ws)], capsys)
+    assert code == 0, doc
+    assert live(h) == good
+
+
+def test_a_promote_killed_after_the_switch_is_finished_by_the_next_run(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The host's promote dies after its switch with no chance to clean up (frozen, then
+    SIGKILL: an OOM kill, a power cut) and the link goes with it: the host's state file
+    knows what was left, and the next run over SSH puts the last proven release back."""
+    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
+    h = lab.hosts[0]
+    slow = stack.commit("slow-start", "starts slowly")
+    out: dict[str, int] = {}
+    thread = _promote_in_background(ws, slow, out)
+    _wait_for(lambda: state(h).pending is not None, "the switch")
+    time.sleep(1.0)
+    pid = _remote_promote_pid(h, slow)
+    os.kill(pid, signal.SIGSTOP)  # the hang-up stays pending: no handler runs
+    lab.stop(h)
+    os.kill(pid, signal.SIGKILL)
     thread.join(timeout=120)
     capsys.readouterr()
     assert out["code"] == 17

@@ -208,10 +208,15 @@ def _recover_after_lost_connection(run: FleetRun, host: RemoteHost) -> None:
     switch left ``pending`` in the host's state, and recover puts the last proven release
     back; one cut off before its switch touched nothing live, and recover leaves it so (a
     plain rollback would take the host one release further back than it served). The
-    host's ``release status`` then says what it serves."""
+    host's ``release status`` then says what it serves. The host's promote may still run:
+    one whose session hung up (SIGHUP) after its switch puts the previous release back
+    itself, holding the host lock, and recover waits for it (a stop, a start and a
+    proof)."""
     host.transport.close()
+    cfg = run.cfg.service
+    wait = str(int(cfg.stop_timeout + cfg.startup_timeout + 300))
     try:
-        answer = host.call("release", "recover")
+        answer = host.call("release", "recover", "--wait", wait)
         status = host.call("release", "status")
     except ServegateError as exc:
         run.row(host, recovery=f"not reachable again: {exc}")
