@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,36 @@ def no_writes_to_home(
     for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(key, raising=False)
     return home
+
+
+#: the uid a test drops to when it runs as root and needs a user who is not
+NOBODY = 65534
+
+
+def in_child_as(uid: int, work: Callable[[], str]) -> str:
+    """What ``work`` returns, run in a forked child as ``uid`` (dropped to when the tests
+    run as another user, root); a failure there is said in the assertion here."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            if os.getuid() != uid:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            os.write(write, work().encode())
+            code = 0
+        except BaseException as exc:  # said in the parent's assertion
+            os.write(write, repr(exc).encode())
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        out = pipe.read()
+    assert os.waitpid(pid, 0)[1] == 0, out
+    return out
 
 
 @dataclass

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from servegate.engine.codeorigin import writable_roots
 from servegate.engine.liveproc import Expectation
-
-NOBODY = 65534
+from tests.conftest import NOBODY, in_child_as
 
 
 def _venv(base: Path) -> Path:
@@ -29,32 +28,15 @@ def _venv(base: Path) -> Path:
 
 def _findings_as(uid: int, venv: Path, read_only: bool) -> list[str]:
     """The checks of ``writable_roots`` for ``venv`` as a default root, run by ``uid``
-    in a forked child (the tests may run as root, who may write anything)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read)
-            if os.getuid() != uid:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            exp = Expectation(
-                venv.parent / "rel", str(venv / "bin" / "python"), read_only_runtime=read_only
-            )
-            found = [f.check for f in writable_roots(exp, [venv])]
-            os.write(write, json.dumps(found).encode())
-            code = 0
-        except BaseException as exc:  # said in the parent's assertion
-            os.write(write, repr(exc).encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        out = pipe.read()
-    assert os.waitpid(pid, 0)[1] == 0, out
-    return list(json.loads(out))
+    (the tests may run as root, who may write anything)."""
+
+    def work() -> str:
+        exp = Expectation(
+            venv.parent / "rel", str(venv / "bin" / "python"), read_only_runtime=read_only
+        )
+        return json.dumps([f.check for f in writable_roots(exp, [venv])])
+
+    return list(json.loads(in_child_as(uid, work)))
 
 
 def test_a_venv_the_service_user_may_write_is_a_finding_only_when_asked() -> None:

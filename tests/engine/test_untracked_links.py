@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from servegate.engine.codeorigin import untracked_code
+from tests.conftest import NOBODY, in_child_as
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
 
@@ -75,34 +76,20 @@ def test_a_linked_directory_its_reader_cannot_list_counts_as_code() -> None:
 
 
 def _as_another_user(base: Path) -> None:
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.close(read)
-            if os.getuid() == 0:
-                os.chown(base, 65534, 65534)
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
-            os.environ["HOME"] = str(base)
-            rel = _release(base / "rel")
-            e = base / "e"
-            e.mkdir()
-            (e / "__init__.py").write_text("print('FOREIGN MMAP RAN')\n")
-            e.chmod(0o311)  # enter, not list
-            (rel / "mmap").symlink_to(e)
-            os.write(write, json.dumps(untracked_code(rel, {})).encode())
-            code = 0
-        except BaseException as exc:  # said in the parent's assertion
-            os.write(write, repr(exc).encode())
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        out = pipe.read()
-    assert os.waitpid(pid, 0)[1] == 0, out
+    if os.getuid() == 0:
+        os.chown(base, NOBODY, NOBODY)
+
+    def work() -> str:
+        os.environ["HOME"] = str(base)
+        rel = _release(base / "rel")
+        e = base / "e"
+        e.mkdir()
+        (e / "__init__.py").write_text("print('FOREIGN MMAP RAN')\n")
+        e.chmod(0o311)  # enter, not list
+        (rel / "mmap").symlink_to(e)
+        return json.dumps(untracked_code(rel, {}))
+
+    out = in_child_as(NOBODY if os.getuid() == 0 else os.getuid(), work)
     assert json.loads(out) == ["mmap"]
     ran = subprocess.run([sys.executable, "-c", "import mmap"], cwd=base / "rel",
                          capture_output=True, text=True)  # fmt: skip

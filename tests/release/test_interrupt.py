@@ -43,6 +43,37 @@ def _read_until(child: subprocess.Popen[str], marker: str, seen: str = "") -> st
     return seen
 
 
+def _start(
+    host: Host, *args: str, inherited: Callable[[], None] | None = None
+) -> subprocess.Popen[str]:
+    """``release ARGS --config …`` with its output (both streams) on a pipe."""
+    return subprocess.Popen(
+        [RELEASE, *args, "--config", str(host.path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=inherited,
+    )  # fmt: skip
+
+
+def _signal_at(
+    child: subprocess.Popen[str],
+    marker: str,
+    sig: signal.Signals = signal.SIGINT,
+    again: tuple[signal.Signals, ...] = (),
+    settle: float = 0.5,
+) -> tuple[int, str]:
+    """Send ``sig`` ``settle`` s after ``marker`` is printed; with ``again``, send those
+    too once the putting back has begun. The exit code and the whole output."""
+    seen = _read_until(child, marker)
+    time.sleep(settle)
+    child.send_signal(sig)
+    if again:
+        seen = _read_until(child, "rolling back", seen)
+        for other in again:
+            child.send_signal(other)
+    rest, _ = child.communicate(timeout=180)
+    return child.returncode, seen + rest
+
+
 def _interrupt_when(
     host: Host,
     sha: str,
@@ -51,22 +82,8 @@ def _interrupt_when(
     inherited: Callable[[], None] = ctrl_c_works,
     again: tuple[signal.Signals, ...] = (),
 ) -> tuple[int, str]:
-    """Promote ``sha``, send ``sig`` once ``marker`` is printed; with ``again``, send
-    those too once the putting back has begun."""
-    child = subprocess.Popen(
-        [RELEASE, "promote", sha, "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=inherited,
-    )  # fmt: skip
-    seen = _read_until(child, marker)
-    time.sleep(0.5)
-    child.send_signal(sig)
-    if again:
-        seen = _read_until(child, "rolling back", seen)
-        for other in again:
-            child.send_signal(other)
-    rest, _ = child.communicate(timeout=180)
-    return child.returncode, seen + rest
+    """Promote ``sha``, send ``sig`` once ``marker`` is printed (see :func:`_signal_at`)."""
+    return _signal_at(_start(host, "promote", sha, inherited=inherited), marker, sig, again)
 
 
 def test_ctrl_c_after_the_switch_rolls_back_as_interrupted(host: Host, stack: Stack) -> None:
@@ -136,16 +153,10 @@ def test_recover_waits_for_a_promote_still_running_then_undoes_what_its_kill_lef
     good = stack.commit()
     assert promote(host.context(), good).verdict == "released"
     slow = stack.commit("slow-start")
-    child = subprocess.Popen(
-        [RELEASE, "promote", slow, "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    child = _start(host, "promote", slow)
     seen = _read_until(child, "switch")
     time.sleep(0.5)
-    recovering = subprocess.Popen(
-        [RELEASE, "recover", "--wait", "120", "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    recovering = _start(host, "recover", "--wait", "120")
     time.sleep(2)
     assert recovering.poll() is None, "recover did not wait for the promote's host lock"
     child.kill()  # the tree killed mid-switch: nothing put back, the pending mark stays
@@ -158,10 +169,7 @@ def test_recover_waits_for_a_promote_still_running_then_undoes_what_its_kill_lef
     assert state["current"]["sha"] == good
     assert state.get("pending") is None
     # without --wait a held lock is refused at once (exit 4), as before
-    holder = subprocess.Popen(
-        [RELEASE, "promote", slow, "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    holder = _start(host, "promote", slow)
     try:
         _read_until(holder, "preflight")
         refused = subprocess.run([RELEASE, "recover", "--config", str(host.path)],
@@ -333,15 +341,8 @@ def test_a_stop_signal_during_release_rollback_leaves_a_verified_release(
     assert promote(host.context(), first).verdict == "released"
     second = stack.commit(message="second")
     assert promote(host.context(), second).verdict == "released"
-    child = subprocess.Popen(
-        [RELEASE, "rollback", "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    seen = _read_until(child, "rb switch")
-    child.send_signal(signal.SIGTERM)
-    rest, _ = child.communicate(timeout=180)
-    output = seen + rest
-    assert child.returncode == 130, output[-3000:]
+    code, output = _signal_at(_start(host, "rollback"), "rb switch", signal.SIGTERM, settle=0)
+    assert code == 130, output[-3000:]
     assert "which was serving, is back and verified" in output
     assert release_main(["verify", "--config", str(host.path)]) == 0, output[-3000:]
     state = json.loads((host.cfg.host_root / "state.json").read_text())
@@ -355,22 +356,12 @@ def test_a_stop_signal_during_release_recover_does_not_cut_its_putting_back_shor
     good = stack.commit()
     assert promote(host.context(), good).verdict == "released"
     slow = stack.commit("slow-start")
-    killed = subprocess.Popen(
-        [RELEASE, "promote", slow, "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    killed = _start(host, "promote", slow)
     _read_until(killed, "switch")
     killed.kill()  # nothing put back: the pending mark stays
     killed.communicate(timeout=60)
-    child = subprocess.Popen(
-        [RELEASE, "recover", "--config", str(host.path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    seen = _read_until(child, "rb switch")
-    child.send_signal(signal.SIGTERM)
-    rest, _ = child.communicate(timeout=180)
-    output = seen + rest
-    assert child.returncode == 0, output[-3000:]
+    code, output = _signal_at(_start(host, "recover"), "rb switch", signal.SIGTERM, settle=0)
+    assert code == 0, output[-3000:]
     assert release_main(["verify", "--config", str(host.path)]) == 0, output[-3000:]
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state.get("pending") is None

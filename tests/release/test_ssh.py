@@ -282,12 +282,12 @@ def _remote_promote_pid(h: sshlab.LabHost, sha: str) -> int:
     raise AssertionError(f"no promote of {sha[:12]} runs on {h.ssh}")
 
 
-def test_connection_lost_after_the_switch_the_host_puts_itself_back(
+def _switched(
     lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The link goes and stays down after the switch: the host's promote hangs up
-    (SIGHUP), puts the release it served back itself, verified, and records the attempt
-    as interrupted; the next run finds nothing half done."""
+) -> tuple[Path, str, sshlab.LabHost, str, threading.Thread, dict[str, int]]:
+    """A released host, then a slow-starting release promoted to it over SSH in the
+    background, just past its switch: (workstation config, the good SHA, the host, the
+    slow SHA, the promote's thread, where its exit code goes)."""
     ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
     h = lab.hosts[0]
     slow = stack.commit("slow-start", "starts slowly")
@@ -295,6 +295,16 @@ def test_connection_lost_after_the_switch_the_host_puts_itself_back(
     thread = _promote_in_background(ws, slow, out)
     _wait_for(lambda: state(h).pending is not None, "the switch")
     time.sleep(1.0)
+    return ws, good, h, slow, thread, out
+
+
+def test_connection_lost_after_the_switch_the_host_puts_itself_back(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The link goes and stays down after the switch: the host's promote hangs up
+    (SIGHUP), puts the release it served back itself, verified, and records the attempt
+    as interrupted; the next run finds nothing half done."""
+    ws, good, h, slow, thread, out = _switched(lab, stack, tmp_path, capsys)
     lab.stop(h)  # the link goes and stays down
     thread.join(timeout=120)
     capsys.readouterr()
@@ -320,13 +330,7 @@ def test_connection_dropped_after_the_switch_the_fleet_waits_for_the_hosts_put_b
     runs ``release recover --wait`` while the host's hung-up promote still puts the
     previous release back; recover waits for it (not "host busy"), and the run ends
     with the previous release serving, verified."""
-    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
-    h = lab.hosts[0]
-    slow = stack.commit("slow-start", "starts slowly")
-    out: dict[str, int] = {}
-    thread = _promote_in_background(ws, slow, out)
-    _wait_for(lambda: state(h).pending is not None, "the switch")
-    time.sleep(1.0)
+    ws, good, h, slow, thread, out = _switched(lab, stack, tmp_path, capsys)
     assert h.drop_connections() >= 1
     thread.join(timeout=300)
     doc = json.loads(capsys.readouterr().out)
@@ -349,13 +353,7 @@ def test_a_promote_killed_after_the_switch_is_finished_by_the_next_run(
     """The host's promote dies after its switch with no chance to clean up (frozen, then
     SIGKILL: an OOM kill, a power cut) and the link goes with it: the host's state file
     knows what was left, and the next run over SSH puts the last proven release back."""
-    ws, good = released(lab, stack, tmp_path, capsys, fleet=False)
-    h = lab.hosts[0]
-    slow = stack.commit("slow-start", "starts slowly")
-    out: dict[str, int] = {}
-    thread = _promote_in_background(ws, slow, out)
-    _wait_for(lambda: state(h).pending is not None, "the switch")
-    time.sleep(1.0)
+    ws, good, h, slow, thread, out = _switched(lab, stack, tmp_path, capsys)
     pid = _remote_promote_pid(h, slow)
     os.kill(pid, signal.SIGSTOP)  # the hang-up stays pending: no handler runs
     lab.stop(h)

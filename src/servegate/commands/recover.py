@@ -7,7 +7,8 @@ import os
 from servegate import hostpaths
 from servegate.config import Config
 from servegate.output import Output
-from servegate.pipeline.lock import Holder, HostLock
+from servegate.pipeline.lease import WaitReporter
+from servegate.pipeline.lock import HostLock
 from servegate.release import rebuild
 from servegate.release.context import Context
 from servegate.release.rollback import recover
@@ -18,14 +19,7 @@ def run(cfg: Config, out: Output, rebuild_state: bool = False, wait: float = 0.0
         return _rebuild(cfg, out)
     ctx = Context.create(cfg, out.reporter(), os.environ)
     out.scrub = ctx.scrub
-    said = [-30.0]
-
-    def waiting(holder: Holder | None, waited: float) -> None:
-        if waited - said[0] >= 30:
-            said[0] = waited
-            who = holder.describe() if holder else "a process that left no record"
-            ctx.reporter.note(f"release recover waits for {who} to end ({waited:.0f}s so far)")
-
+    waiting = WaitReporter("release recover", "the host lock")
     with HostLock(ctx.lock_path, "release recover", wait=wait, on_wait=waiting):
         result = recover(ctx)
     if out.json_mode:

@@ -305,14 +305,10 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
-def _start_time(pid: int) -> float | None:
-    return started_at(pid)
-
-
 def _check_age(main: ProcInfo, exp: Expectation, tracked: set[str] | None, report: Report) -> None:
     """A process that started before the release's files last changed may run what was
     there before: the live process is judged, not the disk."""
-    started = _start_time(main.pid)
+    started = started_at(main.pid)
     if started is None:
         return
     newest, which = 0.0, ""

@@ -47,10 +47,11 @@ def held_by_parent(path: Path, environ: Mapping[str, str]) -> bool:
 
 
 class WaitReporter:
-    """Prints who holds the lease, every 10 s of waiting."""
+    """Prints who holds the lease (or ``lock``), every 10 s of waiting."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, lock: str = "the GPU lease") -> None:
         self.what = what
+        self.lock = lock
         self.last = -10.0
 
     def __call__(self, holder: Holder | None, waited: float) -> None:
@@ -58,7 +59,7 @@ class WaitReporter:
             self.last = waited
             who = holder.describe() if holder else "a process that left no record"
             print(
-                f"servegate: {self.what} waits for the GPU lease, held by {who} "
+                f"servegate: {self.what} waits for {self.lock}, held by {who} "
                 f"({waited:.0f}s so far)",
                 file=sys.stderr,
                 flush=True,

@@ -370,6 +370,7 @@ def _scrubbed(exc: ServegateError, scrub: redact.Scrubber) -> ServegateError:
     return shown
 
 
+@interrupts.putting_back()
 def _roll_back(
     ctx: Context,
     sha: str,
@@ -381,19 +382,6 @@ def _roll_back(
 ) -> Outcome:
     """Put the previous release back after the switch and record the attempt; a stop
     signal (a cancel after a failed gate, the first signal too) does not cut it short."""
-    with interrupts.putting_back():
-        return _put_back(ctx, sha, release_dir, built, evidence, exc, start)
-
-
-def _put_back(
-    ctx: Context,
-    sha: str,
-    release_dir: Path,
-    built: BuildResult,
-    evidence: bringup.Evidence,
-    exc: ServegateError,
-    start: float,
-) -> Outcome:
     scrub = ctx.scrubber  # a failure's text may quote the service's log
     reason = scrub.text(str(exc).splitlines()[0])
     ctx.reporter.note(f"{scrub.text(exc.render())}\nrolling back …")

@@ -115,6 +115,7 @@ def mark_pending(ctx: Context, kind: str, sha: str, release_dir: Path) -> None:
     ctx.state.save()
 
 
+@interrupts.putting_back()  # what it puts back, a stop signal does not cut short
 def recover(ctx: Context) -> dict[str, Any] | None:
     """Finish what a promote or rollback that died after its switch left behind (a lost
     SSH connection, a kill): put the last recorded live release back, verified, and record
@@ -125,13 +126,6 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     sha = str(pending.get("sha", ""))
     live = ctx.state.current
     back = live.sha[:12] if live else "nothing (no release was recorded)"
-    with interrupts.putting_back():  # what it puts back, a stop signal does not cut short
-        return _recover(ctx, pending, sha, live, back)
-
-
-def _recover(
-    ctx: Context, pending: dict[str, Any], sha: str, live: Entry | None, back: str
-) -> dict[str, Any]:
     ctx.reporter.note(
         f"an interrupted {pending.get('kind', 'promote')} of {sha[:12]} (started "
         f"{pending.get('at', '?')}) left the service half switched; putting back {back}"
