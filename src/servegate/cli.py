@@ -568,7 +568,8 @@ def _remote(cfg: config_mod.Config, args: argparse.Namespace, out: Output) -> in
         "rollback": ["--to", args.to] if getattr(args, "to", None) else [],
         "history": ["-n", str(getattr(args, "n", 20))],
         "verify": [],
-        "recover": ["--wait", str(args.wait)] if getattr(args, "wait", 0) else [],
+        "recover": (["--rebuild-state"] if getattr(args, "rebuild_state", False) else [])
+        + (["--wait", str(args.wait)] if getattr(args, "wait", 0) else []),
     }[sub]
     return fleet.each_command(cfg, out, [sub, *extra])
 

@@ -446,3 +446,31 @@ def test_history_over_ssh_shows_the_hosts_own_table(
     assert f"── {lab.hosts[0].ssh} ──" in out
     assert good[:12] in out
     assert "released" in out
+
+
+def test_rebuild_state_over_ssh_rebuilds_the_hosts_state(
+    lab: sshlab.Lab, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`release recover --rebuild-state` from the workstation rebuilds the host's state
+    there (before, the flag was dropped on the way and the host only looked for an
+    interrupted promote, leaving the damaged state as it was)."""
+    ws, first = released(lab, stack, tmp_path, capsys, fleet=False)
+    second = stack.commit("ok", "second")
+    code, doc = run(["promote", second, "--config", str(ws)], capsys)
+    assert code == 0, doc
+    h = lab.hosts[0]
+    path = config_mod.load(h.config, {}).host_root / "state.json"
+    path.write_text(path.read_text()[:40])  # torn by a crash mid-write
+    for command in ("status", "verify"):  # the host's own exit code, through SSH
+        code, doc = run([command, "--config", str(ws)], capsys)
+        assert code == 20, doc
+
+    code, doc = run(["recover", "--rebuild-state", "--config", str(ws)], capsys)
+    assert code == 0, doc
+    [answer] = doc["result"]
+    assert answer["exit_code"] == 0, answer
+    rebuilt = answer["result"]["rebuilt"]
+    assert (rebuilt["current"], rebuilt["previous"]) == (second, first)
+    assert live(h) == second
+    code, doc = run(["verify", "--config", str(ws)], capsys)
+    assert code == 0, doc

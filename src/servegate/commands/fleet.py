@@ -57,7 +57,10 @@ def status(cfg: Config, out: Output) -> int:
                 "error": a.message,
             }
         )
-    code = 0 if all(r["matches"] and r["healthy"] for r in rows) else 1
+    # a host's own check wins (7 unhealthy, 20 damaged state, 17 unreachable); 1 when the
+    # hosts answered but serve different releases
+    failed = [a.exit_code for a in answers if not a.ok]
+    code = max(failed) if failed else 0 if all(r["matches"] and r["healthy"] for r in rows) else 1
     if out.json_mode:
         return out.emit({"expected": expected, "hosts": rows}, code)
     out.table(
