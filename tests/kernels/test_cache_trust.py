@@ -4,9 +4,11 @@ of a small gfx1030 extension; the neighbour is another uid (root can hand it fil
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,47 @@ def test_a_cache_folder_reached_through_another_users_link_is_not_used(
     result = build(checkout, link)
     assert result.reason.startswith("cache not used: ")
     assert f"link of uid {NOBODY}" in result.reason
+
+
+def _static_library(folder: Path, value: int) -> None:
+    """libsc.a, outside the checkout: one C function the extension's host code calls."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sc.c").write_text(f"int sc_value(void) {{ return {value}; }}\n")
+    subprocess.run(["cc", "-fPIC", "-c", "sc.c", "-o", "sc.o"], cwd=folder, check=True)
+    (folder / "libsc.a").unlink(missing_ok=True)
+    subprocess.run(["ar", "rcs", "libsc.a", "sc.o"], cwd=folder, check=True)
+
+
+def _linked_value(checkout: Path) -> int:
+    lib = ctypes.CDLL(str(checkout / "build" / "libk.so"), mode=os.RTLD_LOCAL)
+    return int(lib.k_linked())
+
+
+@pytest.mark.parametrize("how", ["-L", "LIBRARY_PATH", "-Wl,-l:"])
+def test_a_library_linked_through_l_flags_keys_the_cache(
+    checkout: Path, tmp_path: Path, how: str
+) -> None:
+    """A static library outside the checkout, linked with ``-L… -lsc`` (or found through
+    LIBRARY_PATH, or named ``-l:libsc.a``): its code is copied into the extension, so a
+    new build of it must be a rebuild, not a cache hit holding the old code."""
+    vendor = tmp_path / "vendor"
+    _static_library(vendor, 1)
+    (checkout / "kernels" / "k.hip").write_text(
+        SOURCE
+        + 'extern "C" int sc_value(void);\nextern "C" int k_linked() { return sc_value(); }\n'
+    )
+    flags = {"-L": f'"-L{vendor}", "-lsc"', "LIBRARY_PATH": '"-lsc"',
+             "-Wl,-l:": f'"-L{vendor}", "-Wl,-l:libsc.a"'}[how]  # fmt: skip
+    linked = config.parse(
+        BASE + TARGET.format(env="").replace('flags = ["-O2"]', f'flags = ["-O2", {flags}]'),
+        environ={},
+    )  # fmt: skip
+    env = {"LIBRARY_PATH": str(vendor)} if how == "LIBRARY_PATH" else {}
+    cache = tmp_path / "cache"
+    assert not build(checkout, cache, linked, **env).cached
+    assert build(checkout, cache, linked, **env).cached
+    _static_library(vendor, 2)
+    again = build(checkout, cache, linked, **env)
+    assert not again.cached
+    assert again.reason == f"changed: includes ({vendor / 'libsc.a'})"
+    assert _linked_value(checkout) == 2

@@ -160,7 +160,81 @@ def includes(
             if not p.is_relative_to(build) and p.is_file()
         )
     names.update(_key_name(checkout, f) for f in named_files(checkout, target))
+    if kind in ("hipcc", "nvcc"):
+        names.update(_key_name(checkout, f) for f in linked_libraries(target, checkout, environ))
     return {name: sha256_file(checkout / name) for name in sorted(names)}
+
+
+def _linker_words(flags: tuple[str, ...]) -> list[str]:
+    """The flags as the linker gets them: ``-Wl,a,b`` and ``-Xlinker a`` unpacked, nvcc's
+    long spellings (``--library-path``, ``--library``) as ``-L``/``-l``."""
+    words: list[str] = []
+    it = iter(flags)
+    for flag in it:
+        if flag.startswith("-Wl,"):
+            words += flag.split(",")[1:]
+        elif flag in ("-Xlinker", "--linker-options"):
+            words += next(it, "").split(",")
+        elif flag in ("--library-path", "--library"):
+            words += [{"--library-path": "-L", "--library": "-l"}[flag], next(it, "")]
+        elif flag.startswith(("--library-path=", "--library=")):
+            name, _, value = flag.partition("=")
+            words += [{"--library-path": "-L", "--library": "-l"}[name], value]
+        else:
+            words.append(flag)
+    return words
+
+
+def linked_libraries(target: KernelTarget, checkout: Path, environ: Mapping[str, str]) -> list[str]:
+    """The library files the target's ``-l`` flags link, found as the linker finds them:
+    the ``-L`` folders (relative to the checkout, where the compile runs), then
+    ``LIBRARY_PATH``, then the host compiler's own search folders. Both ``libNAME.so``
+    and ``libNAME.a`` of the first folder holding either key the cache (a static
+    library's code is copied into the output; a shared one's symbols decide the link);
+    ``-l:FILE`` names the file itself. A library found nowhere is left to the link,
+    which fails on it."""
+    words = _linker_words(target.flags)
+    folders: list[Path] = []
+    wanted: list[tuple[str, ...]] = []
+    it = iter(words)
+    for word in it:
+        if word in ("-L", "-l"):
+            word += next(it, "")
+        if word.startswith("-L") and len(word) > 2:
+            folders.append(checkout / word[2:])
+        elif word.startswith("-l") and len(word) > 2:
+            name = word[2:]
+            wanted.append(
+                (name[1:],) if name.startswith(":") else (f"lib{name}.so", f"lib{name}.a")
+            )
+    if not wanted:
+        return []
+    folders += [Path(p or ".") for p in environ.get("LIBRARY_PATH", "").split(os.pathsep) if p]
+    found: list[str] = []
+    for candidates in wanted:
+        for folder in folders:
+            here = [folder / n for n in candidates if (folder / n).is_file()]
+            if here:
+                found += map(str, here)
+                break
+        else:
+            found += _from_compiler(candidates, environ)
+    return found
+
+
+def _from_compiler(names: tuple[str, ...], environ: Mapping[str, str]) -> list[str]:
+    """Where the host compiler's default search folders hold ``names``
+    (``cc -print-file-name``: it answers the bare name when it finds nothing)."""
+    cc = shutil.which("cc", path=environ.get("PATH", os.defpath))
+    if cc is None:
+        return []
+    found = []
+    for name in names:
+        out = proc.run([cc, f"-print-file-name={name}"], env=dict(environ), timeout=60,
+                       check=False).output.strip()  # fmt: skip
+        if out != name and os.path.isfile(out):
+            found.append(out)
+    return found
 
 
 def named_files(checkout: Path, target: KernelTarget) -> list[str]:
@@ -211,6 +285,26 @@ def dependency_steps(
     return [Step((*head, "-M", str(src)), env) for src in srcs]
 
 
+LIBRARY_SUFFIXES = (".a", ".so", ".lo")
+
+
+def split_libraries(flags: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """The target's flags, and the libraries among them (``-lNAME``, ``-l:FILE``,
+    ``-Wl,-l…``, a ``lib.a``/``lib.so`` file) that go after the sources: the linker takes
+    from a static library only what the objects before it need."""
+    flags_out: list[str] = []
+    libraries: list[str] = []
+    for flag in flags:
+        is_library = (
+            (flag.startswith("-l") and len(flag) > 2)
+            or flag.startswith("-Wl,-l")
+            or (not flag.startswith("-") and flag.endswith(LIBRARY_SUFFIXES))
+            or (not flag.startswith("-") and ".so." in flag)
+        )
+        (libraries if is_library else flags_out).append(flag)
+    return flags_out, libraries
+
+
 def _gencode(archs: tuple[str, ...]) -> list[str]:
     flags: list[str] = []
     for arch in archs:
@@ -233,28 +327,16 @@ def steps(
         srcs = [str(p) for p in expand(checkout, target.sources) if p.suffix in COMPILED]
         arch_flags = [f"--offload-arch={a}" for a in archs]
         out = checkout / target.output
-        return [
-            Step(
-                ("hipcc", *arch_flags, "-fPIC", "-shared", *target.flags, *srcs, "-o", str(out)),
-                env,
-            )
-        ]
+        flags, libraries = split_libraries(target.flags)
+        argv = ("hipcc", *arch_flags, "-fPIC", "-shared", *flags, *srcs, *libraries)
+        return [Step((*argv, "-o", str(out)), env)]
     if kind == "nvcc":
         cu_srcs = [p for p in expand(checkout, target.sources) if p.suffix in COMPILED]
         lang = ["-x", "cu"] if any(p.suffix != ".cu" for p in cu_srcs) else []
         out = checkout / target.output
-        argv = (
-            "nvcc",
-            *_gencode(archs),
-            "-Xcompiler",
-            "-fPIC",
-            "-shared",
-            *target.flags,
-            *lang,
-            *map(str, cu_srcs),
-            "-o",
-            str(out),
-        )
+        flags, libraries = split_libraries(target.flags)
+        argv = ("nvcc", *_gencode(archs), "-Xcompiler", "-fPIC", "-shared", *flags, *lang,
+                *map(str, cu_srcs), *libraries, "-o", str(out))  # fmt: skip
         return [Step(argv, env)]
     arch_list = ";".join(archs)
     arch_args = []
