@@ -315,3 +315,44 @@ def test_a_library_linked_through_l_flags_keys_the_cache(
     assert not again.cached
     assert again.reason == f"changed: includes ({vendor / 'libsc.a'})"
     assert _linked_value(checkout) == 2
+
+
+INCBIN_SOURCE = """
+__asm__(".section .rodata\\n.global k_blob_data\\nk_blob_data:\\n.incbin PATH\\n.byte 0\\n.text\\n");
+extern "C" const char k_blob_data[];
+extern "C" const char* k_blob() { return k_blob_data; }
+"""
+
+
+def _blob(checkout: Path) -> bytes:
+    lib = ctypes.CDLL(str(checkout / "build" / "libk.so"), mode=os.RTLD_LOCAL)
+    lib.k_blob.restype = ctypes.c_char_p
+    return bytes(lib.k_blob())
+
+
+def test_a_file_the_assembler_pulls_in_keys_the_cache(checkout: Path, tmp_path: Path) -> None:
+    """``.incbin`` in inline assembly copies a file into the library; the compiler's
+    ``-M`` listing does not name it. A new blob must be a rebuild; an ``.incbin`` of no
+    literal path cannot be keyed, so that target is compiled every time."""
+    source = checkout / "kernels" / "k.hip"
+    source.write_text(SOURCE + INCBIN_SOURCE.replace("PATH", '\\"kernels/blob.bin\\"'))
+    (checkout / "kernels" / "blob.bin").write_bytes(b"first")
+    cache = tmp_path / "cache"
+    assert not build(checkout, cache).cached
+    assert build(checkout, cache).cached
+    (checkout / "kernels" / "blob.bin").write_bytes(b"second")
+    again = build(checkout, cache)
+    assert not again.cached
+    assert again.reason == "changed: includes (kernels/blob.bin)"
+    assert _blob(checkout) == b"second"
+
+    source.write_text(
+        '#define BLOB "\\"kernels/blob.bin\\""\n'
+        + SOURCE
+        + INCBIN_SOURCE.replace("PATH", '" BLOB "')
+    )
+    for _ in range(2):
+        macro = build(checkout, cache)
+        assert not macro.cached
+        assert macro.reason.startswith("not cached: kernels/k.hip pulls in a file with .incbin")
+    assert _blob(checkout) == b"second"

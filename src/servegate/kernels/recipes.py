@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -162,7 +163,56 @@ def includes(
     names.update(_key_name(checkout, f) for f in named_files(checkout, target))
     if kind in ("hipcc", "nvcc"):
         names.update(_key_name(checkout, f) for f in linked_libraries(target, checkout, environ))
+    names.update(_key_name(checkout, f) for f in assembled_files(checkout, names, target.flags))
     return {name: sha256_file(checkout / name) for name in sorted(names)}
+
+
+class Unkeyable(Exception):
+    """The build reads a file the cache cannot name: it is compiled every time."""
+
+
+#: ``.incbin "FILE"`` as written in assembly, or in a C string of inline assembly
+INCBIN = re.compile(rb'\.incbin\s+(\\?"(?:[^"\\]|\\[^"])+\\?"|\S+)')
+
+
+def assembled_files(checkout: Path, names: set[str], flags: tuple[str, ...]) -> list[str]:
+    """Files the assembler pulls into the build with ``.incbin`` (in assembly or inline
+    assembly of any source or header the build reads): the compiler's ``-M`` listing
+    does not show them. Each is looked for where the assembler looks (the compile's
+    folder, the checkout, and the ``-I`` folders) and in the including file's own
+    folder; every one found keys the cache. Raises Unkeyable for an ``.incbin`` of no
+    literal path to a file found there (a macro, a path put together by the
+    preprocessor): the target is then compiled every time."""
+    folders = [checkout, *(checkout / f for f in _include_folders(flags))]
+    found: list[str] = []
+    for name in sorted(names):
+        path = checkout / name
+        with contextlib.suppress(OSError):
+            data = path.read_bytes()
+            if b".incbin" not in data:
+                continue
+            for match in INCBIN.finditer(data):
+                literal = match.group(1).replace(b'\\"', b'"')
+                file = literal[1:-1].decode(errors="surrogateescape")
+                here = [str(f / file) for f in (*folders, path.parent) if (f / file).is_file()]
+                if not (literal[:1] == literal[-1:] == b'"' and len(literal) > 2 and here):
+                    raise Unkeyable(
+                        f"{name} pulls in a file with .incbin {literal.decode(errors='replace')}, "
+                        "not a literal path to a file"
+                    )
+                found += here
+    return found
+
+
+def _include_folders(flags: tuple[str, ...]) -> list[str]:
+    folders = []
+    it = iter(flags)
+    for flag in it:
+        if flag in ("-I", "-iquote", "-isystem"):
+            folders.append(next(it, ""))
+        elif flag.startswith("-I") and len(flag) > 2:
+            folders.append(flag[2:])
+    return [f for f in folders if f]
 
 
 def _linker_words(flags: tuple[str, ...]) -> list[str]:

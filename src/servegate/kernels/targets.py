@@ -88,7 +88,10 @@ def build_target(
             hint="fix the target's sources globs (relative to the checkout)",
         )
     hashes = source_hashes(checkout, sources)
-    included = recipes.includes(target, checkout, archs, environ) if cache else {}
+    try:
+        included = recipes.includes(target, checkout, archs, environ) if cache else {}
+    except recipes.Unkeyable as exc:
+        cache, included, cache_off = None, {}, f"not cached: {exc}"
     key = Key.make(
         _recipe(target),
         hashes,
