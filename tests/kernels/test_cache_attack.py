@@ -15,20 +15,25 @@ import pytest
 
 from servegate import config
 from servegate.kernels.targets import TargetResult, build_all
-from tests.kernels.test_cache_trust import (  # noqa: F401  (checkout: a fixture)
-    BASE,
-    SOURCE,
-    TARGET,
-    _static_library,
-    checkout,
-    library,
-)
+from tests.kernels.test_cache_trust import BASE, SOURCE, TARGET, _static_library, library
 
 pytestmark = pytest.mark.skipif(
     shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc)"
 )
 
-LINKED = SOURCE + 'extern "C" int sc_value(void);\nextern "C" int k_linked() { return sc_value(); }\n'
+LINKED = (
+    SOURCE + 'extern "C" int sc_value(void);\nextern "C" int k_linked() { return sc_value(); }\n'
+)
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """The test extension of test_cache_trust: kernels/k.hip including detail/sign.h."""
+    root = tmp_path / "stack"
+    (root / "kernels" / "detail").mkdir(parents=True)
+    (root / "kernels" / "k.hip").write_text(SOURCE)
+    (root / "kernels" / "detail" / "sign.h").write_text("#define SIGN +=\n")
+    return root
 
 
 def flagged(flags: str, env: str = "") -> config.Config:
@@ -259,20 +264,39 @@ def test_build_env_filled_with_the_commit_keys_the_cache(checkout: Path, tmp_pat
     log = tmp_path / "logs" / "build.log"
 
     def sha_in_library() -> int:
-        lib = ctypes.CDLL(str(checkout / "build" / "libk.so"), mode=os.RTLD_LOCAL)
+        # a copy of its own: dlopen answers a path it has loaded with the loaded library
+        copy = tmp_path / f"libk-{library(checkout)}.so"
+        shutil.copy(checkout / "build" / "libk.so", copy)
+        lib = ctypes.CDLL(str(copy), mode=os.RTLD_LOCAL)
         lib.k_sha.restype = ctypes.c_ulonglong
         return int(lib.k_sha())
 
     first, second = "a" * 40, "b" * 40
     run_build(c, checkout, placeholders(c, checkout, first), log, cache)
     assert sha_in_library() == int(first[:12], 16)
-    run_build(c, checkout, placeholders(c, checkout, second), log, cache)
+    again = run_build(c, checkout, placeholders(c, checkout, second), log, cache)
+    assert not again.targets[0]["cached"]
+    assert "environment (HIPCC_COMPILE_FLAGS_APPEND)" in again.targets[0]["reason"]
     assert sha_in_library() == int(second[:12], 16)
+    # the release's own folder is still no change of the build
+    other = tmp_path / "release-2"
+    shutil.copytree(checkout, other)
+    moved = flagged(
+        '"-O2"', '[build.env]\nHIPCC_COMPILE_FLAGS_APPEND = "-DK_SHA=0x{short} -I{release}/kernels"'
+    )
+    run_build(moved, checkout, placeholders(moved, checkout, second), log, cache)
+    hit = run_build(moved, other, placeholders(moved, other, second), log, cache)
+    assert hit.targets[0]["cached"]
 
 
 # --- the checkout's own path --------------------------------------------------------------
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not fixed: keying the checkout's folder would end reuse across releases; "
+    "-ffile-prefix-map would change what __FILE__ says. The project's call",
+)
 def test_a_library_that_holds_its_checkouts_path(checkout: Path, tmp_path: Path) -> None:
     """hipcc is given the sources by absolute path, so ``__FILE__`` (every ``assert``)
     and ``-g`` put the checkout's folder into the library; the key names the sources

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -96,18 +98,30 @@ COMPILER_ENV_PREFIXES = ("HIP", "HCC_", "ROCM", "AMDGPU", "DEVICE_LIB", "CUDA", 
                          "GCC_", "LD_", "PERL", "OFFLOAD_", "OMP_TARGET")  # fmt: skip
 
 
-def build_environment(environ: Mapping[str, str], configured: Mapping[str, str]) -> dict[str, str]:
-    """What of the environment keys the cache: ``build.env`` as written (before its
-    placeholders are filled: a release's own folder is no change of the build) and every
-    compiler variable of ``environ`` (``HIPCC_COMPILE_FLAGS_APPEND``, ``CPATH``, ``CXX`` …);
-    not which GPUs a job may see."""
+def build_environment(
+    environ: Mapping[str, str], configured: Mapping[str, str], checkout: Path | None = None
+) -> dict[str, str]:
+    """What of the environment keys the cache: ``build.env`` as filled in ``environ``,
+    the release's own folder (``checkout``) written back as ``{release}`` (a release's
+    folder is no change of the build; the commit a ``{sha}`` stamps into it is), as
+    written when ``environ`` lacks it; and every compiler variable of ``environ``
+    (``HIPCC_COMPILE_FLAGS_APPEND``, ``CPATH``, ``CXX`` …); not which GPUs a job may see."""
     picked = {
         name: value
         for name, value in environ.items()
         if (name in COMPILER_ENV or name.startswith(COMPILER_ENV_PREFIXES))
         and not name.endswith("_VISIBLE_DEVICES")
     }
-    return {**picked, **{name: f"build.env: {v}" for name, v in configured.items()}}
+    folders = sorted({str(checkout), str(checkout.resolve())} if checkout else set(), key=len,
+                     reverse=True)  # fmt: skip
+
+    def keyed(name: str, written: str) -> str:
+        value = environ.get(name, written)
+        for folder in folders:
+            value = value.replace(folder, "{release}")
+        return f"build.env: {value}"
+
+    return {**picked, **{name: keyed(name, v) for name, v in configured.items()}}
 
 
 def _depfile(text: str) -> list[str]:
@@ -160,10 +174,17 @@ def includes(
             for p in _tree(top)
             if not p.is_relative_to(build) and p.is_file()
         )
-    names.update(_key_name(checkout, f) for f in named_files(checkout, target))
+    flags = target.flags
     if kind in ("hipcc", "nvcc"):
-        names.update(_key_name(checkout, f) for f in linked_libraries(target, checkout, environ))
-    names.update(_key_name(checkout, f) for f in assembled_files(checkout, names, target.flags))
+        flags = compiler_flags(kind, target.flags, checkout, environ)
+    named = named_files(checkout, target, flags)
+    names.update(_key_name(checkout, f) for f in named)
+    if kind in ("hipcc", "nvcc"):
+        linked = linked_libraries(target, checkout, environ, flags)
+        names.update(_key_name(checkout, f) for f in linked)
+        inputs = library_inputs(checkout, [*named, *linked], flags, environ)
+        names.update(_key_name(checkout, f) for f in inputs)
+    names.update(_key_name(checkout, f) for f in assembled_files(checkout, names, flags, environ))
     return {name: sha256_file(checkout / name) for name in sorted(names)}
 
 
@@ -171,36 +192,54 @@ class Unkeyable(Exception):
     """The build reads a file the cache cannot name: it is compiled every time."""
 
 
-#: ``.incbin "FILE"`` as written in assembly, or in a C string of inline assembly
-INCBIN = re.compile(rb'\.incbin\s+(\\?"(?:[^"\\]|\\[^"])+\\?"|\S+)')
+#: ``.incbin "FILE"`` or ``.include "FILE"`` as written in assembly, or in a C string of
+#: inline assembly (the assembler's directives are case-insensitive: ``.INCBIN``)
+INCBIN = re.compile(rb'\.(incbin|include)\s+(\\?"(?:[^"\\]|\\[^"])+\\?"|\S+)', re.IGNORECASE)
 
 
-def assembled_files(checkout: Path, names: set[str], flags: tuple[str, ...]) -> list[str]:
-    """Files the assembler pulls into the build with ``.incbin`` (in assembly or inline
-    assembly of any source or header the build reads): the compiler's ``-M`` listing
-    does not show them. Each is looked for where the assembler looks (the compile's
-    folder, the checkout, and the ``-I`` folders) and in the including file's own
-    folder; every one found keys the cache. Raises Unkeyable for an ``.incbin`` of no
+def assembled_files(
+    checkout: Path,
+    names: set[str],
+    flags: tuple[str, ...],
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Files the assembler pulls into the build with ``.incbin`` (copied in) or
+    ``.include`` (assembled in: its own ``.incbin``/``.include`` are followed too), in
+    assembly or inline assembly of any source or header the build reads: the compiler's
+    ``-M`` listing shows neither. Each is looked for where the assembler looks (the
+    compile's folder, the checkout, the ``-I`` folders and ``CPATH``) and in the including
+    file's own folder; every one found keys the cache. Raises Unkeyable for one of no
     literal path to a file found there (a macro, a path put together by the
     preprocessor): the target is then compiled every time."""
-    folders = [checkout, *(checkout / f for f in _include_folders(flags))]
+    cpath = (environ or {}).get("CPATH", "").split(os.pathsep)
+    folders = [checkout, *(checkout / f for f in (*_include_folders(flags), *cpath) if f)]
     found: list[str] = []
-    for name in sorted(names):
+    todo = sorted(names)
+    seen = {os.path.normpath(checkout / name) for name in todo}
+    while todo:
+        name = todo.pop(0)
         path = checkout / name
         with contextlib.suppress(OSError):
             data = path.read_bytes()
-            if b".incbin" not in data:
+            lowered = data.lower()
+            if b".incbin" not in lowered and b".include" not in lowered:
                 continue
             for match in INCBIN.finditer(data):
-                literal = match.group(1).replace(b'\\"', b'"')
+                directive = match.group(1).decode().lower()
+                literal = match.group(2).replace(b'\\"', b'"')
                 file = literal[1:-1].decode(errors="surrogateescape")
                 here = [str(f / file) for f in (*folders, path.parent) if (f / file).is_file()]
                 if not (literal[:1] == literal[-1:] == b'"' and len(literal) > 2 and here):
                     raise Unkeyable(
-                        f"{name} pulls in a file with .incbin {literal.decode(errors='replace')}, "
-                        "not a literal path to a file"
+                        f"{name} pulls in a file with .{directive} "
+                        f"{literal.decode(errors='replace')}, not a literal path to a file"
                     )
                 found += here
+                if directive == "include":
+                    for other in here:
+                        if os.path.normpath(other) not in seen:
+                            seen.add(os.path.normpath(other))
+                            todo.append(other)
     return found
 
 
@@ -208,42 +247,83 @@ def _include_folders(flags: tuple[str, ...]) -> list[str]:
     folders = []
     it = iter(flags)
     for flag in it:
-        if flag in ("-I", "-iquote", "-isystem"):
+        if flag in ("-I", "-iquote", "-isystem", "-idirafter", "--include-directory"):
             folders.append(next(it, ""))
+        elif flag.startswith("--include-directory="):
+            folders.append(flag.partition("=")[2])
         elif flag.startswith("-I") and len(flag) > 2:
             folders.append(flag[2:])
     return [f for f in folders if f]
 
 
-def _linker_words(flags: tuple[str, ...]) -> list[str]:
-    """The flags as the linker gets them: ``-Wl,a,b`` and ``-Xlinker a`` unpacked, nvcc's
-    long spellings (``--library-path``, ``--library``) as ``-L``/``-l``."""
+#: the variables through which the compiler driver adds flags of its own
+DRIVER_FLAG_VARIABLES = {
+    "hipcc": ("HIPCC_COMPILE_FLAGS_APPEND", "HIPCC_LINK_FLAGS_APPEND"),
+    "nvcc": ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"),
+}
+
+
+def compiler_flags(
+    kind: str, flags: tuple[str, ...], checkout: Path, environ: Mapping[str, str]
+) -> tuple[str, ...]:
+    """The flags as the compiler gets them: the target's, each response file's words
+    after it (``@opts.rsp``, relative to the checkout), and those the driver adds from
+    the environment (``HIPCC_LINK_FLAGS_APPEND="-L/opt/x -lx"``, nvcc's
+    ``NVCC_APPEND_FLAGS``): the libraries and files they name key the cache as the
+    flags' own do."""
     words: list[str] = []
+    for flag in flags:
+        words.append(flag)
+        if flag.startswith("@"):
+            with contextlib.suppress(OSError, ValueError):
+                words += shlex.split((checkout / flag[1:]).read_text(errors="replace"))
+    for name in DRIVER_FLAG_VARIABLES.get(kind, ()):
+        with contextlib.suppress(ValueError):
+            words += shlex.split(environ.get(name, ""))
+    return tuple(words)
+
+
+#: long spellings of ``-l``/``-L``: nvcc's, and ld's (``-Wl,--library=NAME``)
+LONG_LINK_FLAGS = {"--library": "-l", "--library-path": "-L"}
+
+
+def _linker_words(flags: tuple[str, ...]) -> list[str]:
+    """The flags as the linker gets them: ``-Wl,a,b`` and ``-Xlinker a`` unpacked, the
+    long spellings (``--library-path``, ``--library``, nvcc's or ld's) as ``-L``/``-l``."""
+    unpacked: list[str] = []
     it = iter(flags)
     for flag in it:
         if flag.startswith("-Wl,"):
-            words += flag.split(",")[1:]
+            unpacked += flag.split(",")[1:]
         elif flag in ("-Xlinker", "--linker-options"):
-            words += next(it, "").split(",")
-        elif flag in ("--library-path", "--library"):
-            words += [{"--library-path": "-L", "--library": "-l"}[flag], next(it, "")]
-        elif flag.startswith(("--library-path=", "--library=")):
-            name, _, value = flag.partition("=")
-            words += [{"--library-path": "-L", "--library": "-l"}[name], value]
+            unpacked += next(it, "").split(",")
         else:
-            words.append(flag)
+            unpacked.append(flag)
+    words: list[str] = []
+    it = iter(unpacked)
+    for word in it:
+        name, eq, value = word.partition("=")
+        if name in LONG_LINK_FLAGS:
+            words += [LONG_LINK_FLAGS[name], value if eq else next(it, "")]
+        else:
+            words.append(word)
     return words
 
 
-def linked_libraries(target: KernelTarget, checkout: Path, environ: Mapping[str, str]) -> list[str]:
+def linked_libraries(
+    target: KernelTarget,
+    checkout: Path,
+    environ: Mapping[str, str],
+    flags: tuple[str, ...] | None = None,
+) -> list[str]:
     """The library files the target's ``-l`` flags link, found as the linker finds them:
     the ``-L`` folders (relative to the checkout, where the compile runs), then
     ``LIBRARY_PATH``, then the host compiler's own search folders. Both ``libNAME.so``
     and ``libNAME.a`` of the first folder holding either key the cache (a static
     library's code is copied into the output; a shared one's symbols decide the link);
     ``-l:FILE`` names the file itself. A library found nowhere is left to the link,
-    which fails on it."""
-    words = _linker_words(target.flags)
+    which fails on it. ``flags``: the target's as the compiler gets them."""
+    words = _linker_words(target.flags if flags is None else flags)
     folders: list[Path] = []
     wanted: list[tuple[str, ...]] = []
     it = iter(words)
@@ -259,7 +339,7 @@ def linked_libraries(target: KernelTarget, checkout: Path, environ: Mapping[str,
             )
     if not wanted:
         return []
-    folders += [Path(p or ".") for p in environ.get("LIBRARY_PATH", "").split(os.pathsep) if p]
+    folders += _library_path(checkout, environ)
     found: list[str] = []
     for candidates in wanted:
         for folder in folders:
@@ -287,17 +367,119 @@ def _from_compiler(names: tuple[str, ...], environ: Mapping[str, str]) -> list[s
     return found
 
 
-def named_files(checkout: Path, target: KernelTarget) -> list[str]:
+def named_files(
+    checkout: Path, target: KernelTarget, flags: tuple[str, ...] | None = None
+) -> list[str]:
     """Files the target's flags and CMake arguments name (``@opts.rsp``,
-    ``-Wl,--version-script=x.map``, ``-DCMAKE_TOOLCHAIN_FILE=t.cmake``, ``lib.a``): the
-    compiler reads them, so their contents key the cache, not only their names."""
+    ``-Wl,--version-script=x.map``, ``-Wl,--whole-archive,lib.a,--no-whole-archive``,
+    ``-Wl,-Tx.ld``, ``-DCMAKE_TOOLCHAIN_FILE=t.cmake``, ``lib.a``): the compiler reads
+    them, so their contents key the cache, not only their names. ``flags``: the
+    target's as the compiler gets them."""
     found = []
-    for arg in (*target.flags, *target.cmake_args):
-        for candidate in {arg, arg.removeprefix("@"), arg.rpartition("=")[2],
-                          arg.rpartition(",")[2]}:  # fmt: skip
+    for arg in (*(target.flags if flags is None else flags), *target.cmake_args):
+        candidates = set()
+        for piece in {arg, *arg.split(",")}:
+            candidates |= {piece, piece.removeprefix("@"), piece.rpartition("=")[2]}
+            if piece.startswith("-T"):
+                candidates.add(piece[2:])
+        for candidate in sorted(candidates):
             if candidate and (checkout / candidate).is_file():
                 found.append(candidate)
     return found
+
+
+def _library_path(checkout: Path, environ: Mapping[str, str]) -> list[Path]:
+    """``LIBRARY_PATH``'s folders (a relative one is relative to the compile's folder)."""
+    return [checkout / p for p in environ.get("LIBRARY_PATH", "").split(os.pathsep) if p]
+
+
+def library_inputs(
+    checkout: Path, files: list[str], flags: tuple[str, ...], environ: Mapping[str, str]
+) -> list[str]:
+    """The files that libraries and linker scripts among ``files`` bring into the link
+    besides themselves: a thin archive's members (it holds their paths, not their code)
+    and the files a linker script (a ``libNAME.so`` that is one, as glibc's libc.so is,
+    or a ``-T`` script) names in ``INPUT``/``GROUP``/``AS_NEEDED``, and theirs in turn.
+    Every place the linker may find a relative one keys the cache."""
+    words = _linker_words(flags)
+    folders = [checkout / w[2:] for w in words if w.startswith("-L") and len(w) > 2]
+    folders += [checkout / b for a, b in itertools.pairwise(words) if a == "-L"]
+    folders += _library_path(checkout, environ)
+    seen: set[str] = set()
+    found: list[str] = []
+    todo = [os.path.normpath(checkout / f) for f in files]
+    while todo:
+        path = Path(todo.pop(0))
+        for other in _inputs_of(path, checkout, folders):
+            other = os.path.normpath(other)
+            if other not in seen and os.path.isfile(other):
+                seen.add(other)
+                found.append(other)
+                todo.append(other)
+    return found
+
+
+def _inputs_of(path: Path, checkout: Path, folders: list[Path]) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if head == b"!<thin>\n":
+                return [str(path.parent / m) for m in _thin_members(head + f.read())]
+            if head.startswith((b"!<arch>\n", b"\x7fELF")):
+                return []
+            data = head + f.read(1 << 20)
+    except OSError:
+        return []
+    if b"\0" in data:
+        return []
+    text = re.sub(r"/\*.*?\*/", " ", data.decode(errors="replace"), flags=re.DOTALL)
+    found: list[str] = []
+    for match in re.finditer(r"\b(?:INPUT|GROUP)\s*\(", text):
+        depth, end = 1, match.end()
+        while end < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        for token in re.findall(r'"[^"]*"|[^\s,()"]+', text[match.end() : end - 1]):
+            token = token.strip('"')
+            if token == "AS_NEEDED":
+                continue
+            if token.startswith("-l"):
+                name = token[2:]
+                names = [name[1:]] if name.startswith(":") else [f"lib{name}.so", f"lib{name}.a"]
+                found += [str(d / n) for d in folders for n in names]
+            elif os.path.isabs(token):
+                found.append(token)
+            else:
+                found += [str(d / token) for d in (checkout, path.parent, *folders)]
+    return found
+
+
+def _thin_members(data: bytes) -> list[str]:
+    """The member paths a thin archive (``ar T``) names, relative to its folder."""
+    members: list[str] = []
+    longnames = b""
+    pos = 8
+    while pos + 60 <= len(data):
+        header = data[pos : pos + 60]
+        name = header[:16].rstrip(b" ")
+        try:
+            size = int(header[48:58].strip() or b"0")
+        except ValueError:
+            break
+        pos += 60
+        if name in (b"/", b"/SYM64/", b"//"):  # symbol table, long names: stored
+            if name == b"//":
+                longnames = data[pos : pos + size]
+            pos += size + (size & 1)
+            continue
+        if name.startswith(b"/") and name[1:].isdigit():
+            start = int(name[1:])
+            end = longnames.find(b"/\n", start)
+            name = longnames[start : end if end >= 0 else None]
+        else:
+            name = name.removesuffix(b"/")
+        members.append(name.decode(errors="surrogateescape"))
+    return members
 
 
 def _tree(top: Path) -> list[Path]:

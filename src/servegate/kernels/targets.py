@@ -98,7 +98,7 @@ def build_target(
         tools,
         archs,
         includes={name: h for name, h in included.items() if name not in hashes},
-        environment=recipes.build_environment(environ, cfg.build.env),
+        environment=recipes.build_environment(environ, cfg.build.env, checkout),
     )
     result = TargetResult(
         target.name, recipes.compiler(target, archs), False, "", 0.0, key.digest, tools
