@@ -292,23 +292,28 @@ def test_build_env_filled_with_the_commit_keys_the_cache(checkout: Path, tmp_pat
 # --- the checkout's own path --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: keying the checkout's folder would end reuse across releases; "
-    "-ffile-prefix-map would change what __FILE__ says. The project's call",
-)
 def test_a_library_that_holds_its_checkouts_path(checkout: Path, tmp_path: Path) -> None:
     """hipcc is given the sources by absolute path, so ``__FILE__`` (every ``assert``)
     and ``-g`` put the checkout's folder into the library; the key names the sources
-    relative to the checkout, so another release's folder restores a library naming the
-    first release's folder."""
-    (checkout / "kernels" / "k.hip").write_text(
-        SOURCE + 'extern "C" const char* k_file() { return __FILE__; }\n'
-    )
+    relative to the checkout, so another release's folder would restore a library
+    naming the first release's folder. Such an entry is a rebuild in another folder; one
+    that holds no folder is still reused there."""
     c = flagged('"-O2"')
     cache = tmp_path / "cache"
     build(checkout, cache, c)
     other = tmp_path / "release-2"
     shutil.copytree(checkout, other, ignore=shutil.ignore_patterns("build"))
-    assert_what_a_compile_gives(other, cache, c)
+    assert build(other, cache, c).cached  # no folder inside: reused
+
+    for folder in (checkout, other):
+        (folder / "kernels" / "k.hip").write_text(
+            SOURCE + 'extern "C" const char* k_file() { return __FILE__; }\n'
+        )
+    build(checkout, cache, c)
+    result = assert_what_a_compile_gives(other, cache, c)
+    assert not result.cached
+    assert result.reason == (
+        f"the cached libk.so names the folder it was built in ({checkout}: __FILE__, an "
+        "assert or debug info): built here"
+    )
     assert _value(other, "k_file").startswith(str(other).encode())

@@ -165,3 +165,15 @@ def test_cmake_failure_shows_the_tail_and_keeps_the_log(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "ext.log"
     assert f"full log: {log}" in text
     assert "missing.c" in log.read_text()
+
+
+def test_libraries_go_after_the_sources_and_a_flags_argument_stays_with_it() -> None:
+    """A static library's code is taken only for objects before it; a word that is
+    another flag's argument (``-Xlinker -lsc``) is not moved away from it."""
+    from servegate.kernels.recipes import split_libraries
+
+    flags = ("-O2", "-Xlinker", "-lsc", "-lm", "/x/libz.a", "-Wl,-lfoo", "-L", "lib.a")
+    assert split_libraries(flags) == (
+        ["-O2", "-Xlinker", "-lsc", "-L", "lib.a"],
+        ["-lm", "/x/libz.a", "-Wl,-lfoo"],
+    )

@@ -219,6 +219,12 @@ class BuildCache:
                 if tmp is None:
                     return Miss(f"the cached entry is damaged ({rel} is not what it recorded)")
                 staged.append((tmp, dest))
+            named = _names_its_checkout(manifest.get("checkout"), checkout, staged)
+            if named:
+                return Miss(
+                    f"the cached {named[0]} names the folder it was built in "
+                    f"({manifest['checkout']}: __FILE__, an assert or debug info): built here"
+                )
             for tmp, dest in staged:
                 tmp.replace(dest)
             staged.clear()
@@ -249,6 +255,7 @@ class BuildCache:
             "key": key.digest,
             "parts": key.parts,
             "outputs": outputs,
+            "checkout": str(checkout),
             "seconds": round(seconds, 3),
             "at": time.time(),
         }
@@ -257,6 +264,30 @@ class BuildCache:
         tmp.rename(entry)
         atomic.write_json(self.root / f"{name}.last.json", manifest)
         return outputs
+
+
+def _names_its_checkout(
+    built_in: object, checkout: Path, staged: list[tuple[Path, Path]]
+) -> tuple[str, ...]:
+    """The outputs that hold the folder they were built in (``built_in``), when that is
+    not ``checkout``: a compiler given the sources by absolute path writes it into
+    ``__FILE__`` and debug info, so such a library from another release's folder is not
+    what a compile here gives."""
+    if not isinstance(built_in, str) or not built_in:
+        return ()
+    if built_in in (str(checkout), str(checkout.resolve())):
+        return ()
+    needle = os.fsencode(built_in)
+    held = []
+    for tmp, dest in staged:
+        with open(tmp, "rb") as f:
+            tail = b""
+            while block := f.read(1 << 20):
+                if needle in tail + block:
+                    held.append(dest.name)
+                    break
+                tail = block[-len(needle) :]
+    return tuple(held)
 
 
 def _copy_checked(cached: Path, folder: Path, digest: str) -> Path | None:

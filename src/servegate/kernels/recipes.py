@@ -518,6 +518,9 @@ def dependency_steps(
 
 
 LIBRARY_SUFFIXES = (".a", ".so", ".lo")
+#: flags whose next word is their argument: it stays with them
+TAKES_AN_ARGUMENT = frozenset({"-Xlinker", "--linker-options", "-Xcompiler",
+                               "--compiler-options", "-o", "-x", "-include", "-L"})  # fmt: skip
 
 
 def split_libraries(flags: tuple[str, ...]) -> tuple[list[str], list[str]]:
@@ -526,8 +529,8 @@ def split_libraries(flags: tuple[str, ...]) -> tuple[list[str], list[str]]:
     from a static library only what the objects before it need."""
     flags_out: list[str] = []
     libraries: list[str] = []
-    for flag in flags:
-        is_library = (
+    for before, flag in zip(("", *flags), flags, strict=False):
+        is_library = before not in TAKES_AN_ARGUMENT and (
             (flag.startswith("-l") and len(flag) > 2)
             or flag.startswith("-Wl,-l")
             or (not flag.startswith("-") and flag.endswith(LIBRARY_SUFFIXES))
