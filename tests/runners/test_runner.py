@@ -3,10 +3,13 @@ fake, at the edge: it cannot reach GitHub here), and the job hooks on real proce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -191,6 +194,65 @@ def test_job_started_ends_only_this_runners_leftovers(
     assert processes["unmarked"].poll() is None
     if shutil.which("nvidia-smi") is None and shutil.which("rocm-smi") is None:
         assert "GPU idle check skipped" in done.stdout
+
+
+CGROUP_ROOTS = {"v1": Path("/sys/fs/cgroup/systemd"), "v2": Path("/sys/fs/cgroup/unified")}
+
+
+def _cgroup_root(version: str) -> Path:
+    """A scratch folder in a real cgroup hierarchy (v1: systemd's named one), or skip."""
+    for candidate in (CGROUP_ROOTS[version], Path("/sys/fs/cgroup")):
+        procs = candidate / "cgroup.procs"
+        v2 = (candidate / "cgroup.controllers").exists()
+        if procs.exists() and v2 == (version == "v2") and os.access(candidate, os.W_OK):
+            if version == "v1" and "name=systemd" not in Path("/proc/self/cgroup").read_text():
+                continue
+            return candidate
+    pytest.skip(f"no writable cgroup {version} hierarchy here (making a cgroup needs root)")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_leftover_that_cleared_its_environment_is_ended_by_the_units_cgroup(
+    version: str, processes: dict[str, subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    """A job's process that sheds the marker (``env -i``) still lives in the runner
+    unit's cgroup, which only root can leave: the job-completed hook ends it. Processes
+    outside the unit (another runner's, unmarked ones) are left alone."""
+    root = _cgroup_root(version)
+    scratch = root / f"servegate-test-{os.getpid()}-{version}"
+    unit = scratch / "servegate-runner-box1.service"
+    unit.mkdir(parents=True)
+    leak = tmp_path / "leak.pid"
+    runner = (
+        f"echo $$ > {unit / 'cgroup.procs'}\n"
+        f"env -i setsid sleep 300 > /dev/null 2>&1 & echo $! > {leak}\n"
+        f"exec {sys.executable} -m servegate runner hook completed\n"
+    )
+    try:
+        base = {k: v for k, v in os.environ.items() if k != "SERVEGATE_RUNNER"}
+        done = subprocess.run(["bash", "-c", runner], env={**base, "SERVEGATE_RUNNER": "box1"},
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        pid = int(leak.read_text())
+        deadline = time.monotonic() + 10
+        while proc.pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not proc.pid_alive(pid), f"the leftover {pid} is still running"
+        assert "ending 2 process(es) the job left running" in done.stdout  # and 'stale'
+        assert processes["other_runner"].poll() is None
+        assert processes["unmarked"].poll() is None
+    finally:
+        for cg in (unit, scratch):
+            with contextlib.suppress(OSError):
+                for pid_text in (cg / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid_text), signal.SIGKILL)
+            for _ in range(50):
+                try:
+                    cg.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
 
 def test_job_completed_cleans_the_workspace(

@@ -1,9 +1,14 @@
 """Job hooks of the self-hosted runner (ACTIONS_RUNNER_HOOK_JOB_STARTED/COMPLETED).
 
 Every process a job starts inherits ``SERVEGATE_RUNNER=<runner name>`` from the runner's
-unit. Whatever still carries this runner's marker and is not the running job's own chain
-was left behind by an earlier job — a stray vLLM holding the GPUs — and is ended. Other
-runners' processes and unmarked processes are never touched (no name matching).
+unit, and lives in that unit's cgroup. Whatever still carries this runner's marker, or
+shares the runner unit's cgroup, and is not the running job's own chain was left behind
+by an earlier job — a stray vLLM holding the GPUs, or a process that cleared its
+environment (``env -i``) to shed the marker: only root can move a process out of a
+cgroup — and is ended. Other runners' processes and unmarked processes outside the
+unit are never touched (no name matching). The cgroup is used only when this hook runs
+in a unit servegate wrote (``servegate-runner[-manager]-<name>.service``), never
+elsewhere, where it would be the session or the whole box.
 """
 
 from __future__ import annotations
@@ -90,10 +95,52 @@ def marked(name: str) -> list[int]:
     )
 
 
+def _cgroups(pid: int | str) -> dict[str, str]:
+    """``/proc/PID/cgroup`` as hierarchy → path (``0`` is cgroup v2's, ``name=systemd``
+    the v1 hierarchy systemd keeps its units in)."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        number, controllers, path = [*line.split(":", 2), "", ""][:3]
+        found["0" if number == "0" else controllers] = path
+    return found
+
+
+def runner_unit_cgroup(name: str) -> tuple[str, str] | None:
+    """(hierarchy, path) of this process's cgroup when it is the unit of runner
+    ``name`` that servegate wrote; None anywhere else."""
+    units = {f"servegate-runner-{name}.service", f"servegate-runner-manager-{name}.service"}
+    mine = _cgroups("self")
+    for hierarchy in ("0", "name=systemd"):
+        path = mine.get(hierarchy, "")
+        if units & set(path.split("/")):
+            return hierarchy, path
+    return None
+
+
+def in_cgroup(hierarchy: str, path: str) -> list[int]:
+    """Every process whose cgroup in ``hierarchy`` is ``path`` or under it."""
+    return sorted(
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit()
+        and (
+            (theirs := _cgroups(p).get(hierarchy)) == path
+            or (theirs or "").startswith(path.rstrip("/") + "/")
+        )
+    )
+
+
 def leftovers(name: str) -> list[int]:
-    """This runner's processes that are not the current job's own chain."""
+    """This runner's processes that are not the current job's own chain: those that
+    carry its marker, and those in its unit's cgroup."""
     own = proc.lineage(os.getpid())
-    return [pid for pid in marked(name) if pid not in own]
+    unit = runner_unit_cgroup(name)
+    found = set(marked(name)) | set(in_cgroup(*unit) if unit else ())
+    return sorted(pid for pid in found if pid not in own)
 
 
 def end(pids: list[int], grace: float = 5.0) -> None:
