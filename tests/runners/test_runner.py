@@ -215,9 +215,9 @@ def _cgroup_root(version: str) -> Path:
 def test_a_leftover_that_cleared_its_environment_is_ended_by_the_units_cgroup(
     version: str, processes: dict[str, subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
-    """A job's process that sheds the marker (``env -i``) still lives in the runner
-    unit's cgroup, which only root can leave: the job-completed hook ends it. Processes
-    outside the unit (another runner's, unmarked ones) are left alone."""
+    """A job's process that sheds the marker (``env -i``) and forks away (``setsid``,
+    backgrounded) still lives in the runner unit's cgroup: the job-completed hook ends
+    it. Processes outside the unit (another runner's, unmarked ones) are left alone."""
     root = _cgroup_root(version)
     scratch = root / f"servegate-test-{os.getpid()}-{version}"
     unit = scratch / "servegate-runner-box1.service"

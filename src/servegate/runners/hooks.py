@@ -4,11 +4,18 @@ Every process a job starts inherits ``SERVEGATE_RUNNER=<runner name>`` from the 
 unit, and lives in that unit's cgroup. Whatever still carries this runner's marker, or
 shares the runner unit's cgroup, and is not the running job's own chain was left behind
 by an earlier job — a stray vLLM holding the GPUs, or a process that cleared its
-environment (``env -i``) to shed the marker: only root can move a process out of a
-cgroup — and is ended. Other runners' processes and unmarked processes outside the
-unit are never touched (no name matching). The cgroup is used only when this hook runs
-in a unit servegate wrote (``servegate-runner[-manager]-<name>.service``), never
-elsewhere, where it would be the session or the whole box.
+environment (``env -i``) to shed the marker and double-forked away from the job: a
+cgroup is kept across fork, setsid and exec — and is ended. Other runners' processes
+and unmarked processes outside the unit are never touched (no name matching). The
+cgroup is used only when this hook runs in a unit servegate wrote
+(``servegate-runner[-manager]-<name>.service``), never elsewhere, where it would be the
+session or the whole box.
+
+Not caught: a process the job has the user's own systemd start (``systemd-run
+--user``), or moves into another cgroup of the user's delegated subtree. It carries
+neither mark; the GPU check before the next job still refuses to start while it holds a
+GPU, and a pull request's runner user that owns nothing else (docs/box-setup.md) keeps
+what it could do small.
 """
 
 from __future__ import annotations
