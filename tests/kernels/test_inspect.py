@@ -249,3 +249,78 @@ def test_labels_of_honest_builds_agree_with_their_headers(tmp_path: Path) -> Non
     assert {o.arch for o in objects} == {"gfx1030", "gfx90a:xnack-", "gfx90a:sramecc+:xnack+",
                                          "gfx906"}  # fmt: skip
     assert [o.problem for o in objects] == ["", "", "", ""]
+
+
+def nv_build(tmp_path: Path, arch: str, *flags: str) -> Path:
+    """The demo kernels built by nvcc for one arch (``flags``: compression …)."""
+    for item in (STACK / "kernels").iterdir():
+        (tmp_path / item.name).write_text(item.read_text())
+    out = tmp_path / f"nv-{arch}-{len(list(tmp_path.glob('*.so')))}.so"
+    num = arch.removeprefix("sm_")
+    subprocess.run(["nvcc", "-gencode", f"arch=compute_{num},code=sm_{num}", "-Xcompiler",
+                    "-fPIC", "-shared", *flags, "-x", "cu", str(tmp_path / "demo_kernels.hip"),
+                    "-o", str(out)], check=True)  # fmt: skip
+    return out
+
+
+def nv_entries(data: bytes) -> list[tuple[int, int, int, int]]:
+    """(offset, arch, flags, payload offset) of every fatbin entry in a library's bytes."""
+    found, pos = [], 0
+    while (pos := data.find(struct.pack("<I", 0xBA55ED50), pos)) >= 0:
+        _magic, _version, header_size, fat_size = struct.unpack_from("<IHHQ", data, pos)
+        entry, end = pos + header_size, pos + header_size + fat_size
+        while entry + 64 <= end and struct.unpack_from("<I", data, entry + 4)[0]:
+            _kind, _u, header, size = struct.unpack_from("<HHIQ", data, entry)
+            (arch,) = struct.unpack_from("<I", data, entry + 28)
+            (flags,) = struct.unpack_from("<Q", data, entry + 40)
+            found.append((entry, arch, flags, entry + header))
+            entry += header + size
+        pos = end
+    return found
+
+
+def nv_relabel(lib: Path, old: int, new: int) -> Path:
+    """The library with each fatbin entry for ``sm_old`` labelled ``sm_new``."""
+    data = bytearray(lib.read_bytes())
+    for entry, arch, _flags, _payload in nv_entries(bytes(data)):
+        if arch == old:
+            struct.pack_into("<I", data, entry + 28, new)
+    out = lib.with_name(f"relabelled-{lib.name}")
+    out.write_bytes(bytes(data))
+    return out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("compression", [[], ["-Xfatbin", "-compress-all"]],
+                         ids=["plain", "compressed"])  # fmt: skip
+def test_a_fatbin_label_must_agree_with_its_elf_header(
+    tmp_path: Path, compression: list[str]
+) -> None:
+    """sm_80 code labelled sm_90 would pass a check of labels and then fail to load (or
+    load the PTX JIT path) on the H100/H200 it was meant for: the SM in the cubin's
+    e_flags must be the entry's arch, compressed entries (decompressed) included."""
+    lib = nv_build(tmp_path, "sm_80", *compression)
+    assert bool(nv_entries(lib.read_bytes())[0][2] & 0x8000) == bool(compression)
+    require_archs(lib, ("sm_80",))
+    lied = nv_relabel(lib, 80, 90)
+    objects = [o for o in inspect(lied) if o.arch == "sm_90" and o.functions is not None]
+    assert objects, inspect(lied)
+    assert any("its ELF header says sm_80, not sm_90" in o.problem for o in objects)
+    with pytest.raises(BuildFailed, match="not counted: .*says sm_80, not sm_90"):
+        require_archs(lied, ("sm_90",))
+
+
+@needs_nvcc
+def test_a_compressed_entry_is_read_and_a_damaged_one_is_no_code(tmp_path: Path) -> None:
+    lib = nv_build(tmp_path, "sm_90", "-Xfatbin", "-compress-all")
+    require_archs(lib, ("sm_90",))
+    assert [o.problem for o in inspect(lib)] == ["", ""]
+    data = bytearray(lib.read_bytes())
+    for _entry, _arch, flags, payload in nv_entries(bytes(data)):
+        assert flags & 0x8000
+        data[payload + 8 : payload + 24] = b"\xff" * 16  # inside the zstd frame
+    damaged = lib.with_name("damaged.so")
+    damaged.write_bytes(bytes(data))
+    assert all("does not decompress" in o.problem for o in inspect(damaged))
+    with pytest.raises(BuildFailed):
+        require_archs(damaged, ("sm_90",))

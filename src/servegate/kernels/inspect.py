@@ -11,9 +11,15 @@ every container that holds code must hold code for every required arch, not the 
 as a whole. A container whose device code defines no function (the kernel-less module
 ``nvcc`` links in) needs no arch. An entry counts as code for its arch only when it is
 non-empty and really is a device ELF: ``EM_AMDGPU`` (224) for AMD, ``EM_CUDA`` (190) for
-NVIDIA. PTX is no binary and never counts. A compressed NVIDIA entry (zstd or LZ4) is
-counted from its fatbin header (its declared size), as its ELF header cannot be read
-without decompressing it; a compressed AMD bundle is refused (``roc-obj-ls`` lists it).
+NVIDIA. PTX is no binary and never counts. A compressed NVIDIA entry (``nvcc
+-Xfatbin -compress-all``, ``--compress-mode``: zstd, or LZ4 from older toolkits) is
+decompressed (``zstandard``, ``lz4``) and read as any other; one that does not
+decompress to the size its header states is no code. A compressed AMD bundle is refused
+(``roc-obj-ls`` lists it).
+
+A CUDA entry's label (the fatbin entry's arch) must agree with the SM its ELF header
+names: ``e_flags``' low byte in ELF ABI version 7, bits 8-15 from version 8 on (LLVM's
+``EF_CUDA_SM``/``EF_CUDA_SM_MASK``). Code for sm_80 labelled sm_90 is no code for sm_90.
 
 An AMD entry's label (the bundle's triple) must agree with what its ELF header says it
 is: the processor in ``e_flags`` (``EF_AMDGPU_MACH``) and, in code objects of version 4
@@ -45,7 +51,10 @@ BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 COMPRESSED_BUNDLE_MAGIC = b"CCOB"
 FATBIN_MAGIC = 0xBA55ED50
 NV_KINDS = {1: "ptx", 2: "elf"}
-NV_COMPRESSED = 0x2000 | 0x8000  # fatbin entry flags: LZ4, zstd
+NV_LZ4, NV_ZSTD = 0x2000, 0x8000  # fatbin entry flags
+NV_COMPRESSED = NV_LZ4 | NV_ZSTD
+#: no device code object of a serving stack comes near this unpacked
+NV_MAX_UNPACKED = 1 << 31
 EM_AMDGPU = 224
 EM_CUDA = 190
 #: ``e_flags & 0xff`` (EF_AMDGPU_MACH) → processor, from LLVM's AMDGPUUsage ("AMDGPU ELF
@@ -225,14 +234,53 @@ def _nv_entry(blob: bytes, entry: int, container: int) -> tuple[CodeObject, int]
         (unpacked,) = struct.unpack_from("<Q", blob, entry + 56)
     payload = blob[entry + header : entry + header + size]
     kind_name = NV_KINDS.get(kind, str(kind))
-    if kind_name != "elf":
+    problem = ""
+    if kind_name == "elf" and flags & NV_COMPRESSED:
+        (packed,) = struct.unpack_from("<I", blob, entry + 16)
+        payload, problem = _nv_unpacked(payload, flags, packed, unpacked)
+    if problem:
+        functions = False
+    elif kind_name != "elf":
         problem, functions = ("" if payload else "empty"), bool(payload)
-    elif flags & NV_COMPRESSED:
-        problem, functions = ("" if payload and unpacked else "empty"), True
     else:
         problem, functions = device_elf(payload, EM_CUDA)
+        problem = problem or cuda_label_mismatch(payload, arch)
     obj = CodeObject("nvidia", f"sm_{arch}", kind_name, size, "", container, problem, functions)
     return obj, entry + header + size
+
+
+def _nv_unpacked(payload: bytes, flags: int, packed: int, unpacked: int) -> tuple[bytes, str]:
+    """A compressed fatbin entry's bytes, decompressed, or why not."""
+    import lz4.block
+    import zstandard
+
+    method = "zstd" if flags & NV_ZSTD else "LZ4"
+    data = payload[:packed] if 0 < packed <= len(payload) else payload
+    if not data or not 0 < unpacked <= NV_MAX_UNPACKED:
+        return b"", f"compressed ({method}), of no stated size"
+    try:
+        if flags & NV_ZSTD:
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=unpacked)
+        else:
+            out = lz4.block.decompress(data, uncompressed_size=unpacked)
+    except (zstandard.ZstdError, lz4.block.LZ4BlockError) as exc:
+        return b"", f"compressed ({method}) and it does not decompress: {exc}"
+    if len(out) != unpacked:
+        return b"", f"compressed ({method}) to {len(out)} bytes, not the {unpacked} it states"
+    return out, ""
+
+
+def cuda_label_mismatch(code: bytes, arch: int) -> str:
+    """Why the CUDA ELF ``code`` is not code for ``sm_{arch}`` its fatbin entry names
+    ("" when its header agrees)."""
+    at = 48 if code[4] == 2 else 36  # e_flags in ELF64 / ELF32
+    if len(code) < at + 4:
+        return "cut short"
+    (flags,) = struct.unpack_from("<I", code, at)
+    sm = flags & 0xFF if code[8] <= 7 else (flags >> 8) & 0xFF
+    if sm != arch:
+        return f"its ELF header says sm_{sm}, not sm_{arch} as its fatbin entry does"
+    return ""
 
 
 def nvidia_containers(blob: bytes) -> list[Container]:
