@@ -317,3 +317,20 @@ def test_a_library_that_holds_its_checkouts_path(checkout: Path, tmp_path: Path)
         "assert or debug info): built here"
     )
     assert _value(other, "k_file").startswith(str(other).encode())
+
+
+def test_a_library_that_holds_its_checkouts_path_in_compressed_debug_info(
+    checkout: Path, tmp_path: Path
+) -> None:
+    """``-g -gz``: the folder is in zlib-compressed debug sections (of the host library
+    and of the device code object inside its bundle), where a search of the file's bytes
+    does not find it."""
+    c = flagged('"-O2", "-g", "-gz"')
+    cache = tmp_path / "cache"
+    build(checkout, cache, c)
+    assert os.fsencode(str(checkout)) not in (checkout / "build" / "libk.so").read_bytes()
+    other = tmp_path / "release-2"
+    shutil.copytree(checkout, other, ignore=shutil.ignore_patterns("build"))
+    result = assert_what_a_compile_gives(other, cache, c)
+    assert not result.cached
+    assert result.reason.startswith("the cached libk.so names the folder it was built in")

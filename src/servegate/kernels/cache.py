@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from servegate.kernels import inspect
 from servegate.pipeline import atomic
 from servegate.pipeline.hashing import sha256_file
 
@@ -272,22 +273,18 @@ def _names_its_checkout(
     """The outputs that hold the folder they were built in (``built_in``), when that is
     not ``checkout``: a compiler given the sources by absolute path writes it into
     ``__FILE__`` and debug info, so such a library from another release's folder is not
-    what a compile here gives."""
+    what a compile here gives. Compressed debug sections (``-gz``) and compressed CUDA
+    fatbin entries are looked into too."""
     if not isinstance(built_in, str) or not built_in:
         return ()
     if built_in in (str(checkout), str(checkout.resolve())):
         return ()
     needle = os.fsencode(built_in)
-    held = []
-    for tmp, dest in staged:
-        with open(tmp, "rb") as f:
-            tail = b""
-            while block := f.read(1 << 20):
-                if needle in tail + block:
-                    held.append(dest.name)
-                    break
-                tail = block[-len(needle) :]
-    return tuple(held)
+    return tuple(
+        dest.name
+        for tmp, dest in staged
+        if any(needle in view for view in inspect.unpacked_views(tmp.read_bytes()))
+    )
 
 
 def _copy_checked(cached: Path, folder: Path, digest: str) -> Path | None:

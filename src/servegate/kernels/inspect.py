@@ -39,8 +39,10 @@ plain ``gfx90a`` (either setting) only by code for ``gfx90a``, or by both
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,8 @@ class Container:
     section: str
     offset: int
     objects: tuple[CodeObject, ...]
+    #: the compressed entries' code, decompressed
+    unpacked: tuple[bytes, ...] = ()
 
     @property
     def name(self) -> str:
@@ -145,6 +149,60 @@ def elf_sections(data: bytes) -> dict[str, bytes]:
     except (struct.error, IndexError, ValueError, UnicodeDecodeError):
         raise ValueError("a damaged ELF file (its section headers cannot be read)") from None
     return sections
+
+
+SHF_COMPRESSED = 0x800
+#: how many ELF files one library may embed before the rest are not looked into
+MAX_EMBEDDED = 4096
+
+
+def compressed_sections(data: bytes) -> list[bytes]:
+    """The ``SHF_COMPRESSED`` sections of the 64-bit ELF ``data`` (``-gz`` debug info),
+    decompressed (zlib or zstd); one that does not decompress is left out."""
+    import zstandard
+
+    try:
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum, _ = struct.unpack_from("<HHH", data, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    except struct.error:
+        return []
+    found = []
+    for _name, _type, flags, _addr, offset, size in headers:
+        if not flags & SHF_COMPRESSED or size < 24:
+            continue
+        kind, _reserved, unpacked = struct.unpack_from("<IIQ", data, offset)
+        body = data[offset + 24 : offset + size]
+        with contextlib.suppress(zlib.error, zstandard.ZstdError):
+            if kind == 1 and unpacked <= NV_MAX_UNPACKED:
+                found.append(zlib.decompress(body))
+            elif kind == 2 and unpacked <= NV_MAX_UNPACKED:
+                found.append(
+                    zstandard.ZstdDecompressor().decompress(body, max_output_size=unpacked)
+                )
+    return found
+
+
+def unpacked_views(data: bytes) -> list[bytes]:
+    """Every form in which a library holds bytes: the file, each compressed section
+    decompressed, and the same for every ELF it embeds (device code objects in an
+    offload bundle, compressed CUDA fatbin entries decompressed) — to look for a
+    string that compression would hide."""
+    views = [data]
+    embedded = [0]
+    pos = 1
+    while len(embedded) < MAX_EMBEDDED and (pos := data.find(b"\x7fELF", pos)) >= 0:
+        embedded.append(pos)
+        pos += 4
+    with contextlib.suppress(ValueError):
+        for container in nvidia_containers(elf_sections(data).get(".nv_fatbin", b"")):
+            views += container.unpacked
+    for start in embedded:
+        views += compressed_sections(data[start:])
+    for extra in list(views[1:]):
+        if extra[:4] == b"\x7fELF":
+            views += compressed_sections(extra)
+    return views
 
 
 def device_elf(data: bytes, machine: int) -> tuple[str, bool]:
@@ -225,7 +283,7 @@ def amd_containers(blob: bytes) -> list[Container]:
     return found
 
 
-def _nv_entry(blob: bytes, entry: int, container: int) -> tuple[CodeObject, int]:
+def _nv_entry(blob: bytes, entry: int, container: int) -> tuple[CodeObject, int, bytes]:
     kind, _u, header, size = struct.unpack_from("<HHIQ", blob, entry)
     (arch,) = struct.unpack_from("<I", blob, entry + 28)
     flags, unpacked = 0, size
@@ -234,10 +292,11 @@ def _nv_entry(blob: bytes, entry: int, container: int) -> tuple[CodeObject, int]
         (unpacked,) = struct.unpack_from("<Q", blob, entry + 56)
     payload = blob[entry + header : entry + header + size]
     kind_name = NV_KINDS.get(kind, str(kind))
-    problem = ""
+    problem, inflated = "", b""
     if kind_name == "elf" and flags & NV_COMPRESSED:
         (packed,) = struct.unpack_from("<I", blob, entry + 16)
         payload, problem = _nv_unpacked(payload, flags, packed, unpacked)
+        inflated = payload
     if problem:
         functions = False
     elif kind_name != "elf":
@@ -246,7 +305,7 @@ def _nv_entry(blob: bytes, entry: int, container: int) -> tuple[CodeObject, int]
         problem, functions = device_elf(payload, EM_CUDA)
         problem = problem or cuda_label_mismatch(payload, arch)
     obj = CodeObject("nvidia", f"sm_{arch}", kind_name, size, "", container, problem, functions)
-    return obj, entry + header + size
+    return obj, entry + header + size, inflated
 
 
 def _nv_unpacked(payload: bytes, flags: int, packed: int, unpacked: int) -> tuple[bytes, str]:
@@ -293,15 +352,17 @@ def nvidia_containers(blob: bytes) -> list[Container]:
             pos += 8  # fatbins are 8-byte aligned inside the section
             continue
         entry, end, objects = pos + header_size, pos + header_size + fat_size, []
+        inflated: list[bytes] = []
         try:
             while entry + 32 <= end:
                 if struct.unpack_from("<I", blob, entry + 4)[0] == 0:
                     break
-                obj, entry = _nv_entry(blob, entry, pos)
+                obj, entry, code = _nv_entry(blob, entry, pos)
                 objects.append(obj)
+                inflated += [code] if code else []
         except struct.error:
             raise ValueError(f"a damaged fatbin at offset {pos} of .nv_fatbin") from None
-        found.append(Container("nvidia", ".nv_fatbin", pos, tuple(objects)))
+        found.append(Container("nvidia", ".nv_fatbin", pos, tuple(objects), tuple(inflated)))
         pos = end
     return found
 
