@@ -37,6 +37,14 @@ from pathlib import Path
 import httpx
 
 
+def gpu_names() -> str:
+    """The GPUs as nvidia-smi names them, counted: "1x NVIDIA H100 80GB HBM3"."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True).stdout.split("\n")  # fmt: skip
+    names = [n.strip() for n in out if n.strip()]
+    return ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names)) or "no GPU"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -171,7 +179,7 @@ def main() -> int:
             "--server-command",
             " ".join(serve_command(model, port, extra)),
             "--system",
-            "1x NVIDIA H200, transformers serve, bfloat16",
+            f"{gpu_names()}, transformers serve, bfloat16",
             "--json",
         ]
         done = None
