@@ -3,7 +3,8 @@
     python3 benchmarks/gpu_tiers_gate.py --out DIR [--tiers 16k,128k]
         [--profiles regular,coding] [--hidden 1024 --layers 8] [--max-tokens 128]
         [--repetitions 3] [--max-repetitions 5] [--kv-blocks 640]
-        [--tolerance 0.05] [--decode-tolerance 0.15] [--arch sm_90] [--work DIR]
+        [--tolerance 0.05] [--decode-tolerance 0.15] [--noise-restarts 2] [--arch sm_90]
+        [--work DIR]
 
 What ``gpu_transformers_bench.py`` measures with ``servegate bench`` against a server it
 starts itself, this measures the way a team would meet it: a demo stack (bare origin,
@@ -15,7 +16,11 @@ code. Two releases are promoted with ``servegate release promote SHA --json``:
    trial of every case must be valid);
 2. a second (the kernels' v2, the same server), compared with the first's recorded
    samples by the bench gate: planned repetitions, sequential looks up to the cap, a
-   verdict per tier, profile and metric.
+   verdict per tier, profile and metric. ``--noise-restarts N`` first measures the box's
+   noise on the live first release (``servegate bench noise``), which the gate plans
+   with; without it the gate plans from its defaults, and at the 16k tier (a prefill of
+   a sixth of a second on an H100) one slow baseline trial can leave an identical
+   release INCONCLUSIVE (docs/bench.md).
 
 ``transformers serve`` runs with the quiet setup of ``transformers-demo-gpu``
 (continuous batching, CUDA graphs), its fixed KV cache enlarged to ``--kv-blocks`` blocks
@@ -127,6 +132,21 @@ def promote(sb: sandbox.Sandbox, sha: str, out: Path, n: int) -> dict[str, Any]:
             "seconds": round(took, 1)}  # fmt: skip
 
 
+def measure_noise(sb: sandbox.Sandbox, args: argparse.Namespace) -> dict[str, Any]:
+    """``servegate bench noise`` on the live first release: the within-start CV and the
+    restart offset the second promote's gate then plans with (``noise.json``)."""
+    argv = [sys.executable, "-m", "servegate", "bench", "noise", "--config", str(sb.config),
+            "--restarts", str(args.noise_restarts), "--repetitions", str(args.repetitions),
+            "--json"]  # fmt: skip
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    (args.out / "noise.json").write_text(done.stdout)
+    (args.out / "noise.stderr").write_text(done.stderr)
+    print(f"bench noise over {args.noise_restarts} restart(s): exit {done.returncode} in "
+          f"{time.monotonic() - start:.0f} s", flush=True)  # fmt: skip
+    return {"exit_code": done.returncode, "seconds": round(time.monotonic() - start, 1)}
+
+
 #: the telemetry fields summed up per case: their range over the case's groups
 TELEMETRY = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c", "memory_used_mib")
 
@@ -176,6 +196,12 @@ def main() -> int:
     parser.add_argument("--kv-blocks", type=int, default=640, help="KV blocks of 256 tokens")
     parser.add_argument("--tolerance", type=float, default=0.05, help="prefill's rule")
     parser.add_argument("--decode-tolerance", type=float, default=0.15, help="decode's rule")
+    parser.add_argument(
+        "--noise-restarts",
+        type=int,
+        default=0,
+        help="bench noise over this many restarts before promote 2",
+    )
     parser.add_argument("--arch", default="", help="default: the first NVIDIA GPU's")
     parser.add_argument("--work", type=Path, help="where the sandbox goes (default: a temp dir)")
     args = parser.parse_args()
@@ -205,6 +231,8 @@ def main() -> int:
                                "max_tokens": args.max_tokens, "releases": []}  # fmt: skip
     try:
         for n, make in enumerate((scenario.good_first, scenario.good_second), 1):
+            if n == 2 and args.noise_restarts:
+                summary["noise"] = measure_noise(sb, args)
             sha = make(sb)
             release = promote(sb, sha, args.out, n)
             summary["releases"].append(release)
