@@ -16,6 +16,7 @@ import pytest
 from servegate import config
 from servegate.kernels.targets import TargetResult, build_all
 from tests.kernels.test_cache_trust import BASE, SOURCE, TARGET, _static_library, library
+from tests.kernels.test_cache_trust import make_checkout as trust_checkout
 
 pytestmark = pytest.mark.skipif(
     shutil.which("hipcc") is None, reason="hipcc not installed (apt-get install hipcc)"
@@ -29,11 +30,7 @@ LINKED = (
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """The test extension of test_cache_trust: kernels/k.hip including detail/sign.h."""
-    root = tmp_path / "stack"
-    (root / "kernels" / "detail").mkdir(parents=True)
-    (root / "kernels" / "k.hip").write_text(SOURCE)
-    (root / "kernels" / "detail" / "sign.h").write_text("#define SIGN +=\n")
-    return root
+    return trust_checkout(tmp_path)
 
 
 def flagged(flags: str, env: str = "") -> config.Config:

@@ -46,6 +46,11 @@ def cfg(env: str = "") -> config.Config:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
+    return make_checkout(tmp_path)
+
+
+def make_checkout(tmp_path: Path) -> Path:
+    """kernels/k.hip including kernels/detail/sign.h, under ``tmp_path``/stack."""
     root = tmp_path / "stack"
     (root / "kernels" / "detail").mkdir(parents=True)
     (root / "kernels" / "k.hip").write_text(SOURCE)
