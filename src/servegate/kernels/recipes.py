@@ -1,4 +1,8 @@
-"""How each kind of GPU extension is compiled for a list of archs: hipcc, nvcc, CMake."""
+"""How each kind of GPU extension is compiled for a list of archs: hipcc, nvcc, CMake,
+and which files each build reads (what keys the build cache). The readers of linker
+inputs (thin ``ar`` archives, linker scripts' ``INPUT``/``GROUP``, ``.incbin``) are
+written here: no maintained Python library reads them, and each needs only the few
+fields that name other files."""
 
 from __future__ import annotations
 
