@@ -120,3 +120,11 @@ def test_valid_tag_patterns_load(tag: str) -> None:
     assert parse(MINIMAL + f"[release]\ntag = {tag!r}\n").release.tag == tag
     for name in ("release/20260101-000000-0123456789ab", "v1", "a/b.c_d-e"):
         assert config.ref_name_problem(name) == ""
+
+
+def test_gate_max_resolution_is_a_fraction_up_to_one() -> None:
+    assert parse(MINIMAL + "[gate]\nmax_resolution = 1\n").gate.max_resolution == 1
+    assert parse(MINIMAL).gate.max_resolution == 0.75
+    for bad in ("0", "1.5", "-0.2"):
+        with pytest.raises(ConfigError, match=r"gate.max_resolution must be in \(0, 1\]"):
+            parse(MINIMAL + f"[gate]\nmax_resolution = {bad}\n")

@@ -349,6 +349,8 @@ class Gate:
     #: a loss: PASS, saying which loss the samples resolved; an estimate beyond the
     #: tolerance stays INCONCLUSIVE), fail or pass
     inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
+    #: ``evidence`` PASSes an open row only if its samples resolve a loss of at most this
+    max_resolution: float = 0.75
     #: rows without a baseline: ``fail``, or ``first-release``: pass (floors and validity
     #: decide) only while the host has no released record of the stack at all
     no_baseline: Literal["first-release", "fail"] = "fail"
@@ -727,6 +729,11 @@ def _validate_bench(cfg: Config) -> None:
     for key in ("false_alarm", "miss", "drift"):
         if not 0 < getattr(cfg.gate, key) < 1:
             raise ConfigError(f"gate.{key} must be in (0, 1)")
+    if not 0 < cfg.gate.max_resolution <= 1:
+        raise ConfigError(
+            "gate.max_resolution must be in (0, 1]",
+            hint="1 lets the evidence policy pass rows whose samples resolve no loss at all",
+        )
     for rule in cfg.gate.rules:
         if not 0 <= rule.tolerance < 1:
             raise ConfigError(f"gate.rules {rule.metric}: tolerance must be in [0, 1)")

@@ -235,11 +235,12 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
     # the same server against itself: never a FAIL, whatever the box did between the runs
     assert d["verdict"] != "FAIL", row
     if d["verdict"] == "INCONCLUSIVE":
-        # a neighbour halved the engine's rate in one run: the estimate itself is a loss beyond
-        # the tolerance that three samples cannot decide, so the gate says so and does not pass
-        assert row["ratio"] < 0.5 or row["drift"].get("moved"), row
-        assert "beyond the tolerance" in row["why"], row
-        assert "not a pass" in row["why"], row
+        # a neighbour halved the engine's rate in one run (the estimate itself is a loss
+        # beyond the tolerance that three samples cannot decide), scattered one run's
+        # samples, or left samples that resolve nothing: the gate says so, never a pass
+        whys = ("beyond the tolerance", "scatter", "beyond gate.max_resolution", "box is")
+        assert any(w in row["why"] for w in whys), row
+        assert "not a pass" in row["why"] or "not a verdict" in row["why"], row
     else:
         assert d["verdict"] == "PASS", row
         assert "no loss of 50%" in row["why"] or "no evidence of a loss" in row["why"], row

@@ -286,3 +286,64 @@ def test_unknown_floor_set_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a shipped floor set") as err:
         verdict.floors("v999")
     assert "v620-tp4" in err.value.hint
+
+
+def test_an_erratic_release_is_no_pass_at_the_cap() -> None:
+    """A hostile release that serves every other request 2.5 times slower (and the rest
+    2.5 times faster, so the mean of the logs does not move) scatters its samples so wide
+    that no loss is significant. "No evidence of a loss" must not PASS it: its samples
+    scatter thirty times the baseline's, and that is a change of the release."""
+    base = samples({"generation_tps": [63.0, 64.1, 62.7, 63.5]})
+    erratic = samples({"generation_tps": [25.2, 157.5, 25.4, 158.0, 25.1, 157.0]})
+    rules = [verdict.Rule("generation_tps", "higher", 0.05)]
+    d = verdict.evaluate(base, erratic, rules, verdict.Settings(inconclusive="evidence"))
+    row = d["rows"][0]
+    assert 0.95 < row["ratio"] < 1.05  # the estimate alone says nothing is lost
+    assert d["verdict"] == "INCONCLUSIVE", row
+    assert "scatter" in row["why"]
+    assert "not a pass" in row["why"]
+
+
+def test_samples_that_resolve_nothing_are_no_pass_at_the_cap() -> None:
+    """Two scattered baseline trials leave an interval of [0.08, 12]: the samples could
+    not have seen a loss of 90 %, so "no evidence of a loss" is no evidence at all. Past
+    ``max_resolution`` the row stays INCONCLUSIVE (rolled back); within it, evidence
+    PASSes as before."""
+    base = samples({"generation_tps": [40.0, 90.0]})
+    cand = samples({"generation_tps": [55.0, 70.0, 45.0, 80.0]})
+    rules = [verdict.Rule("generation_tps", "higher", 0.05)]
+    d = verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="evidence"))
+    row = d["rows"][0]
+    assert row["interval"][0] < 0.2, row
+    assert row["interval"][1] > 5, row
+    assert d["verdict"] == "INCONCLUSIVE", row
+    assert "beyond gate.max_resolution" in row["why"]
+    loose = verdict.Settings(inconclusive="evidence", max_resolution=1.0)
+    assert verdict.evaluate(base, cand, rules, loose)["verdict"] == "PASS"
+    # "pass" and "fail" still decide flatly
+    flat = verdict.Settings(inconclusive="pass")
+    assert verdict.evaluate(base, cand, rules, flat)["verdict"] == "PASS"
+
+
+def test_box_noise_on_both_sides_still_passes_at_the_cap() -> None:
+    """The scatter check compares the candidate with its own baseline: a noisy box that
+    scatters both alike (CV about 5 %) is no reason to roll back an unchanged release."""
+    base = samples({"generation_tps": [60.0, 66.0, 63.0, 58.5]})
+    cand = samples({"generation_tps": [59.5, 65.5, 62.5, 61.0, 67.0, 58.0]})
+    rules = [verdict.Rule("generation_tps", "higher", 0.05)]
+    d = verdict.evaluate(base, cand, rules, verdict.Settings(inconclusive="evidence", looks=3))
+    assert d["verdict"] == "PASS", d["rows"]
+
+
+def test_a_candidate_spread_over_starts_may_scatter_by_the_restart_offset() -> None:
+    """Spread over three service starts, a candidate's samples carry the box's restart
+    offset, which a baseline measured in one start does not: that much more scatter is
+    the box, not the release."""
+    quiet = [100.0, 100.4, 99.7, 100.2, 99.9, 100.3]
+    starts = [97.0, 97.3, 103.1, 102.8, 100.0, 99.6]  # three starts, offsets of ~3 %
+    plain = stats.compare(quiet, starts)
+    assert plain is not None
+    assert stats.more_scattered(plain, 0.01) is not None
+    spread = stats.compare(quiet, starts, offset=0.03, starts=(1, 3))
+    assert spread is not None
+    assert stats.more_scattered(spread, 0.01) is None

@@ -44,7 +44,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scipy.special import stdtrit  # type: ignore[import-untyped]
+from scipy.special import fdtrc, stdtrit  # type: ignore[import-untyped]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,12 @@ class Comparison:
     df: float
     n_base: int
     n_cand: int
+    #: each side's own log SD (its scatter within the run; 0 when not measured)
+    sd_base: float = 0.0
+    sd_cand: float = 0.0
+    #: the variance the candidate's scatter may add to the baseline's without being
+    #: erratic: the restart offset's, when its samples come from several service starts
+    spread: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -104,6 +110,7 @@ def compare(
     if len(lb) < 2 or len(lc) < 2:
         return None
     (mb, vb), (mc, vc) = _mean_var(lb), _mean_var(lc)
+    vb_raw, vc_raw = vb, vc
     d = mb - mc if lower_is_better else mc - mb
     vb, vc = vb / len(lb), vc / len(lc)
     within = vb + vc
@@ -115,7 +122,27 @@ def compare(
     se = math.sqrt(within + offset**2 * (1 / kb + 1 / kc))
     if se == 0:
         se = 1e-12  # two exactly repeated sample sets: any loss at all is decisive
-    return Comparison(d, se, df, len(lb), len(lc))
+    spread = offset**2 if kc > 1 else 0.0
+    return Comparison(d, se, df, len(lb), len(lc), math.sqrt(vb_raw), math.sqrt(vc_raw), spread)
+
+
+def more_scattered(c: Comparison, alpha: float, at_least: float = 2.0) -> float | None:
+    """The candidate's scatter over the baseline's (a ratio of log SDs) when it is both
+    at least ``at_least`` and significant (a one-sided F test of the variances at level
+    ``alpha``); None otherwise. An unchanged release on an unchanged box scatters like its
+    baseline; one that serves some requests far slower and others faster scatters more,
+    whatever its mean. A candidate spread over several service starts may add the
+    restart offset's variance (``spread``) to the baseline's."""
+    if c.n_base < 2 or c.n_cand < 2 or c.sd_cand == 0:
+        return None
+    allowed = c.sd_base**2 + c.spread
+    if allowed == 0:
+        return math.inf
+    ratio = c.sd_cand / math.sqrt(allowed)
+    if ratio < at_least:
+        return None
+    p = float(fdtrc(c.n_cand - 1, c.n_base - 1, ratio**2))
+    return ratio if p < alpha else None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 from collections.abc import Mapping, Sequence
@@ -62,6 +63,9 @@ class Settings:
     #: PASS, with the loss the samples could resolve; an estimate beyond the tolerance
     #: stays INCONCLUSIVE), fail or pass
     inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
+    #: ``evidence`` PASSes an open row only if its samples resolve a loss of at most this
+    #: (1 - the interval's width on the loss side); wider, they are no evidence either way
+    max_resolution: float = 0.75
     #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
     #: host has no released record; floors and validity decide), or "fail"
     no_baseline: Literal["first-release", "fail"] = "first-release"
@@ -300,9 +304,7 @@ def _judge_drifted(
     n = f"n {c.n_base}+{c.n_cand}"
     way = "slower" if drift["change"] < 0 else "faster"
     box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline"
-    credited = stats.Comparison(
-        c.d - drift["log_change"], math.hypot(c.se, drift["se"]), c.df, c.n_base, c.n_cand
-    )
+    credited = dataclasses.replace(c, d=c.d - drift["log_change"], se=math.hypot(c.se, drift["se"]))
     if stats.decide(credited, rule.tolerance, levels) == FAIL:
         if stats.decide(c, rule.tolerance, levels) == FAIL:
             return FAIL, (
@@ -328,25 +330,46 @@ def _policy(
 ) -> tuple[str, str]:
     """The ``inconclusive`` policy on a row still open at the cap (no decisive loss).
 
-    ``evidence`` PASSes a row whose estimate is within the tolerance: no significant loss
-    was found. A row whose estimate is itself a loss beyond the tolerance stays
-    INCONCLUSIVE, which rolls the release back: samples too scattered to prove a loss
-    of 80 % are no evidence that there is none (fail closed)."""
+    ``evidence`` PASSes a row when no significant loss was found and the samples could
+    have found one. It stays INCONCLUSIVE, which rolls the release back (fail closed):
+
+    - when the estimate is itself a loss beyond the tolerance: samples too scattered to
+      prove a loss of 80 % are no evidence that there is none;
+    - when the samples resolve no loss within ``max_resolution`` (two baseline trials
+      can leave an interval of [0.0001, 2829]: "no evidence" of anything);
+    - when the candidate scatters significantly more than its baseline (an F test at
+      the row's false-alarm level, at least twice the log SD): a release that serves
+      some requests far slower and others faster keeps its mean and widens the
+      interval until nothing is significant; that is a change of the release, not an
+      absence of one."""
     res = stats.resolution(c, levels)
     resolves = (
         f"; these samples resolve a loss of {res:.0%}, not {rule.tolerance:.0%}"
         if res > rule.tolerance
         else ""
     )
-    if st.inconclusive == "evidence":
-        if c.d < math.log(1 - rule.tolerance):
-            return INCONCLUSIVE, (
-                f"{why}: at the cap the estimate is a loss of {1 - c.ratio:.0%}, beyond the "
-                f"tolerance, and the box could not decide it{resolves}: not a pass"
-            )
-        return PASS, f"{why}: no evidence of a loss at the cap{resolves}"
-    verdict = PASS if st.inconclusive == "pass" else FAIL
-    return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
+    if st.inconclusive != "evidence":
+        verdict = PASS if st.inconclusive == "pass" else FAIL
+        return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
+    if c.d < math.log(1 - rule.tolerance):
+        return INCONCLUSIVE, (
+            f"{why}: at the cap the estimate is a loss of {1 - c.ratio:.0%}, beyond the "
+            f"tolerance, and the box could not decide it{resolves}: not a pass"
+        )
+    scatter = stats.more_scattered(c, levels.alpha)
+    if scatter is not None:
+        times = "any" if math.isinf(scatter) else f"{scatter:.1f} times"
+        return INCONCLUSIVE, (
+            f"{why}: the release's samples scatter {times} the baseline's (log SD "
+            f"{c.sd_cand:.3f} against {c.sd_base:.3f}), so no mean can be trusted: an "
+            f"erratic release (or a box that changed during the run) is not a pass"
+        )
+    if res > st.max_resolution:
+        return INCONCLUSIVE, (
+            f"{why}: at the cap these samples resolve only a loss of {res:.0%}, beyond "
+            f"gate.max_resolution {st.max_resolution:.0%}: no evidence either way, not a pass"
+        )
+    return PASS, f"{why}: no evidence of a loss at the cap{resolves}"
 
 
 def compare_table(

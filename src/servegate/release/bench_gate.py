@@ -46,6 +46,7 @@ def settings(cfg: Config, first_release: bool = False, looks: int = 1) -> verdic
         miss=g.miss,
         looks=looks,
         inconclusive=g.inconclusive,
+        max_resolution=g.max_resolution,
         no_baseline=g.no_baseline,
         first_release=first_release,
         drift=g.drift,
