@@ -1,0 +1,89 @@
+"""Sample sets a hostile or broken release can produce, on which the gate must not PASS
+a real loss nor roll back an unchanged release far more often than ``false_alarm``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from servegate.bench import verdict
+from servegate.bench.results import CaseSamples, Samples
+
+
+def samples(values: dict[str, list[float]], case: str = "regular-16k") -> Samples:
+    cs = CaseSamples(case, True, True, len(next(iter(values.values()), [])), values, {})
+    return Samples("test", "servegate-bench/1", {"digest": "x"}, {case: cs})
+
+
+def _with_reference(s: Samples, rates: list[float]) -> Samples:
+    for cs in s.cases.values():
+        cs.reference = rates
+    return s
+
+
+BASE = [63.0, 64.1, 62.7, 63.5, 63.2]
+RULES = [verdict.Rule("generation_tps", "higher", 0.05)]
+
+
+def test_one_infinite_sample_does_not_pass_a_release_at_half_speed() -> None:
+    """A release at half the rate with one trial whose rate is +inf (a zero time from a
+    broken clock, or an engine histogram with a zero sum): the mean of the logs is inf,
+    its variance NaN, every bound NaN, and NaN fails each check of the evidence policy
+    (d < T, the F test, resolution > max_resolution), so the row PASSes as "no evidence
+    of a loss" with the interval [nan, nan]."""
+    cand = samples({"generation_tps": [30.0, 31.0, 29.0, math.inf]})
+    d = verdict.evaluate(samples({"generation_tps": BASE}), cand, RULES)
+    assert d["verdict"] != "PASS", d["rows"]
+
+
+@pytest.mark.parametrize("lost", [0.0, -1.0, math.nan])
+def test_samples_the_log_cannot_take_are_not_dropped_in_the_candidates_favour(
+    lost: float,
+) -> None:
+    """Three of five trials of the candidate carry a rate of 0 (served nothing), a
+    negative or a NaN: stats._logs drops them without a word, the gate compares the two
+    good trials with the baseline and PASSes decisively (n 5+2, lower bound 0.975)."""
+    cand = samples({"generation_tps": [63.0, 63.5, lost, lost, lost]})
+    d = verdict.evaluate(samples({"generation_tps": BASE}), cand, RULES)
+    assert d["verdict"] != "PASS", d["rows"]
+
+
+def test_a_release_that_loads_the_box_is_not_credited_with_its_own_load() -> None:
+    """A release that keeps a core busy while idle (a busy-polling engine thread) slows
+    the reference workload measured beside its groups by 25 % ("a load that stays slows
+    every slice") and itself by 25 %. As measured that is a decisive loss (interval
+    [0.739, 0.756]); the drift credit calls the box 25 % slower, credits it, and at the
+    cap the evidence policy PASSes the credited ratio 0.999. Users get a 25 % slower
+    release: the box cannot tell its own load from a neighbour's, and a decisive measured
+    loss that only the credit removes should not be released (the mirror of the case
+    _judge_drifted already refuses: a loss only the credit shows)."""
+    ref = [30.0, 30.2, 29.9, 30.1, 30.0]
+    base = _with_reference(samples({"generation_tps": BASE}), ref)
+    slow = [0.75 * v for v in [63.2, 63.9, 62.8, 63.4, 63.0]]
+    cand = _with_reference(samples({"generation_tps": slow}), [0.75 * r for r in ref])
+    d = verdict.evaluate(base, cand, RULES)
+    row = d["rows"][0]
+    assert row["interval"][1] < 0.8, row  # decisive loss as measured
+    assert d["verdict"] != "PASS", row
+
+
+def test_copies_of_a_group_mean_are_not_independent_samples() -> None:
+    """At concurrency > 1 every trial of a group carries the group's engine-clock rate
+    (runner._engine_clock: "the group's mean above"), so 3 groups at concurrency 4 give
+    12 samples that hold 3 values. Welch's t counts 12 + 12 and shrinks the interval by
+    about 2x: an unchanged release whose 3 groups measured 3 % lower (2 % group noise)
+    FAILs at 12 + 12 (interval [0.947, 0.985]) where its 3 + 3 values PASS at the cap.
+    Simulated (2 rows, 3 looks, 3 reps up to 5, group CV 2 % / 4 %): an unchanged
+    release FAILs 7 % / 30 % of checks at concurrency 4, 2 % at concurrency 1."""
+    rule = [verdict.Rule("engine_generation_tps", "higher", 0.05)]
+    st = verdict.Settings(looks=3)
+    base_groups, cand_groups = [20.0, 20.5, 19.6], [19.4, 19.8, 19.0]
+
+    def at(conc: int, groups: list[float]) -> Samples:
+        return samples({"engine_generation_tps": [g for g in groups for _ in range(conc)]})
+
+    one = verdict.evaluate(at(1, base_groups), at(1, cand_groups), rule, st)
+    four = verdict.evaluate(at(4, base_groups), at(4, cand_groups), rule, st)
+    assert one["verdict"] == "PASS", one["rows"]
+    assert four["verdict"] == one["verdict"], four["rows"]
