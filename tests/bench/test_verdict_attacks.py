@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from servegate.bench import verdict
+from servegate.bench import results, verdict
 from servegate.bench.results import CaseSamples, Samples
 
 
@@ -71,19 +71,38 @@ def test_a_release_that_loads_the_box_is_not_credited_with_its_own_load() -> Non
 def test_copies_of_a_group_mean_are_not_independent_samples() -> None:
     """At concurrency > 1 every trial of a group carries the group's engine-clock rate
     (runner._engine_clock: "the group's mean above"), so 3 groups at concurrency 4 give
-    12 samples that hold 3 values. Welch's t counts 12 + 12 and shrinks the interval by
+    12 samples that hold 3 values. Welch's t counted 12 + 12 and shrank the interval by
     about 2x: an unchanged release whose 3 groups measured 3 % lower (2 % group noise)
-    FAILs at 12 + 12 (interval [0.947, 0.985]) where its 3 + 3 values PASS at the cap.
+    FAILed at 12 + 12 (interval [0.947, 0.985]) where its 3 + 3 values PASS at the cap.
     Simulated (2 rows, 3 looks, 3 reps up to 5, group CV 2 % / 4 %): an unchanged
-    release FAILs 7 % / 30 % of checks at concurrency 4, 2 % at concurrency 1."""
+    release FAILed 7 % / 30 % of checks at concurrency 4, 2 % at concurrency 1. The
+    result file's groups are the repetitions: one sample each."""
     rule = [verdict.Rule("engine_generation_tps", "higher", 0.05)]
     st = verdict.Settings(looks=3)
     base_groups, cand_groups = [20.0, 20.5, 19.6], [19.4, 19.8, 19.0]
 
     def at(conc: int, groups: list[float]) -> Samples:
-        return samples({"engine_generation_tps": [g for g in groups for _ in range(conc)]})
+        doc = {
+            "harness": {"name": "servegate-bench/1"},
+            "cases": [{
+                "id": "regular-16k",
+                "groups": [
+                    {"start": 0, "trials": [
+                        {"performance_valid": True, "engine_generation_tps": g}
+                        for _ in range(conc)
+                    ]}
+                    for g in groups
+                ],
+            }],
+        }  # fmt: skip
+        return results.from_result(doc)
 
+    four_base = at(4, base_groups)
+    assert four_base.cases["regular-16k"].metrics["engine_generation_tps"] == pytest.approx(
+        base_groups
+    )
     one = verdict.evaluate(at(1, base_groups), at(1, cand_groups), rule, st)
-    four = verdict.evaluate(at(4, base_groups), at(4, cand_groups), rule, st)
+    four = verdict.evaluate(four_base, at(4, cand_groups), rule, st)
     assert one["verdict"] == "PASS", one["rows"]
     assert four["verdict"] == one["verdict"], four["rows"]
+    assert four["rows"][0]["n_candidate"] == 3

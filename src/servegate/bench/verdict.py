@@ -319,7 +319,15 @@ def _judge_drifted(
     measured rates show no decisive loss and the credited ones do, the box cannot tell:
     the row stays INCONCLUSIVE (measured again up to the cap, then rolled back; FAIL
     under ``inconclusive = "fail"``) whatever the policy, since a real loss hidden by a
-    faster box looks exactly the same."""
+    faster box looks exactly the same.
+
+    The mirror case is never released either: a loss as measured (an estimate beyond the
+    tolerance, or a decisive one) that only the credit for a *slower* box removes. The box
+    cannot tell a neighbour from the release itself loading it: a release whose engine
+    thread busy-polls while idle slows the reference workload beside its own groups as
+    much as itself, and crediting that would release a 25 % slower server. Such a row
+    stays INCONCLUSIVE at the cap (FAIL under ``fail``): measure again when the box is
+    quiet."""
     n = f"n {c.n_base}+{c.n_cand}"
     way = "slower" if drift["change"] < 0 else "faster"
     box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline"
@@ -340,6 +348,18 @@ def _judge_drifted(
         return INCONCLUSIVE, why
     why = f"{box} (reference workload): ratio {c.ratio:.3f} is not a verdict on the release ({n})"
     if not final:
+        return INCONCLUSIVE, why
+    measured_loss = c.d < math.log(1 - rule.tolerance) or (
+        stats.decide(c, rule.tolerance, levels) == FAIL
+    )
+    if measured_loss:
+        why = (
+            f"{why}: as measured a loss of {1 - c.ratio:.0%}, which only crediting the box's "
+            f"change ({credited.ratio:.3f}) removes; the box cannot tell a neighbour from a "
+            f"release that loads it, not a pass"
+        )
+        if st.inconclusive == "fail":
+            return FAIL, f"{why}; at the cap policy 'fail' decides"
         return INCONCLUSIVE, why
     return _policy(credited, rule, levels, st, f"{why}; credited ratio {credited.ratio:.3f}")
 
