@@ -172,11 +172,8 @@ def _decide(
         reasons = ", ".join(f"{k}x{v}" for k, v in cs.reasons.items()) or "no valid samples"
         row.update(verdict=undecided or FAIL, why=f"case invalid ({reasons})")
         return row
-    bad = _unloggable(cand)
-    if bad:
-        row.update(verdict=undecided or FAIL,
-                   why=f"{bad} of {len(cand)} candidate sample(s) are not a positive finite "
-                   "number: not a measurement (never a pass on missing data)")  # fmt: skip
+    if bad := _unloggable(cand, "candidate", "not a measurement"):
+        row.update(verdict=undecided or FAIL, why=bad)
         return row
     cmed = _median(cand)
     row["candidate_median"] = round(cmed, 4)
@@ -194,11 +191,8 @@ def _decide(
         return _no_baseline(row, bcs, rule, st, undecided)
     base = bcs.metrics[rule.metric]
     row["n_baseline"] = len(base)
-    bad = _unloggable(base)
-    if bad:
-        row.update(verdict=undecided or FAIL,
-                   why=f"{bad} of {len(base)} baseline sample(s) are not a positive finite "
-                   "number: nothing to compare with (never a pass on missing data)")  # fmt: skip
+    if bad := _unloggable(base, "baseline", "nothing to compare with"):
+        row.update(verdict=undecided or FAIL, why=bad)
         return row
     row["baseline_median"] = round(_median(base), 4)
     offset = st.offsets.get(f"{cid}:{rule.metric}", 0.0)
@@ -224,11 +218,18 @@ def _decide(
     return row
 
 
-def _unloggable(values: Sequence[float]) -> int:
-    """How many values the log-rate statistics cannot take (0, negative, NaN, inf):
-    dropped, they would leave the test only the good trials; kept, inf and NaN turn every
-    bound into NaN, which fails every check of the evidence policy."""
-    return sum(1 for v in values if not (math.isfinite(v) and v > 0))
+def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
+    """Why a side's values are no measurement, if the log-rate statistics cannot take
+    some of them (0, negative, NaN, inf): dropped, they would leave the test only the
+    good trials; kept, inf and NaN turn every bound into NaN, which fails every check of
+    the evidence policy. "" when all are positive finite numbers."""
+    bad = sum(1 for v in values if not (math.isfinite(v) and v > 0))
+    if not bad:
+        return ""
+    return (
+        f"{bad} of {len(values)} {side} sample(s) are not a positive finite number: "
+        f"{meaning} (never a pass on missing data)"
+    )
 
 
 def _no_baseline(
