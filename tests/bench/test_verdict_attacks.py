@@ -106,3 +106,44 @@ def test_copies_of_a_group_mean_are_not_independent_samples() -> None:
     assert one["verdict"] == "PASS", one["rows"]
     assert four["verdict"] == one["verdict"], four["rows"]
     assert four["rows"][0]["n_candidate"] == 3
+
+
+def _result(trials: list[dict[str, object]]) -> dict[str, object]:
+    """A result document of one case, one trial a group (concurrency 1)."""
+    return {
+        "harness": {"name": "servegate-bench/1"},
+        "cases": [{"id": "regular-16k", "groups": [{"start": 0, "trials": [t]} for t in trials]}],
+    }
+
+
+def test_a_release_that_bursts_its_slow_answers_is_judged_on_all_of_them() -> None:
+    """A frontend that holds back the text of its slow answers and sends it at once makes
+    those trials bursts: the client's timings of a burst are dropped (not measurements)
+    and the trial stays valid, so the client-clock rows were judged on the fast trials
+    alone — a selection the release made. Three of six answers at a third of the rate
+    PASSed decisively (n 5+3). A row whose candidate lacks its metric on some valid
+    trials is no pass."""
+    base = results.from_result(_result([
+        {"performance_valid": True, "generation_tps": v} for v in BASE
+    ]))  # fmt: skip
+    fast = [63.2, 63.9, 62.8]
+    burst = {"performance_valid": True, "generation_tps": None,
+             "client_timing": "burst: held back between engine and client"}  # fmt: skip
+    cand = results.from_result(_result(
+        [{"performance_valid": True, "generation_tps": v} for v in fast] + [burst] * 3
+    ))  # fmt: skip
+    assert cand.cases["regular-16k"].missing == {"generation_tps": 3}
+    d = verdict.evaluate(base, cand, RULES)
+    (row,) = d["rows"]
+    assert d["verdict"] == "INCONCLUSIVE", row
+    assert "3 of 6 valid trials have no generation_tps" in row["why"]
+    fail = verdict.evaluate(base, cand, RULES, verdict.Settings(inconclusive="fail"))
+    assert fail["verdict"] == "FAIL"
+    # a loss the measured trials show is still a FAIL: the selection only hides losses
+    slow = results.from_result(_result(
+        [{"performance_valid": True, "generation_tps": v / 2} for v in fast] + [burst]
+    ))  # fmt: skip
+    assert verdict.evaluate(base, slow, RULES)["verdict"] == "FAIL"
+    # and the count survives the release record the next gate reads its baseline from
+    again = results.from_record(cand.as_dict(), "record")
+    assert again.cases["regular-16k"].missing == {"generation_tps": 3}

@@ -39,6 +39,9 @@ class CaseSamples:
     reference_workload: str = ""
     #: how many service starts the samples come from (the gate may spread them)
     starts: int = 1
+    #: per metric, the valid trials without a value (a burst's dropped client timings,
+    #: a group the engine's histograms did not count): the samples are the rest
+    missing: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +53,7 @@ class CaseSamples:
             "reference": self.reference,
             "reference_workload": self.reference_workload,
             "starts": self.starts,
+            "missing": self.missing,
         }
 
 
@@ -84,6 +88,7 @@ def from_record(doc: Mapping[str, Any], source: str) -> Samples:
             [float(v) for v in c.get("reference") or []],
             str(c.get("reference_workload") or ""),
             max(1, int(c.get("starts") or 1)),
+            {str(k): int(v) for k, v in (c.get("missing") or {}).items()},
         )
         for cid, c in (doc.get("cases") or {}).items()
     }
@@ -126,6 +131,10 @@ def _case(cid: str, required: bool, trials: list[Mapping[str, Any]]) -> CaseSamp
             v = t.get(m)
             if isinstance(v, int | float) and not isinstance(v, bool):
                 cs.metrics.setdefault(m, []).append(float(v))
+            else:
+                cs.missing[m] = cs.missing.get(m, 0) + 1
+    # a metric no valid trial has is not measured here (no engine clock): nothing missing
+    cs.missing = {m: k for m, k in cs.missing.items() if m in cs.metrics}
     return cs
 
 

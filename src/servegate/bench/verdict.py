@@ -125,7 +125,10 @@ def evaluate(
     ]
     deciding_rows = sum(1 for _, cs, r in covered if cs.required and r.tolerance < 1)
     levels = stats.Levels.split(st.false_alarm, st.miss, deciding_rows, st.looks)
-    rows = [_decide(cid, cs, rule, baseline, st, levels, final) for cid, cs, rule in covered]
+    rows = [
+        _selected(_decide(cid, cs, rule, baseline, st, levels, final), cs, rule, st, final)
+        for cid, cs, rule in covered
+    ]
     if not rows:
         rows.append(_row("(none)", "-", True, verdict=FAIL, why="the candidate has no cases"))
     deciding = [r for r in rows if r["required"]]
@@ -216,6 +219,33 @@ def _decide(
     verdict, why = _judge(c, rule, levels, drift, st, final)
     row.update(verdict=undecided or verdict, why=why)
     return row
+
+
+def _selected(
+    row: dict[str, Any], cs: CaseSamples, rule: Rule, st: Settings, final: bool
+) -> dict[str, Any]:
+    """A PASS judged on some of the candidate's valid trials is no pass.
+
+    A burst's client timings are dropped (not measurements) and the trial stays valid; a
+    group the engine's histograms did not count has no engine-clock rates. Whatever
+    made them missing, the samples are then a selection, and a frontend that holds back
+    the text of its slow answers chooses it: three of six answers at a third of the
+    rate PASSed decisively on the other three. A loss the rest shows still FAILs (the
+    selection can only hide one); a PASS becomes INCONCLUSIVE (measured again, rolled
+    back at the cap; FAIL under ``inconclusive = "fail"``, PASS under ``"pass"``)."""
+    lost = cs.missing.get(rule.metric, 0)
+    if not lost or row["verdict"] != PASS or not cs.required:
+        return row
+    why = (
+        f"{row['why']}; but {lost} of {cs.trials} valid trials have no {rule.metric} (a "
+        f"burst's client timings are dropped): judged on the rest, the samples are a "
+        f"selection, not a pass"
+    )
+    if final and st.inconclusive != "evidence":
+        verdict = PASS if st.inconclusive == "pass" else FAIL
+        return {**row, "verdict": verdict, "why": f"{why}; at the cap policy "
+                f"'{st.inconclusive}' decides"}  # fmt: skip
+    return {**row, "verdict": INCONCLUSIVE, "why": why}
 
 
 def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
