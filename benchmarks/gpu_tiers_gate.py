@@ -18,9 +18,10 @@ code. Two releases are promoted with ``servegate release promote SHA --json``:
    samples by the bench gate: planned repetitions, sequential looks up to the cap, a
    verdict per tier, profile and metric. ``--noise-restarts N`` first measures the box's
    noise on the live first release (``servegate bench noise``), which the gate plans
-   with; without it the gate plans from its defaults, and at the 16k tier (a prefill of
-   a sixth of a second on an H100) one slow baseline trial can leave an identical
-   release INCONCLUSIVE (docs/bench.md).
+   with; without it the gate plans from its defaults. At the 16k tier of the default
+   model (a prefill of a sixth of a second on an H100) the server's Python and its
+   restarts move prefill by 5-10 %: the noise says the box resolves about 45 %, not 5 %,
+   and an identical release can end INCONCLUSIVE, failing closed (docs/bench.md).
 
 ``transformers serve`` runs with the quiet setup of ``transformers-demo-gpu``
 (continuous batching, CUDA graphs), its fixed KV cache enlarged to ``--kv-blocks`` blocks
