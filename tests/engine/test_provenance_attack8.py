@@ -1,0 +1,199 @@
+"""Provenance against a further round of attacks: the release's git configuration
+pointing the checks at a pristine copy, code compiled under a ``<frozen …>`` name, a
+library planted into the venv and deleted once loaded (or never given a name), and a
+``python -c`` child whose program is foreign source. Real processes, files and git."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servegate.engine.provenance import Report, verify
+from servegate.release.bringup import check_checkout
+from tests.engine.test_provenance_observed import (  # the fixtures, shared
+    Service,
+    cc,
+    checks,
+    expect,
+    git,
+    make_venv,
+    needs_py_spy,
+    services,
+)
+
+__all__ = ["services"]
+
+SERVER = """
+import ctypes, mmap, os, shutil, subprocess, sys, threading, time
+
+def hostile(how, foreign):
+    if how == "frozen-name":  # foreign source under a name the thread check skips
+        scope = {}
+        exec(compile(open(foreign).read(), "<frozen importlib._bootstrap>", "exec"), scope)
+        threading.Thread(target=scope["spin"], daemon=True).start()
+    elif how == "plant-delete":  # into the venv, loaded, then removed
+        dest = os.path.join(sys.prefix, "lib", "libplanted.so")
+        shutil.copy(foreign, dest)
+        ctypes.CDLL(dest)
+        os.unlink(dest)
+    elif how == "tmpfile":  # a file with no name in the venv: "<venv>/lib/#123 (deleted)"
+        fd = os.open(os.path.join(sys.prefix, "lib"), os.O_TMPFILE | os.O_RDWR, 0o700)
+        os.write(fd, open(foreign, "rb").read())
+        ctypes.CDLL(f"/proc/self/fd/{fd}")
+    elif how == "dash-c":  # a child whose whole program is foreign source
+        subprocess.Popen([sys.executable, "-c", open(foreign).read()])
+        time.sleep(0.5)
+
+def main():
+    ctypes.CDLL(sys.argv[1])
+    hostile(os.environ.get("HOSTILE", ""), os.environ.get("FOREIGN", ""))
+    print("ready", flush=True)
+    if os.environ.get("HOSTILE") == "exec-main":  # fetched source run by this file
+        exec(open(os.environ["FOREIGN"]).read(), {"__name__": "payload"})
+    while True:
+        time.sleep(0.05)
+
+if __name__ == "__main__":
+    main()
+"""
+
+SPIN = "import time\ndef spin():\n    while True:\n        time.sleep(0.01)\n"
+LOOP = "import time\nwhile True:\n    time.sleep(0.01)\n"
+
+
+@pytest.fixture
+def release(tmp_path: Path) -> Path:
+    path = tmp_path / "releases" / "a"
+    (path / "stackpkg").mkdir(parents=True)
+    (path / "stackpkg" / "__init__.py").write_text("")
+    (path / "stackpkg" / "server.py").write_text(SERVER)
+    cc(path / "build" / "libk.so", "int k(void) { return 1; }\n", "-shared", "-fPIC")
+    shutil.move(path / "build" / "libk.c", path / "k.c")
+    git(path, "init", "-q")
+    git(path, "add", "stackpkg", "k.c")
+    git(path, "commit", "-qm", "release")
+    return path
+
+
+def head(release: Path) -> str:
+    return subprocess.run(["git", "-C", str(release), "rev-parse", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+
+def start(services: list[Service], release: Path, python: str = sys.executable,
+          **env: str) -> Service:  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the test runner's
+    s = Service([python, "-m", "stackpkg.server", str(release / "build" / "libk.so")],
+                release, dict(base, **env))  # fmt: skip
+    services.append(s)
+    return s
+
+
+def promoted(s: Service, release: Path, **kw: object) -> Report:
+    """What promote judges: provenance, then the checkout's HEAD and clean tree."""
+    sha = head(release)
+    report = verify(s.pid, expect(release, sha=sha, **kw))
+    check_checkout(release, sha, report)
+    return report
+
+
+def test_the_releases_git_config_cannot_point_the_checks_at_a_pristine_copy(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """The release's build (it runs as servegate's user, in the checkout) edits a tracked
+    file, drops an untracked module, keeps a pristine copy of the tree and sets
+    ``core.worktree`` to it: git status, the tree hashes and ``ls-files --others`` then
+    all read the copy, while the service runs the edited checkout."""
+    marker = tmp_path / "shadow-ran"
+    pristine = release / ".git" / "pristine"  # git never lists its own directory
+    shutil.copytree(release, pristine, ignore=shutil.ignore_patterns(".git", "build"))
+    (release / "mmap.py").write_text(  # shadows the standard module for an -m launch
+        f"open({str(marker)!r}, 'w')\n"
+        "import sys\ndel sys.modules['mmap']\nsys.path.pop(0)\nimport mmap as _real\n"
+        "sys.modules['mmap'] = _real\n"
+    )
+    server = release / "stackpkg" / "server.py"
+    server.write_text(server.read_text().replace("time.sleep(0.05)", "time.sleep(0.05)  # edited"))
+    git(release, "config", "core.worktree", str(pristine))
+    s = start(services, release)
+    assert marker.exists()  # the untracked module ran
+    report = promoted(s, release)
+    found = checks(report)
+    # the same checkout without the redirect: both are found
+    git(release, "config", "--unset", "core.worktree")
+    assert {"untracked code mmap.py", "tracked tree clean"} <= set(checks(promoted(s, release)))
+    assert "untracked code mmap.py" in found, report.explain()
+    assert "tracked tree clean" in found, report.explain()
+
+
+@needs_py_spy
+def test_a_thread_of_code_compiled_under_a_frozen_name(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """``<frozen …>`` is skipped as interpreter bootstrap when a thread's own code is
+    looked for, but any code can be compiled under that name."""
+    foreign = tmp_path / "payload.py"
+    foreign.write_text(SPIN)
+    s = start(services, release, HOSTILE="frozen-name", FOREIGN=str(foreign))
+    report = promoted(s, release)
+    assert any("<frozen importlib._bootstrap>" in f for f in report.processes[0]["frames_pseudo"])
+    assert "thread runs code with no file" in checks(report), report.explain()
+
+
+@needs_py_spy
+def test_a_library_planted_in_the_venv_and_deleted_once_loaded(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """Written into the venv while the service runs is a finding; deleting it once
+    mapped turns it into a note ("replaced on disk since it was loaded"). A file made
+    with O_TMPFILE in the venv never has a name at all."""
+    venv = tmp_path / "venv"
+    make_venv(venv)
+    python = str(venv / "bin" / "python")
+    foreign = cc(tmp_path / "libforeign.so", "int f(void) { return 4; }\n", "-shared", "-fPIC")
+    passed = []
+    for how in ("plant-delete", "tmpfile"):
+        s = start(services, release, python=python, HOSTILE=how, FOREIGN=str(foreign))
+        mapped = Path(f"/proc/{s.pid}/maps").read_text()
+        assert f"{venv}/lib/" in mapped
+        assert "(deleted)" in mapped
+        if promoted(s, release, interpreter=python).ok:
+            passed.append(how)
+    assert not passed, f"provenance OK with foreign code mapped from the venv: {passed}"
+
+
+@needs_py_spy
+def test_a_python_c_child_whose_program_is_foreign_source(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """``<string>``'s ``<module>`` at the bottom of a stack is exempt as the program of
+    ``python -c`` (multiprocessing's spawn); a child whose -c program is source read from
+    elsewhere runs it all in that frame."""
+    foreign = tmp_path / "payload.py"
+    foreign.write_text("import math\n" + LOOP)
+    s = start(services, release, HOSTILE="dash-c", FOREIGN=str(foreign))
+    time.sleep(0.3)
+    report = promoted(s, release)
+    assert len(report.processes) == 2
+    assert not report.ok, "a -c program read from a foreign file: provenance OK"
+
+
+@needs_py_spy
+def test_fetched_source_executed_by_a_release_file_in_the_main_thread(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """exec() of source read at run time, called from the release's own file: its
+    frames are ``<string>`` above a file frame, never a thread's root."""
+    foreign = tmp_path / "payload.py"
+    foreign.write_text(SPIN + "spin()\n")
+    s = start(services, release, HOSTILE="exec-main", FOREIGN=str(foreign))
+    time.sleep(0.3)
+    report = promoted(s, release)
+    assert "<string>" in report.processes[0]["frames_pseudo"]
+    assert not report.ok, "fetched source exec'd in the main thread: provenance OK"
