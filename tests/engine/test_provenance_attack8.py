@@ -132,6 +132,43 @@ def test_the_releases_git_config_cannot_point_the_checks_at_a_pristine_copy(
     assert "tracked tree clean" in found, report.explain()
 
 
+def test_a_replace_ref_cannot_make_the_releases_commit_another_tree(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """``git replace SHA EVIL`` (refs/replace: in the bare clone every worktree shares)
+    leaves HEAD's id as SHA, but ``ls-tree SHA`` and every tree read then give EVIL's
+    tree: an untracked module and an edited file become "tracked at SHA"."""
+    sha = head(release)
+    marker = tmp_path / "shadow-ran"
+    (release / "mmap.py").write_text(
+        f"open({str(marker)!r}, 'w')\n"
+        "import sys\ndel sys.modules['mmap']\nsys.path.pop(0)\nimport mmap as _real\n"
+        "sys.modules['mmap'] = _real\n"
+    )
+    server = release / "stackpkg" / "server.py"
+    server.write_text(server.read_text().replace("time.sleep(0.05)", "time.sleep(0.05)  # edited"))
+    run = {"cwd": release, "check": True, "capture_output": True, "text": True}
+    subprocess.run(["git", "add", "-A", "stackpkg", "k.c", "mmap.py"], **run)  # type: ignore[call-overload]
+    tree = subprocess.run(["git", "write-tree"], **run).stdout.strip()  # type: ignore[call-overload]
+    evil = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit-tree",
+         tree, "-m", "release"], **run,  # type: ignore[call-overload]
+    ).stdout.strip()  # fmt: skip
+    git(release, "replace", sha, evil)
+    s = start(services, release)
+    assert marker.exists()
+    report = promoted(s, release)
+    assert head(release) == sha
+    found = checks(report)
+    # without the replacement the same checkout is not the commit's
+    git(release, "replace", "-d", sha)
+    (dirty,) = [f for f in promoted(s, release).findings if f.check == "tracked tree clean"]
+    assert "mmap.py" in dirty.found
+    assert "stackpkg/server.py" in dirty.found
+    git(release, "replace", sha, evil)
+    assert "tracked tree clean" in found, report.explain()
+
+
 @needs_py_spy
 def test_a_thread_of_code_compiled_under_a_frozen_name(
     release: Path, services: list[Service], tmp_path: Path
