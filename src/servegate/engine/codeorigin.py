@@ -117,13 +117,16 @@ def _git_lines(release_dir: Path, *args: str) -> list[str] | None:
     No optional locks and a minimal environment: a check must not change the checkout."""
     try:
         done = subprocess.run(
-            ["git", "-C", str(release_dir), *args],
+            # the release's own directory as the work tree, whatever its git configuration
+            # says (core.worktree), and its commit's own tree (never a replace ref's)
+            ["git", "--work-tree", str(release_dir), "-C", str(release_dir), *args],
             capture_output=True,
             timeout=60,
             check=False,
             env={
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "GIT_OPTIONAL_LOCKS": "0",
+                "GIT_NO_REPLACE_OBJECTS": "1",
                 "HOME": os.environ.get("HOME", "/"),
             },
         )

@@ -74,8 +74,11 @@ class _TimedRepo(git.Repo):
 def open_repo(path: Path) -> git.Repo:
     """A Repo for git commands, each with a deadline (:class:`_TimedGit`). servegate asks
     git (rev-parse, log, merge-base) rather than reading objects through GitPython, so no
-    long-lived ``git cat-file`` children outlive a command."""
-    return _TimedRepo(path)
+    long-lived ``git cat-file`` children outlive a command. Replace refs are never
+    honoured: ``git replace SHA OTHER`` would make every tree read of SHA give OTHER's."""
+    repo = _TimedRepo(path)
+    repo.git.update_environment(GIT_NO_REPLACE_OBJECTS="1")
+    return repo
 
 
 def head_of(repo: git.Repo, rev: str = "HEAD") -> str:
@@ -291,6 +294,13 @@ class HostRepo(StackRepo):
 
 def worktree_head(path: Path) -> str:
     return head_of(open_repo(path))
+
+
+def worktree_top(path: Path) -> str:
+    """The directory git reads as the checkout's work tree: ``path`` itself, unless the
+    checkout's configuration (``core.worktree``, a ``.git`` file naming another gitdir
+    that sets it) points git at another directory."""
+    return str(open_repo(path).git.rev_parse("--show-toplevel")).strip()
 
 
 def dirty_files(path: Path, rev: str = "HEAD") -> list[str]:

@@ -21,7 +21,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.pipeline import redact
-from servegate.pipeline.git import dirty_files, worktree_head
+from servegate.pipeline.git import dirty_files, worktree_head, worktree_top
 from servegate.release.context import Context
 from servegate.release.gate import (
     Decision,
@@ -173,6 +173,15 @@ def check_checkout(release_dir: Path, sha: str, report: provenance.Report) -> No
     head = worktree_head(release_dir)
     if head != sha:
         report.findings.append(provenance.Finding("checkout HEAD", sha, head))
+    top = worktree_top(release_dir)
+    if os.path.realpath(top) != os.path.realpath(release_dir):
+        report.findings.append(
+            provenance.Finding(
+                "checkout work tree",
+                f"{release_dir} (git's status and hashes read it)",
+                f"{top}: the checkout's git configuration points git at another directory",
+            )
+        )
     dirty = dirty_files(release_dir, sha)
     if dirty:
         shown = "; ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
