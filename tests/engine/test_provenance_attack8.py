@@ -46,6 +46,13 @@ def hostile(how, foreign):
         fd = os.open(os.path.join(sys.prefix, "lib"), os.O_TMPFILE | os.O_RDWR, 0o700)
         os.write(fd, open(foreign, "rb").read())
         ctypes.CDLL(f"/proc/self/fd/{fd}")
+    elif how == "mountns":  # a mount namespace of its own: a system library's path, foreign code
+        libc = ctypes.CDLL(None, use_errno=True)
+        target = os.environ["TARGET"].encode()
+        assert libc.unshare(0x00020000) == 0, os.strerror(ctypes.get_errno())  # CLONE_NEWNS
+        assert libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0  # rprivate
+        assert libc.mount(foreign.encode(), target, None, 0x1000, None) == 0  # MS_BIND
+        ctypes.CDLL(target.decode())
     elif how == "dash-c":  # a child whose whole program is foreign source
         subprocess.Popen([sys.executable, "-c", open(foreign).read()])
         time.sleep(0.5)
@@ -235,3 +242,30 @@ def test_fetched_source_executed_by_a_release_file_in_the_main_thread(
     report = promoted(s, release)
     assert "<string>" in report.processes[0]["frames_pseudo"]
     assert not report.ok, "fetched source exec'd in the main thread: provenance OK"
+
+
+@needs_py_spy
+def test_foreign_code_bound_over_a_system_library_in_a_mount_namespace(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """The service unshares its mount namespace (root, or any user where unprivileged
+    user namespaces are allowed: CLONE_NEWUSER|CLONE_NEWNS) and binds a foreign library
+    over a system one: its maps name the system path, which servegate reads in its own
+    namespace, where the file is the old, trusted one."""
+    mine = Path("/proc/self/maps").read_text()
+    libs = [
+        p
+        for p in sorted(Path("/usr/lib/x86_64-linux-gnu").glob("lib*.so.*"))
+        if p.is_file() and not p.is_symlink() and str(p) not in mine
+    ]
+    if os.geteuid() != 0 or not libs:
+        pytest.skip("needs root (or unprivileged user namespaces) and a system library")
+    target = str(libs[0])
+    foreign = cc(tmp_path / "libforeign.so", "int f(void) { return 4; }\n", "-shared", "-fPIC")
+    s = start(services, release, HOSTILE="mountns", FOREIGN=str(foreign), TARGET=target)
+    assert os.readlink(f"/proc/{s.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    rows = [r.split() for r in Path(f"/proc/{s.pid}/maps").read_text().splitlines()]
+    inodes = {int(r[4]) for r in rows if len(r) == 6 and r[5] == target}
+    assert inodes == {foreign.stat().st_ino}  # the foreign file, under the system path
+    report = promoted(s, release)
+    assert not report.ok, f"foreign code under {target}: provenance OK"
