@@ -53,6 +53,8 @@ def hostile(how, foreign):
         assert libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0  # rprivate
         assert libc.mount(foreign.encode(), target, None, 0x1000, None) == 0  # MS_BIND
         ctypes.CDLL(target.decode())
+    elif how == "pycache":  # source in a __pycache__ directory: a namespace package
+        __import__("stackpkg.__pycache__.payload")
     elif how == "dash-c":  # a child whose whole program is foreign source
         subprocess.Popen([sys.executable, "-c", open(foreign).read()])
         time.sleep(0.5)
@@ -269,3 +271,20 @@ def test_foreign_code_bound_over_a_system_library_in_a_mount_namespace(
     assert inodes == {foreign.stat().st_ino}  # the foreign file, under the system path
     report = promoted(s, release)
     assert not report.ok, f"foreign code under {target}: provenance OK"
+
+
+def test_untracked_source_in_a_pycache_directory_is_untracked_code(
+    release: Path, services: list[Service], tmp_path: Path
+) -> None:
+    """``__pycache__`` is left to the bytecode check, but a ``.py`` in it is no bytecode:
+    Python imports ``stackpkg.__pycache__.payload`` (a namespace package), and it may
+    then sit idle, unseen by any frame."""
+    marker = tmp_path / "payload-ran"
+    (release / "stackpkg" / "__pycache__").mkdir(exist_ok=True)
+    (release / "stackpkg" / "__pycache__" / "payload.py").write_text(
+        f"open({str(marker)!r}, 'w')\n"
+    )
+    s = start(services, release, HOSTILE="pycache")
+    assert marker.exists()
+    report = promoted(s, release)
+    assert "untracked code stackpkg/__pycache__/payload.py" in checks(report), report.explain()
