@@ -698,7 +698,9 @@ def untracked_code(release_dir: Path, artifacts: Mapping[str, str]) -> list[str]
         rel
         for rel in others
         if (rel.endswith("/") or rel.endswith(IMPORTABLE) or _linked_dir(release_dir / rel))
-        and "__pycache__" not in rel.split("/")
+        # bytecode in __pycache__ is judged against its source; any other file there is
+        # importable code (``pkg.__pycache__.mod``: a namespace package)
+        and not ("__pycache__" in rel.split("/") and rel.endswith(".pyc"))
         and rel not in artifacts
     )
 
