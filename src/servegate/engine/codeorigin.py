@@ -42,6 +42,7 @@ from servegate.engine.liveproc import (
     pyvenv,
     started_at,
 )
+from servegate.pipeline.gitenv import SAFE_ENV
 
 #: system library directories, and the engine runtimes' usual homes
 SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/opt/rocm",
@@ -126,8 +127,8 @@ def _git_lines(release_dir: Path, *args: str) -> list[str] | None:
             env={
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "GIT_OPTIONAL_LOCKS": "0",
-                "GIT_NO_REPLACE_OBJECTS": "1",
                 "HOME": os.environ.get("HOME", "/"),
+                **SAFE_ENV,
             },
         )
     except (OSError, subprocess.TimeoutExpired):
@@ -282,6 +283,7 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
     others = os.path.realpath(exp.releases_root) + os.sep if exp.releases_root else None
     mine = os.path.realpath(exp.release_dir)
     started = started_at(info.pid)
+    own_view = _own_view(info.pid)
     for m in info.mapped:
         real = where.real(m.path)
         if others and real.startswith(others) and not (real == mine or real.startswith(mine + "/")):
@@ -316,6 +318,8 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
         _judge_mapping(info, m, kind, detail, exp, where, report)
         if kind == "runtime" and not m.deleted:
             _check_planted(info, m.path, started, exp, report)
+        if own_view and not m.deleted:
+            _check_same_file(info, m.path, report)
 
 
 def _judge_mapping(
@@ -375,9 +379,50 @@ def _judge_mapping(
             )
         )
     elif kind == "runtime" and m.deleted:
-        report.weaker.append(
-            f"pid {info.pid} maps {m.path}, replaced on disk since it was loaded: "
-            "restart the service to run the file that is there now"
+        # what was mapped is no longer on disk: a package upgraded under the running
+        # service, or code planted in the venv and unlinked once loaded (or made nameless
+        # with O_TMPFILE). Nothing is left to judge it by, so it is not vouched for.
+        report.findings.append(
+            Finding(
+                "runtime code no longer on disk",
+                "runtime code that is on disk as it was loaded",
+                f"{m.path} (deleted): replaced or removed since the process loaded it, or "
+                "never given a name; restart the service to run what is there now",
+                info.pid,
+            )
+        )
+
+
+def _own_view(pid: int) -> bool:
+    """The process sees files through a mount namespace or root of its own (``unshare``,
+    a chroot, systemd's ``PrivateTmp``): a path in its maps may then name another file
+    than the same path here."""
+    try:
+        if os.readlink(f"/proc/{pid}/root") != "/":
+            return True
+        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False  # it ended, or its links are not ours to read: nothing more to see
+
+
+def _check_same_file(info: ProcInfo, path: str, report: Report) -> None:
+    """The file the process maps, looked up in its own view (``/proc/PID/root``), must be
+    the one servegate judged by the same path in its own: a service that unshares its
+    mount namespace can bind foreign code over a system library's path, and its maps
+    then name that trusted path while the code mapped is the foreign file."""
+    try:
+        here, there = os.stat(path), os.stat(f"/proc/{info.pid}/root{path}")
+    except OSError:
+        return  # gone here (judged as deleted), or not ours to read
+    if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+        report.findings.append(
+            Finding(
+                "mapped code differs in the process's own view",
+                f"{path} as servegate reads it (device {here.st_dev}, inode {here.st_ino})",
+                f"another file under that path in the process's mount namespace or root "
+                f"(device {there.st_dev}, inode {there.st_ino}): code bound over a trusted path",
+                info.pid,
+            )
         )
 
 

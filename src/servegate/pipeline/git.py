@@ -21,7 +21,7 @@ import git
 
 from servegate.errors import CommandFailed, GitRefusal
 from servegate.pipeline import proc
-from servegate.pipeline.gitenv import scrub_git_env
+from servegate.pipeline.gitenv import SAFE_ENV, scrub_git_env
 
 NOTES_REF = "refs/notes/servegate"
 #: origin's notes as last fetched; merged into NOTES_REF, never written over it
@@ -74,10 +74,10 @@ class _TimedRepo(git.Repo):
 def open_repo(path: Path) -> git.Repo:
     """A Repo for git commands, each with a deadline (:class:`_TimedGit`). servegate asks
     git (rev-parse, log, merge-base) rather than reading objects through GitPython, so no
-    long-lived ``git cat-file`` children outlive a command. Replace refs are never
-    honoured: ``git replace SHA OTHER`` would make every tree read of SHA give OTHER's."""
+    long-lived ``git cat-file`` children outlive a command. Its commands run with
+    :data:`SAFE_ENV`."""
     repo = _TimedRepo(path)
-    repo.git.update_environment(GIT_NO_REPLACE_OBJECTS="1")
+    repo.git.update_environment(**SAFE_ENV)
     return repo
 
 
