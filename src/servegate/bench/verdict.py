@@ -236,10 +236,14 @@ def _selected(
     lost = cs.missing.get(rule.metric, 0)
     if not lost or row["verdict"] != PASS or not cs.required:
         return row
+    cause = (
+        "the engine's histograms did not count their group"
+        if rule.metric.startswith("engine_")
+        else "a burst's client timings are dropped"
+    )
     why = (
-        f"{row['why']}; but {lost} of {cs.trials} valid trials have no {rule.metric} (a "
-        f"burst's client timings are dropped): judged on the rest, the samples are a "
-        f"selection, not a pass"
+        f"{row['why']}; but {lost} of {cs.trials} valid trials have no {rule.metric} "
+        f"({cause}): judged on the rest, the samples are a selection, not a pass"
     )
     if final and st.inconclusive != "evidence":
         verdict = PASS if st.inconclusive == "pass" else FAIL
