@@ -16,6 +16,7 @@ Two kinds of evidence, both read from outside the process:
 
 from __future__ import annotations
 
+import _imp
 import functools
 import glob
 import json
@@ -23,6 +24,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import time
 import types
 from collections.abc import Mapping
@@ -525,10 +527,20 @@ def check_frames(
             found += " (no longer on disk: loaded before it was removed)"
         report.findings.append(Finding(check, expected, found, info.pid))
     mismatched: set[tuple[str, str, int]] = set()
+    # the same interpreter freezes the same modules: `<frozen NAME>` frames can be checked
+    # against its own frozen code (another interpreter's may differ by a patch release)
+    same_interpreter = hasattr(_imp, "get_frozen_object") and (
+        os.path.realpath(info.exe) == os.path.realpath(sys.executable)
+    )
     for stack in seen.stacks:
         _check_thread_root(info, stack, report)
         for frame in stack:
             name = frame.name.rsplit(".", 1)[-1]  # a qualified name: "Outer.<lambda>"
+            if same_interpreter and frame.file.startswith("<frozen ") and name != "<module>":
+                frozen = _frozen_functions(frame.file.removeprefix("<frozen ").rstrip(">"))
+                if frozen is None or not any(a <= frame.line <= b for a, b in frozen.get(name, [])):
+                    mismatched.add((frame.file, name, frame.line))
+                continue
             if (
                 frame.pseudo
                 or frame.line <= 0
@@ -618,6 +630,22 @@ def _compiled_functions(
         code = compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)
     except (OSError, SyntaxError, ValueError):
         return None
+    return _spans(code)
+
+
+@functools.lru_cache(maxsize=256)
+def _frozen_functions(module: str) -> dict[str, list[tuple[int, int]]] | None:
+    """The code objects of a module frozen into this interpreter (``<frozen NAME>``), as
+    :func:`_functions` gives them for a file; None when this interpreter freezes no
+    such module."""
+    try:
+        code = _imp.get_frozen_object(module)
+    except ImportError:
+        return None
+    return _spans(code) if isinstance(code, types.CodeType) else None
+
+
+def _spans(code: types.CodeType) -> dict[str, list[tuple[int, int]]]:
     out: dict[str, list[tuple[int, int]]] = {}
     todo = [code]
     while todo:
