@@ -9,19 +9,8 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from servegate.bench import results, verdict
-from servegate.bench.results import CaseSamples, Samples
-
-
-def samples(values: dict[str, list[float]], case: str = "regular-16k") -> Samples:
-    cs = CaseSamples(case, True, True, len(next(iter(values.values()), [])), values, {})
-    return Samples("test", "servegate-bench/1", {"digest": "x"}, {case: cs})
-
-
-def _with_reference(s: Samples, rates: list[float]) -> Samples:
-    for cs in s.cases.values():
-        cs.reference = rates
-    return s
-
+from servegate.bench.results import Samples
+from tests.bench.test_stats_verdict import _with_reference, samples
 
 BASE = [63.0, 64.1, 62.7, 63.5, 63.2]
 RULES = [verdict.Rule("generation_tps", "higher", 0.05)]

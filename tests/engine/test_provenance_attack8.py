@@ -23,6 +23,7 @@ from tests.engine.test_provenance_observed import (  # the fixtures, shared
     checks,
     expect,
     git,
+    make_release,
     make_venv,
     needs_py_spy,
     services,
@@ -82,16 +83,7 @@ LOOP = "import time\nwhile True:\n    time.sleep(0.01)\n"
 
 @pytest.fixture
 def release(tmp_path: Path) -> Path:
-    path = tmp_path / "releases" / "a"
-    (path / "stackpkg").mkdir(parents=True)
-    (path / "stackpkg" / "__init__.py").write_text("")
-    (path / "stackpkg" / "server.py").write_text(SERVER)
-    cc(path / "build" / "libk.so", "int k(void) { return 1; }\n", "-shared", "-fPIC")
-    shutil.move(path / "build" / "libk.c", path / "k.c")
-    git(path, "init", "-q")
-    git(path, "add", "stackpkg", "k.c")
-    git(path, "commit", "-qm", "release")
-    return path
+    return make_release(tmp_path, SERVER)
 
 
 def head(release: Path) -> str:

@@ -102,10 +102,15 @@ def git(path: Path, *args: str) -> None:
 
 @pytest.fixture
 def release(tmp_path: Path) -> Path:
+    return make_release(tmp_path, SERVER)
+
+
+def make_release(tmp_path: Path, server: str) -> Path:
+    """A committed release whose ``stackpkg.server`` is ``server``, with a built library."""
     path = tmp_path / "releases" / "a"
     (path / "stackpkg").mkdir(parents=True)
     (path / "stackpkg" / "__init__.py").write_text("")
-    (path / "stackpkg" / "server.py").write_text(SERVER)
+    (path / "stackpkg" / "server.py").write_text(server)
     cc(path / "build" / "libk.so", "int k(void) { return 1; }\n", "-shared", "-fPIC")
     shutil.move(path / "build" / "libk.c", path / "k.c")
     git(path, "init", "-q")

@@ -204,8 +204,7 @@ def _decide(
         row.update(verdict=undecided or INCONCLUSIVE,
                    why="fewer than two samples on a side: nothing to compare yet")  # fmt: skip
         if final and not undecided:
-            row["verdict"] = PASS if st.inconclusive == "pass" else FAIL
-            row["why"] += f"; at the cap policy '{st.inconclusive}' decides"
+            row["verdict"], row["why"] = _flat(st, row["why"])
         return row
     row.update(
         ratio=round(c.ratio, 4),
@@ -245,11 +244,17 @@ def _selected(
         f"{row['why']}; but {lost} of {cs.trials} valid trials have no {rule.metric} "
         f"({cause}): judged on the rest, the samples are a selection, not a pass"
     )
+    verdict = INCONCLUSIVE
     if final and st.inconclusive != "evidence":
-        verdict = PASS if st.inconclusive == "pass" else FAIL
-        return {**row, "verdict": verdict, "why": f"{why}; at the cap policy "
-                f"'{st.inconclusive}' decides"}  # fmt: skip
-    return {**row, "verdict": INCONCLUSIVE, "why": why}
+        verdict, why = _flat(st, why)
+    return {**row, "verdict": verdict, "why": why}
+
+
+def _flat(st: Settings, why: str) -> tuple[str, str]:
+    """The flat policies at the cap: ``pass`` PASSes, ``fail`` (and ``evidence`` where it
+    has nothing to weigh) FAILs, saying so."""
+    verdict = PASS if st.inconclusive == "pass" else FAIL
+    return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
 
 
 def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
@@ -423,8 +428,7 @@ def _policy(
         else ""
     )
     if st.inconclusive != "evidence":
-        verdict = PASS if st.inconclusive == "pass" else FAIL
-        return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
+        return _flat(st, why)
     if c.d < math.log(1 - rule.tolerance):
         return INCONCLUSIVE, (
             f"{why}: at the cap the estimate is a loss of {1 - c.ratio:.0%}, beyond the "
