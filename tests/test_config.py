@@ -122,9 +122,18 @@ def test_valid_tag_patterns_load(tag: str) -> None:
         assert config.ref_name_problem(name) == ""
 
 
-def test_gate_max_resolution_is_a_fraction_up_to_one() -> None:
-    assert parse(MINIMAL + "[gate]\nmax_resolution = 1\n").gate.max_resolution == 1
-    assert parse(MINIMAL).gate.max_resolution == 0.75
-    for bad in ("0", "1.5", "-0.2"):
-        with pytest.raises(ConfigError, match=r"gate.max_resolution must be in \(0, 1\]"):
-            parse(MINIMAL + f"[gate]\nmax_resolution = {bad}\n")
+def test_the_no_evidence_escapes_are_refused_with_what_to_do() -> None:
+    """ "No evidence of a loss" is no PASS: the settings that made it one are refused by
+    name, with the fix, rather than silently ignored or read as unknown keys."""
+    with pytest.raises(ConfigError, match="gate.max_resolution is no longer a setting") as err:
+        parse(MINIMAL + "[gate]\nmax_resolution = 0.75\n")
+    assert "excludes the" in err.value.hint
+    with pytest.raises(ConfigError, match="gate.inconclusive = 'evidence' is gone") as err:
+        parse(MINIMAL + '[gate]\ninconclusive = "evidence"\n')
+    assert "'pass'" in err.value.hint
+    cfg = parse(MINIMAL)
+    assert cfg.gate.inconclusive == "inconclusive"
+    assert cfg.gate.restart_offset == 0.02  # never 0: nothing measured is no quiet box
+    for bad in ("0", "1", "-0.1"):
+        with pytest.raises(ConfigError, match=r"gate.restart_offset must be in \(0, 1\)"):
+            parse(MINIMAL + f"[gate]\nrestart_offset = {bad}\n")

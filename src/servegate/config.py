@@ -338,19 +338,22 @@ class Gate:
     floors: str = ""
     #: ``live``: the live release's recorded samples; or the path of a result file
     baseline: str = "live"
-    #: probability that an unchanged release FAILs a check (all its deciding rows)
+    #: probability that an unchanged release is rolled back by a check (all its deciding
+    #: rows): half of it for a false FAIL, half for a row left open at the cap
     false_alarm: float = 0.05
     #: probability that a loss of a rule's tolerance PASSes
     miss: float = 0.01
-    #: a change of the reference workload beyond this fraction between the baseline and
-    #: the candidate is a change of the machine: INCONCLUSIVE, never a verdict
-    drift: float = 0.10
-    #: decides rows still INCONCLUSIVE at bench.max_repetitions: evidence (no evidence of
-    #: a loss: PASS, saying which loss the samples resolved; an estimate beyond the
-    #: tolerance stays INCONCLUSIVE), fail or pass
-    inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
-    #: ``evidence`` PASSes an open row only if its samples resolve a loss of at most this
-    max_resolution: float = 0.75
+    #: a change of the reference workload between the baseline and the candidate that is
+    #: significant and beyond this fraction is a change of the machine: the row is judged
+    #: both as measured and credited with it, and only a verdict both agree on stands
+    drift: float = 0.01
+    #: what a row still open at bench.max_repetitions becomes: ``inconclusive`` (rolled
+    #: back: a PASS needs an interval that excludes the tolerated loss), ``fail``, or
+    #: ``pass`` (no evidence of a loss is then taken as a pass)
+    inconclusive: Literal["inconclusive", "fail", "pass"] = "inconclusive"
+    #: the restart-to-restart offset (a log SD, 0.02: about 2 %) the gate assumes where
+    #: neither ``servegate bench noise`` nor its own service starts measured it; never 0
+    restart_offset: float = 0.02
     #: rows without a baseline: ``fail``, or ``first-release``: pass (floors and validity
     #: decide) only while the host has no released record of the stack at all
     no_baseline: Literal["first-release", "fail"] = "fail"
@@ -500,6 +503,13 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
             raise ConfigError(f"{where} must be a table, e.g. [{where}]")
         return _build(tp, value, where, environ)
     if origin is Literal:
+        if where == "gate.inconclusive" and value == "evidence":
+            raise ConfigError(
+                "gate.inconclusive = 'evidence' is gone: it PASSed rows whose interval could "
+                "not exclude the tolerated loss",
+                hint="remove it (the default 'inconclusive' rolls an open row back), or set "
+                "'pass' if no evidence of a loss is enough for you",
+            )
         if value not in typing.get_args(tp):
             allowed = ", ".join(repr(a) for a in typing.get_args(tp))
             raise ConfigError(
@@ -541,6 +551,14 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
     raise ConfigError(f"{where} must be of type {getattr(tp, '__name__', tp)}, not {value!r}")
 
 
+#: settings taken out, and what to do instead
+REMOVED = {
+    ("gate", "max_resolution"): "remove it: a row PASSes only when its interval excludes the "
+    "tolerated loss (docs/bench.md#what-pass-means); `servegate bench noise` says which "
+    "tolerance this box resolves",
+}
+
+
 def _build(
     cls: type[Any], data: Mapping[str, Any], section: str, environ: Mapping[str, str]
 ) -> Any:
@@ -548,6 +566,8 @@ def _build(
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
     prefix = f"{section}." if section else ""
     for key in data:
+        if (section, key) in REMOVED:
+            raise ConfigError(f"{section}.{key} is no longer a setting", hint=REMOVED[section, key])
         if key not in fields:
             place = f"[{section}]" if section else "the top level"
             raise ConfigError(
@@ -726,14 +746,9 @@ def _validate_bench(cfg: Config) -> None:
             "gate.checks is empty: a gate without checks would pass every release",
             hint='name at least one check, e.g. checks = ["smoke"] (the default)',
         )
-    for key in ("false_alarm", "miss", "drift"):
+    for key in ("false_alarm", "miss", "drift", "restart_offset"):
         if not 0 < getattr(cfg.gate, key) < 1:
             raise ConfigError(f"gate.{key} must be in (0, 1)")
-    if not 0 < cfg.gate.max_resolution <= 1:
-        raise ConfigError(
-            "gate.max_resolution must be in (0, 1]",
-            hint="1 lets the evidence policy pass rows whose samples resolve no loss at all",
-        )
     for rule in cfg.gate.rules:
         if not 0 <= rule.tolerance < 1:
             raise ConfigError(f"gate.rules {rule.metric}: tolerance must be in [0, 1)")

@@ -72,6 +72,16 @@ class Noise:
             out["offset_confidence"] = CONFIDENCE
         return out
 
+    def evidence(self) -> tuple[int, float, float]:
+        """What the gate pools with its own service starts: (degrees of freedom, the
+        variance of a start's mean, its within-start part), recovered from the record
+        (from the point estimate where it is above 0, else from the bound)."""
+        df = self.starts - 1
+        within = self.cv**2 / (self.samples / self.starts)
+        if self.offset_estimate:
+            return df, self.offset_estimate**2 + within, within
+        return df, (self.offset**2 + within) * float(chdtri(df, CONFIDENCE)) / df, within
+
     @classmethod
     def from_dict(cls, v: Mapping[str, Any]) -> Noise:
         """A row as :meth:`as_dict` wrote it; ValueError (or KeyError, TypeError) when it

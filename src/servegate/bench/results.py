@@ -42,6 +42,23 @@ class CaseSamples:
     #: per metric, the valid trials without a value (a burst's dropped client timings,
     #: a group the engine's histograms did not count): the samples are the rest
     missing: dict[str, int] = field(default_factory=dict)
+    #: per metric, the service start each sample was measured in (parallel to
+    #: ``metrics``); empty: not kept (an older record, another harness)
+    blocks: dict[str, list[int]] = field(default_factory=dict)
+
+    def blocks_of(self, metric: str) -> list[int] | None:
+        """Each sample's service start, where known; else, for samples that a record says
+        came from several starts without saying which, spread in order as the gate
+        measured them (even chunks); None: one start."""
+        values = self.metrics.get(metric) or []
+        known = self.blocks.get(metric)
+        if known is not None and len(known) == len(values):
+            return known
+        if self.starts <= 1 or len(values) < 2:
+            return None
+        k = min(self.starts, len(values))
+        sizes = [len(values) // k + (1 if i < len(values) % k else 0) for i in range(k)]
+        return [i for i, size in enumerate(sizes) for _ in range(size)]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +71,7 @@ class CaseSamples:
             "reference_workload": self.reference_workload,
             "starts": self.starts,
             "missing": self.missing,
+            "blocks": self.blocks,
         }
 
 
@@ -89,6 +107,7 @@ def from_record(doc: Mapping[str, Any], source: str) -> Samples:
             str(c.get("reference_workload") or ""),
             max(1, int(c.get("starts") or 1)),
             {str(k): int(v) for k, v in (c.get("missing") or {}).items()},
+            {str(k): [int(b) for b in v] for k, v in (c.get("blocks") or {}).items()},
         )
         for cid, c in (doc.get("cases") or {}).items()
     }
@@ -100,10 +119,14 @@ def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:
     """servegate's own result document."""
     cases: dict[str, CaseSamples] = {}
     for case in doc.get("cases") or []:
-        groups = [list(g.get("trials") or []) for g in case.get("groups") or []]
-        cs = _case(case["id"], bool(case.get("required", True)), [t for g in groups for t in g])
+        docs = case.get("groups") or []
+        groups = [list(g.get("trials") or []) for g in docs]
+        starts = [int(g.get("start", 0) or 0) for g in docs]
+        flat = [t for g in groups for t in g]
+        cs = _case(case["id"], bool(case.get("required", True)), flat,
+                   [s for g, s in zip(groups, starts, strict=True) for _ in g])  # fmt: skip
         if any(len(g) > 1 for g in groups):
-            cs.metrics = _per_group(groups)
+            cs.metrics, cs.blocks = _per_group(groups, starts)
         refs = [
             g["reference"]
             for g in case.get("groups") or []
@@ -119,9 +142,12 @@ def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:
                    str(doc.get("status")))  # fmt: skip
 
 
-def _case(cid: str, required: bool, trials: list[Mapping[str, Any]]) -> CaseSamples:
+def _case(
+    cid: str, required: bool, trials: list[Mapping[str, Any]], starts: list[int] | None = None
+) -> CaseSamples:
+    """``starts``: each trial's service start (None: not known)."""
     cs = CaseSamples(cid, required, valid=bool(trials), trials=len(trials))
-    for t in trials:
+    for i, t in enumerate(trials):
         if not t.get("performance_valid"):
             cs.valid = False
             for code in t.get("invalid_reasons") or ["invalid"]:
@@ -131,6 +157,8 @@ def _case(cid: str, required: bool, trials: list[Mapping[str, Any]]) -> CaseSamp
             v = t.get(m)
             if isinstance(v, int | float) and not isinstance(v, bool):
                 cs.metrics.setdefault(m, []).append(float(v))
+                if starts is not None:
+                    cs.blocks.setdefault(m, []).append(starts[i])
             else:
                 cs.missing[m] = cs.missing.get(m, 0) + 1
     # a metric no valid trial has is not measured here (no engine clock): nothing missing
@@ -138,7 +166,9 @@ def _case(cid: str, required: bool, trials: list[Mapping[str, Any]]) -> CaseSamp
     return cs
 
 
-def _per_group(groups: list[list[Mapping[str, Any]]]) -> dict[str, list[float]]:
+def _per_group(
+    groups: list[list[Mapping[str, Any]]], starts: list[int]
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """One sample per group and metric: the geometric mean of the group's trials.
 
     At concurrency above 1 the streams of a group share the box and the engine's batches,
@@ -147,9 +177,10 @@ def _per_group(groups: list[list[Mapping[str, Any]]]) -> dict[str, list[float]]:
     streams are 12 samples holding 3 values, and the gate's interval shrinks by about
     half (an unchanged release FAILed 30 % of checks at a group CV of 4 %). The groups
     are the repetitions; the gate judges one value each. Only valid trials count (an
-    invalid one makes the case invalid anyway)."""
+    invalid one makes the case invalid anyway). Beside them, each sample's service start."""
     out: dict[str, list[float]] = {}
-    for trials in groups:
+    blocks: dict[str, list[int]] = {}
+    for trials, start in zip(groups, starts, strict=True):
         for m in METRICS:
             vals = [
                 float(v)
@@ -161,10 +192,11 @@ def _per_group(groups: list[list[Mapping[str, Any]]]) -> dict[str, list[float]]:
             if not vals:
                 continue
             if all(math.isfinite(v) and v > 0 for v in vals):
-                out.setdefault(m, []).append(math.exp(math.fsum(map(math.log, vals)) / len(vals)))
-            else:  # not a measurement: kept as is, for the gate to refuse by name
-                out.setdefault(m, []).extend(vals)
-    return out
+                vals = [math.exp(math.fsum(map(math.log, vals)) / len(vals))]
+            # else not a measurement: kept as is, for the gate to refuse by name
+            out.setdefault(m, []).extend(vals)
+            blocks.setdefault(m, []).extend([start] * len(vals))
+    return out, blocks
 
 
 def _tier_of(nominal: Any) -> str | None:

@@ -62,6 +62,10 @@ class Comparison:
     #: the variance the candidate's scatter may add to the baseline's without being
     #: erratic: the restart offset's, when its samples come from several service starts
     spread: float = 0.0
+    #: the service starts each side's samples came from
+    starts: tuple[int, int] = (1, 1)
+    #: each side's within-start share of Var(d) (the part more samples shrink)
+    var_within: tuple[float, float] = (0.0, 0.0)
 
     @property
     def ratio(self) -> float:
@@ -93,37 +97,175 @@ def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
     return mean, math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
 
 
+def _blocks(logs: Sequence[float], blocks: Sequence[int] | None) -> list[list[float]]:
+    """The samples of each service start, in order of first appearance."""
+    if blocks is None or len(blocks) != len(logs):
+        return [list(logs)]
+    out: dict[int, list[float]] = {}
+    for x, b in zip(logs, blocks, strict=True):
+        out.setdefault(b, []).append(x)
+    return list(out.values())
+
+
+@dataclass(frozen=True)
+class SideStats:
+    """One side's log samples, by service start: the estimate is the mean of the starts'
+    means (each start weighs the same, so a start's offset enters as ``offset² / k``)."""
+
+    mean: float
+    #: the pooled within-start variance and its degrees of freedom
+    within: float
+    df: int
+    #: Var(mean) = within * factor + offset² / starts
+    factor: float
+    starts: int
+    n: int
+    #: the variance of the starts' means (0 with one start)
+    between: float
+
+    @classmethod
+    def of(cls, logs: Sequence[float], blocks: Sequence[int] | None = None) -> SideStats:
+        groups = [g for g in _blocks(logs, blocks) if g]
+        means = [math.fsum(g) / len(g) for g in groups]
+        k, n = len(groups), sum(len(g) for g in groups)
+        ss = math.fsum((x - m) ** 2 for g, m in zip(groups, means, strict=True) for x in g)
+        df = n - k
+        factor = math.fsum(1 / len(g) for g in groups) / k**2
+        between = _mean_var(means)[1] if k >= 2 else 0.0
+        if df > 0:
+            within = ss / df
+        else:  # one sample a start: the starts' scatter is all there is, offset included
+            within, df, factor = between * k, k - 1, 1 / k
+        return cls(math.fsum(means) / k, within, df, factor, k, n, between)
+
+    @property
+    def own_offset(self) -> tuple[int, float, float] | None:
+        """(df, variance of a start's mean, its within-start part) from this side's own
+        starts: evidence on the restart offset (None with fewer than two starts)."""
+        if self.starts < 2 or self.n == self.starts:
+            return None
+        return self.starts - 1, self.between, self.within * self.factor * self.starts
+
+
+def offset_bound(sources: Sequence[tuple[int, float, float]], confidence: float = 0.80) -> float:
+    """The restart offset's upper confidence bound (a log SD) from independent sets of
+    service starts, each ``(df, variance of a start's mean, the within-start part of
+    it)``: the starts' variances pooled by their degrees of freedom, bounded by the chi²
+    interval of a variance as ``servegate bench noise`` bounds its own."""
+    from scipy.special import chdtri
+
+    df = sum(s[0] for s in sources)
+    if df < 1:
+        raise ValueError("no two starts: nothing bounds the offset")
+    between = math.fsum(d * b for d, b, _ in sources) / df
+    within = math.fsum(d * w for d, _, w in sources) / df
+    upper = df * between / float(chdtri(df, confidence))
+    return math.sqrt(max(0.0, upper - within))
+
+
 def compare(
     base: Sequence[float],
     cand: Sequence[float],
     lower_is_better: bool = False,
     offset: float = 0.0,
     starts: tuple[int, int] = (1, 1),
+    blocks: tuple[Sequence[int] | None, Sequence[int] | None] = (None, None),
+    prior: tuple[int, float] | None = None,
 ) -> Comparison | None:
     """Welch on log rates; None when either side has fewer than two positive samples.
 
     ``offset``: the SD of a service start's log offset (the box's restart-to-restart
-    noise); a side measured over ``k`` service starts (``starts``: baseline, candidate)
-    carries ``offset**2 / k`` of it, so it adds ``offset**2 * (1/kb + 1/kc)`` to the
-    variance of ``d``."""
+    noise); a side measured over ``k`` service starts carries ``offset**2 / k`` of it.
+    ``blocks`` (baseline, candidate): the service start of each sample; a side's estimate
+    is then the mean of its starts' means and its within variance is pooled within the
+    starts. Without them ``starts`` says how many starts a side's samples came from.
+    ``prior``: the box's within-start log variance from ``bench noise`` (degrees of
+    freedom, variance), pooled with both sides'."""
     lb, lc = _logs(base), _logs(cand)
     if len(lb) < 2 or len(lc) < 2:
         return None
-    (mb, vb), (mc, vc) = _mean_var(lb), _mean_var(lc)
-    vb_raw, vc_raw = vb, vc
-    d = mb - mc if lower_is_better else mc - mb
-    vb, vc = vb / len(lb), vc / len(lc)
+    bb = blocks[0] if blocks[0] is not None and len(blocks[0]) == len(base) else None
+    bc = blocks[1] if blocks[1] is not None and len(blocks[1]) == len(cand) else None
+    sb = SideStats.of(lb, [b for b, v in zip(bb, base, strict=True) if v > 0] if bb else None)
+    sc = SideStats.of(lc, [b for b, v in zip(bc, cand, strict=True) if v > 0] if bc else None)
+    d = sb.mean - sc.mean if lower_is_better else sc.mean - sb.mean
+    # the box's within-start variance, pooled over both sides and the noise record: an
+    # unchanged release scatters like its baseline (one that scatters more only widens
+    # the interval, and :func:`more_scattered` names it); a three-sample baseline alone
+    # would leave the t test two degrees of freedom
+    ss = sb.within * sb.df + sc.within * sc.df + (prior[0] * prior[1] if prior else 0.0)
+    df_w = sb.df + sc.df + (prior[0] if prior else 0)
+    pooled = ss / df_w if df_w > 0 else 0.0
+    vb, vc = pooled * sb.factor, pooled * sc.factor
     within = vb + vc
-    if within > 0:
-        df = within**2 / (vb**2 / (len(lb) - 1) + vc**2 / (len(lc) - 1))
-    else:
-        df = math.inf  # identical samples: only the offset (if any) is uncertain
-    kb, kc = (max(k, 1) for k in starts)
+    df = float(df_w) if within > 0 and df_w > 0 else math.inf
+    kb = sb.starts if bb else max(starts[0], 1)
+    kc = sc.starts if bc else max(starts[1], 1)
     se = math.sqrt(within + offset**2 * (1 / kb + 1 / kc))
     if se == 0:
         se = 1e-12  # two exactly repeated sample sets: any loss at all is decisive
     spread = offset**2 if kc > 1 else 0.0
-    return Comparison(d, se, df, len(lb), len(lc), math.sqrt(vb_raw), math.sqrt(vc_raw), spread)
+    return Comparison(
+        d, se, df, len(lb), len(lc), math.sqrt(sb.within), math.sqrt(sc.within), spread,
+        (kb, kc), (vb, vc),
+    )  # fmt: skip
+
+
+def tail_p(slow_cand: int, n_cand: int, slow_base: int, n_base: int) -> float:
+    """One-sided Fisher exact test: the probability of at least ``slow_cand`` far-slow
+    trials on the candidate if both sides shared one rate (a hypergeometric tail)."""
+    total, slow = n_cand + n_base, slow_cand + slow_base
+    if slow_cand == 0 or total == 0:
+        return 1.0
+    denom = math.comb(total, n_cand)
+    hi = min(slow, n_cand)
+    return min(1.0, math.fsum(
+        math.comb(slow, x) * math.comb(total - slow, n_cand - x) for x in range(slow_cand, hi + 1)
+    ) / denom)  # fmt: skip
+
+
+#: a sample farther than this many robust SDs from its side's median is an outlier ...
+OUTLIER_Z = 5.0
+#: ... and at least this far (log: about 12 %): ordinary scatter is never one
+OUTLIER_MIN = 0.12
+#: the robust SD is never taken below this (log): identical samples flag nothing small
+OUTLIER_FLOOR = 0.005
+#: a side needs this many samples for its median to mean anything
+OUTLIER_SIDE = 4
+#: at most one sample in this many (and at least one) is set apart on a side
+OUTLIER_SHARE = 5
+
+
+def outliers(base: Sequence[float], cand: Sequence[float]) -> tuple[list[int], list[int]]:
+    """Indices of the samples far from their side's bulk: more than :data:`OUTLIER_Z`
+    robust SDs (the median absolute deviation of both sides' log samples from their own
+    side's median, pooled) and more than :data:`OUTLIER_MIN` from the side's median. A
+    side needs three samples for its median to mean anything. Both directions count;
+    :func:`servegate.bench.verdict` tells the slow ones apart."""
+    sides = [_logs_all(base), _logs_all(cand)]
+    resid: list[list[float]] = []
+    for logs in sides:
+        if len(logs) >= OUTLIER_SIDE:
+            med = statistics.median(x for x in logs if math.isfinite(x))
+            resid.append([x - med for x in logs])
+        else:
+            resid.append([0.0] * len(logs))
+    pooled = [abs(r) for rs in resid for r in rs if math.isfinite(r)]
+    if not pooled:
+        return [], []
+    scale = max(1.4826 * statistics.median(pooled), OUTLIER_FLOOR)
+    cut = max(OUTLIER_Z * scale, OUTLIER_MIN)
+    flagged = []
+    for rs in resid:
+        far = [i for i, r in enumerate(rs) if abs(r) > cut]
+        # a few far samples are outliers; many are the side's own spread, judged whole
+        flagged.append(far if len(far) <= max(1, len(rs) // OUTLIER_SHARE) else [])
+    return flagged[0], flagged[1]
+
+
+def _logs_all(values: Sequence[float]) -> list[float]:
+    """log of each value, position kept (not a number: nan)."""
+    return [math.log(v) if v > 0 and math.isfinite(v) else math.nan for v in values]
 
 
 def more_scattered(c: Comparison, alpha: float, at_least: float = 2.0) -> float | None:
@@ -180,6 +322,17 @@ def _se(cv: float, offset: float, n: int, starts: int = 1) -> float:
     return math.sqrt(2 * cv**2 / max(n, 1) + 2 * offset**2 / max(starts, 1))
 
 
+def _final_level(level: float, schedule: Sequence[float]) -> float:
+    """The nominal level of the last look's group-sequential boundary for looks whose
+    variances are ``schedule`` (the last one the cap's)."""
+    from servegate.bench import sequential
+
+    if len(schedule) <= 1:
+        return level
+    info = [1 / max(v, 1e-18) for v in schedule]
+    return sequential.nominal(sequential.boundaries(info, level)[-1])
+
+
 def plan(
     cv: float,
     offset: float,
@@ -190,16 +343,29 @@ def plan(
     reps: int,
     cap: int,
     starts: int = 1,
+    prior_df: int = 0,
 ) -> int | None:
-    """Repetitions a side (from ``reps``, one more a look) at which a sequential gate on a
-    box with within-run ``cv`` and restart ``offset`` (both as log SDs), each side spread
-    over ``starts`` service starts, resolves ``tolerance`` at the given error rates; None:
-    not within ``cap``."""
+    """Repetitions a side at which a gate on a box with within-run ``cv`` and restart
+    ``offset`` (both log SDs), each side spread over ``starts`` service starts, lets an
+    unchanged release PASS every row with probability ``1 - false_alarm`` while a loss of
+    ``tolerance`` PASSes a row at most ``miss`` (the last look's group-sequential
+    boundary over looks from ``reps``); None: not within ``cap``."""
     for n in range(max(2, reps, starts), cap + 1):
-        levels = Levels.split(false_alarm, miss, rows, n - reps + 1)
-        if _se(cv, offset, n, starts) * _z(levels, 2 * n - 2) <= abs(midpoint(tolerance)):
+        if _resolved(cv, offset, false_alarm, miss, rows, reps, n, starts, prior_df) <= tolerance:
             return n
     return None
+
+
+def _resolved(
+    cv: float, offset: float, false_alarm: float, miss: float, rows: int, reps: int, n: int,
+    starts: int, prior_df: int = 0,
+) -> float:  # fmt: skip
+    """The smallest loss a gate that ends at ``n`` a side tells from none at these rates."""
+    schedule = [_se(cv, offset, m, starts) ** 2 for m in range(min(reps, n), n + 1)]
+    df = max(2 * (n - starts), 1) + prior_df
+    z_pass = t_quantile(1 - _final_level(miss, schedule), df)
+    z_power = t_quantile(1 - false_alarm / 2 / max(rows, 1), math.inf)
+    return 1 - math.exp(-(z_pass + z_power) * _se(cv, offset, n, starts))
 
 
 def plan_starts(
@@ -212,22 +378,26 @@ def plan_starts(
     reps: int,
     cap: int,
     max_starts: int,
+    prior_df: int = 0,
 ) -> tuple[int, int] | None:
     """(repetitions, service starts) a side that resolve ``tolerance``: the fewest starts
     first (a restart costs a model load; a repetition, one request), then the fewest
     repetitions; None when no split within ``cap`` and ``max_starts`` resolves it. The
     restart offset is what only more starts average away."""
     for k in range(1, max(1, max_starts) + 1):
-        n = plan(cv, offset, tolerance, false_alarm, miss, rows, reps, cap, k)
+        n = plan(cv, offset, tolerance, false_alarm, miss, rows, reps, cap, k, prior_df)
         if n is not None:
             return n, k
     return None
 
 
-def resolvable(cv: float, offset: float, levels: Levels, n: int, starts: int = 1) -> float:
-    """The smallest tolerance a gate resolves with ``n`` repetitions a side over
-    ``starts`` service starts."""
-    return 1 - math.exp(-2 * _z(levels, 2 * n - 2) * _se(cv, offset, n, starts))
+def resolvable(
+    cv: float, offset: float, levels: Levels, n: int, starts: int = 1, prior_df: int = 0
+) -> float:
+    """The smallest tolerance a gate of ``n`` repetitions a side over ``starts`` service
+    starts resolves: an unchanged release PASSes a row with probability ``1 -
+    levels.alpha`` and a loss of it PASSes at most ``levels.beta``."""
+    return _resolved(cv, offset, 2 * levels.alpha, levels.beta, 1, n, n, starts, prior_df)
 
 
 def resolution(c: Comparison, levels: Levels) -> float:

@@ -5,13 +5,27 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
 - a required case with an invalid trial, or without samples, FAILs (never a pass on
   missing data); a report-only case is shown and never decides;
 - a candidate beyond the absolute floor FAILs;
-- otherwise the geometric-mean ratio and a one-sided Welch t on log rates decide
-  (:mod:`servegate.bench.stats`): ``tolerance`` is the smallest loss that must be caught;
-- when the box itself changed between the baseline and the candidate (the
-  release-independent reference workload measured beside every group moved by more than
-  ``drift``), the row is INCONCLUSIVE with that reason; a loss decisive both as measured
-  and after crediting the box's change FAILs, and one only the credit shows is never
-  released;
+- samples far from their side's bulk (a neighbour's burst, a GC pause) are set apart,
+  named in the row and kept in the record (:func:`servegate.bench.stats.outliers`);
+  far-slow samples that repeat on the candidate more than on the baseline are the
+  release's tail: a significant excess FAILs, and a PASS with them is no pass;
+- otherwise the geometric-mean ratio of the rest decides, with a Welch interval on log
+  rates (:mod:`servegate.bench.stats`) whose standard error always carries the box's
+  restart-to-restart offset: from ``servegate bench noise`` and the gate's own service
+  starts pooled, or the stated prior ``restart_offset`` where neither measured it —
+  never zero;
+- **PASS** only when the interval excludes the loss the rule names (its lower bound is
+  at or above ``1 - tolerance``); **FAIL** when it excludes no loss at all; each look
+  of a sequential gate is held to a group-sequential boundary
+  (:mod:`servegate.bench.sequential`), so clear cases stop early and the error rates
+  hold over all looks;
+- the reference workload measured beside every group is a measurement of the box: when
+  it moved significantly between the two sides (and by more than ``drift``), the row is
+  judged both as measured and credited with that change, and only a verdict both agree
+  on stands — a loss only the credit shows is never a FAIL, a loss only the credit
+  removes is never released;
+- a row still open at the cap stays INCONCLUSIVE (rolled back), unless ``inconclusive``
+  says ``fail`` or, explicitly, ``pass``;
 - without a comparable baseline, ``no_baseline`` decides (see :class:`Settings`).
 """
 
@@ -24,12 +38,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servegate.bench import stats
+from servegate.bench import sequential, stats
 from servegate.bench.results import CaseSamples, Samples
 
 Direction = Literal["higher", "lower"]
 PASS, FAIL, INCONCLUSIVE, REPORT = "PASS", "FAIL", "INCONCLUSIVE", "REPORT"
 METHOD = "geometric-mean ratio, one-sided Welch t on log rates"
+#: a reference-workload shift this significant (two-sided) is a change of the box
+DRIFT_LEVEL = 0.01
 
 
 @dataclass(frozen=True)
@@ -53,26 +69,35 @@ DEFAULT_RULES = (
 
 @dataclass(frozen=True)
 class Settings:
-    #: probability that an unchanged release FAILs, per check (all deciding rows together)
+    #: probability that an unchanged release is rolled back, per check (all deciding rows
+    #: together): half for a false FAIL, half for a row the plan leaves open at the cap
     false_alarm: float = 0.05
     #: probability that a loss of the tolerance PASSes, per row
     miss: float = 0.01
-    #: how many times the gate looks at the samples (repetitions .. max_repetitions)
+    #: the looks a sequential gate plans: the first at ``first`` candidate samples, one
+    #: more sample each look after it (``first`` 0: this is the only look)
     looks: int = 1
-    #: what decides a row still INCONCLUSIVE at the cap: evidence (no evidence of a loss:
-    #: PASS, with the loss the samples could resolve; an estimate beyond the tolerance
-    #: stays INCONCLUSIVE), fail or pass
-    inconclusive: Literal["evidence", "fail", "pass"] = "evidence"
-    #: ``evidence`` PASSes an open row only if its samples resolve a loss of at most this
-    #: (1 - the interval's width on the loss side); wider, they are no evidence either way
-    max_resolution: float = 0.75
+    first: int = 0
+    #: what a row still INCONCLUSIVE at the cap becomes: ``inconclusive`` (rolled back),
+    #: ``fail``, or ``pass`` (the user's explicit choice: no evidence is then a pass)
+    inconclusive: Literal["inconclusive", "fail", "pass"] = "inconclusive"
     #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
     #: host has no released record; floors and validity decide), or "fail"
     no_baseline: Literal["first-release", "fail"] = "first-release"
     first_release: bool = False
-    #: a change of the reference workload beyond this fraction is a change of the box
-    drift: float = 0.10
-    #: the box's restart-to-restart offset (log SD) per "case:metric" (``bench noise``)
+    #: a significant change of the reference workload beyond this fraction is a change
+    #: of the box (judged both as measured and credited)
+    drift: float = 0.01
+    #: per "case:metric", the box's restart offset measured by ``bench noise``: evidence
+    #: as (degrees of freedom, variance of a start's mean, its within-start part)
+    noise: Mapping[str, tuple[int, float, float]] = field(default_factory=dict)
+    #: per "case:metric", the box's within-start log variance measured by ``bench
+    #: noise``: (degrees of freedom, variance), pooled with both sides' own
+    within: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    #: the restart offset (log SD) assumed where neither ``bench noise`` nor the gate's
+    #: own service starts measured it
+    restart_offset: float = 0.02
+    #: per "case:metric", a restart offset to use as it is (a log SD; overrides the rest)
     offsets: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -95,6 +120,9 @@ def _row(case: str, metric: str, required: bool, **kw: Any) -> dict[str, Any]:
         "n_baseline": 0,
         "n_candidate": 0,
         "drift": None,
+        "offset": None,
+        "outliers": None,
+        "look": None,
         "verdict": INCONCLUSIVE,
         "why": "",
     }
@@ -115,7 +143,7 @@ def evaluate(
     settings: Settings | None = None,
     final: bool = True,
 ) -> dict[str, Any]:
-    """The decision table; ``final``: apply the INCONCLUSIVE policy (no more repetitions)."""
+    """The decision table; ``final``: the last look (no more repetitions)."""
     st = settings or Settings()
     covered = [
         (cid, cs, rule)
@@ -124,7 +152,9 @@ def evaluate(
         if covers(rule, cid)
     ]
     deciding_rows = sum(1 for _, cs, r in covered if cs.required and r.tolerance < 1)
-    levels = stats.Levels.split(st.false_alarm, st.miss, deciding_rows, st.looks)
+    # half the false-alarm budget is the FAIL test's; the other half is the plan's (an
+    # unchanged release left open at the cap is rolled back too)
+    levels = stats.Levels.split(st.false_alarm / 2, st.miss, deciding_rows, 1)
     rows = [
         _selected(_decide(cid, cs, rule, baseline, st, levels, final), cs, rule, st, final)
         for cid, cs, rule in covered
@@ -145,9 +175,10 @@ def evaluate(
         "verdict": verdict,
         "why": why,
         "rows": rows,
-        "method": f"{METHOD}; false alarm {st.false_alarm:.0%} a check, miss {st.miss:.0%} "
-        f"a row, {st.looks} look(s); drift beyond {st.drift:.0%} of the reference workload "
-        "is not a verdict",
+        "method": f"{METHOD}; PASS only where the interval excludes the tolerated loss; "
+        f"false alarm {st.false_alarm:.0%} a check, miss {st.miss:.0%} a row, over "
+        f"{st.looks} look(s) (group-sequential boundaries); restart offset always in the "
+        "error; a significant change of the reference workload is judged both ways",
         "baseline": baseline.source if baseline else None,
         "candidate": candidate.source,
     }
@@ -198,26 +229,232 @@ def _decide(
         row.update(verdict=undecided or FAIL, why=bad)
         return row
     row["baseline_median"] = round(_median(base), 4)
-    offset = st.offsets.get(f"{cid}:{rule.metric}", 0.0)
-    c = stats.compare(base, cand, rule.direction == "lower", offset, (bcs.starts, cs.starts))
-    if c is None:
-        row.update(verdict=undecided or INCONCLUSIVE,
-                   why="fewer than two samples on a side: nothing to compare yet")  # fmt: skip
-        if final and not undecided:
-            row["verdict"], row["why"] = _flat(st, row["why"])
-        return row
-    row.update(
-        ratio=round(c.ratio, 4),
-        interval=[round(math.exp(c.lower(levels.beta)), 4),
-                  round(math.exp(c.upper(levels.alpha)), 4)],
-        threshold=round(math.exp(stats.midpoint(rule.tolerance)), 4),
-        tolerance=rule.tolerance,
-    )  # fmt: skip
-    drift = _drift(cs, bcs, st)
-    row["drift"] = drift
-    verdict, why = _judge(c, rule, levels, drift, st, final)
+    verdict, why = _measured(row, cid, cs, bcs, rule, st, levels, final)
     row.update(verdict=undecided or verdict, why=why)
     return row
+
+
+def _measured(
+    row: dict[str, Any],
+    cid: str,
+    cs: CaseSamples,
+    bcs: CaseSamples,
+    rule: Rule,
+    st: Settings,
+    levels: stats.Levels,
+    final: bool,
+) -> tuple[str, str]:
+    """The statistics of one row with samples on both sides (fills ``row``)."""
+    base, cand = bcs.metrics[rule.metric], cs.metrics[rule.metric]
+    bblocks, cblocks = bcs.blocks_of(rule.metric), cs.blocks_of(rule.metric)
+    ob, oc = stats.outliers(base, cand)
+    lower = rule.direction == "lower"
+    slow_b = [i for i in ob if (base[i] > _median(base)) == lower]
+    slow_c = [i for i in oc if (cand[i] > _median(cand)) == lower]
+    if ob or oc:
+        row["outliers"] = {
+            "baseline": [base[i] for i in ob],
+            "candidate": [cand[i] for i in oc],
+            "slow": [len(slow_b), len(slow_c)],
+        }
+    keep_b = [i for i in range(len(base)) if i not in set(ob)]
+    keep_c = [i for i in range(len(cand)) if i not in set(oc)]
+    bulk_b, bulk_c = [base[i] for i in keep_b], [cand[i] for i in keep_c]
+    blocks = (
+        [bblocks[i] for i in keep_b] if bblocks else None,
+        [cblocks[i] for i in keep_c] if cblocks else None,
+    )
+    offset, source = _offset(cid, rule.metric, bulk_b, bulk_c, blocks, bcs, cs, st)
+    row["offset"] = {"log_sd": round(offset, 5), "from": source}
+    c = stats.compare(bulk_b, bulk_c, lower, offset, (bcs.starts, cs.starts), blocks,
+                      st.within.get(f"{cid}:{rule.metric}"))  # fmt: skip
+    if c is None:
+        why = "fewer than two samples on a side: nothing to compare yet"
+        return _flat(st, why) if final else (INCONCLUSIVE, why)
+    look = _look(len(cand), st, final)
+    bound_a, bound_b = _bounds(c, st, levels, look, offset)
+    row["look"] = {"at": look + 1, "of": max(st.looks, 1),
+                   "fail_level": round(bound_a, 6), "pass_level": round(bound_b, 6)}  # fmt: skip
+    t = math.log(1 - rule.tolerance)
+    lo, hi = c.d - _t(bound_b, c.df) * c.se, c.d + _t(bound_a, c.df) * c.se
+    row.update(
+        ratio=round(c.ratio, 4),
+        interval=[round(math.exp(lo), 4), round(math.exp(hi), 4)],
+        threshold=round(math.exp(t), 4),
+        tolerance=rule.tolerance,
+    )
+    drift = _drift(cs, bcs, st, rule.tolerance)
+    row["drift"] = drift
+    n = f"n {c.n_base}+{c.n_cand}" + (f", {c.starts[0]}+{c.starts[1]} starts"
+                                      if max(c.starts) > 1 else "")  # fmt: skip
+    verdict, why = _judge(c, rule, bound_a, bound_b, n)
+    if drift.get("moved"):
+        verdict, why = _both_ways(c, rule, bound_a, bound_b, drift, n, verdict, why)
+    tail = _tail(len(slow_c), len(cand), len(slow_b), len(base), levels.alpha)
+    if tail and tail[0] == FAIL:
+        return tail
+    if verdict == PASS and tail:
+        verdict, why = INCONCLUSIVE, f"{why}; but {tail[1]}"
+    if verdict == PASS and (scatter := stats.more_scattered(c, levels.alpha)) is not None:
+        times = "any" if math.isinf(scatter) else f"{scatter:.1f} times"
+        verdict, why = (
+            INCONCLUSIVE,
+            (
+                f"{why}; but the release's samples scatter {times} the baseline's (log SD "
+                f"{c.sd_cand:.3f} against {c.sd_base:.3f}): an erratic release (or a box that "
+                "changed during the run) is not a pass"
+            ),
+        )
+    if verdict != INCONCLUSIVE or not final:
+        return verdict, why
+    res = stats.resolution(c, levels)
+    if st.inconclusive == "inconclusive":
+        return INCONCLUSIVE, (
+            f"{why}: at the cap the interval still holds a loss of {rule.tolerance:.0%} "
+            f"(these samples resolve {res:.0%}): not a pass"
+        )
+    return _flat(st, why)
+
+
+def _offset(
+    cid: str,
+    metric: str,
+    base: Sequence[float],
+    cand: Sequence[float],
+    blocks: tuple[Sequence[int] | None, Sequence[int] | None],
+    bcs: CaseSamples,
+    cs: CaseSamples,
+    st: Settings,
+) -> tuple[float, str]:
+    """The restart offset (log SD) this row's error carries, and where it came from:
+    ``bench noise``'s record and the gate's own service starts pooled; else the prior.
+    Never zero by default: the two sides always ran in different service starts."""
+    key = f"{cid}:{metric}"
+    if key in st.offsets:
+        return st.offsets[key], "given"
+    sources: list[tuple[int, float, float]] = []
+    about: list[str] = []
+    if key in st.noise:
+        sources.append(st.noise[key])
+        about.append("bench noise")
+    for values, bl in ((base, blocks[0]), (cand, blocks[1])):
+        if bl is None:
+            continue
+        own = stats.SideStats.of([math.log(v) for v in values], bl).own_offset
+        if own is not None:
+            sources.append(own)
+    own_starts = sum(s[0] + 1 for s in sources[len(about) :])
+    if own_starts:
+        about.append(f"the gate's own {own_starts} starts")
+    if sources:
+        return stats.offset_bound(sources), " + ".join(about)
+    return st.restart_offset, "prior gate.restart_offset (not measured: `servegate bench noise`)"
+
+
+def _look(n_cand: int, st: Settings, final: bool) -> int:
+    """Which planned look this is (0-based): the last one when ``final``."""
+    looks = max(st.looks, 1)
+    if final or not st.first:
+        return looks - 1
+    return min(max(n_cand - st.first, 0), looks - 1)
+
+
+def _bounds(
+    c: stats.Comparison, st: Settings, levels: stats.Levels, look: int, offset: float
+) -> tuple[float, float]:
+    """The nominal one-sided levels (FAIL test, PASS test) at this look: the
+    group-sequential boundaries over the planned looks' information, where the
+    candidate's within-start share of the variance shrinks with its samples."""
+    looks = max(st.looks, 1)
+    if looks == 1 or not st.first:
+        return levels.alpha, levels.beta
+    vb, vc = c.var_within
+    fixed = vb + offset**2 * (1 / c.starts[0] + 1 / c.starts[1])
+    now = st.first + look
+    info = [1 / max(fixed + vc * now / (st.first + i), 1e-18) for i in range(looks)]
+    fa = sequential.boundaries(info, levels.alpha)[look]
+    fb = sequential.boundaries(info, levels.beta)[look]
+    return sequential.nominal(fa), sequential.nominal(fb)
+
+
+def _t(level: float, df: float) -> float:
+    return math.inf if level <= 0 else stats.t_quantile(1 - level, df)
+
+
+def _judge(
+    c: stats.Comparison, rule: Rule, level_a: float, level_b: float, n: str
+) -> tuple[str, str]:
+    m, t = stats.midpoint(rule.tolerance), math.log(1 - rule.tolerance)
+    lo, hi = c.d - _t(level_b, c.df) * c.se, c.d + _t(level_a, c.df) * c.se
+    tol = f"{rule.tolerance:.0%}"
+    if c.d < m and hi < 0:
+        return FAIL, f"ratio {c.ratio:.3f} (upper bound {math.exp(hi):.3f} < 1): a loss ({n})"
+    if c.d >= m and lo >= t:
+        return PASS, (
+            f"ratio {c.ratio:.3f} (lower bound {math.exp(lo):.3f} >= {math.exp(t):.3f}): "
+            f"a loss of {tol} is excluded ({n})"
+        )
+    return INCONCLUSIVE, (
+        f"ratio {c.ratio:.3f} in [{math.exp(lo):.3f}, {math.exp(hi):.3f}]: a loss of {tol} "
+        f"is not excluded yet ({n})"
+    )
+
+
+def _both_ways(
+    c: stats.Comparison,
+    rule: Rule,
+    level_a: float,
+    level_b: float,
+    drift: Mapping[str, Any],
+    n: str,
+    verdict: str,
+    why: str,
+) -> tuple[str, str]:
+    """The box changed between the sides: the row judged as measured (``verdict``) and
+    credited with the change; only a verdict both agree on stands.
+
+    The credit assumes the server scales like the reference workload (on a box ``r``
+    times faster a rate is ``r`` times higher and a latency ``r`` times lower, so both
+    directions' log ratio moves by ``log r``). Neither view alone is safe: a neighbour
+    that slows the reference more than the server breaks the credit, and the box cannot
+    tell a neighbour from a release that loads it (an engine thread that busy-polls while
+    idle slows the reference beside its own groups as much as itself). So a loss only
+    the credit shows is never a FAIL, and a loss only the credit removes is never
+    released: both stay INCONCLUSIVE, measured again up to the cap."""
+    way = "slower" if drift["change"] < 0 else "faster"
+    box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline (reference workload)"
+    credited = dataclasses.replace(c, d=c.d - drift["log_change"], se=math.hypot(c.se, drift["se"]))
+    other, _ = _judge(credited, rule, level_a, level_b, n)
+    if other == verdict:
+        return verdict, f"{why}; {box}, and credited with that ({credited.ratio:.3f}) the same"
+    return INCONCLUSIVE, (
+        f"{box}: as measured {verdict} (ratio {c.ratio:.3f}), credited with that change "
+        f"{other} ({credited.ratio:.3f}): the box's change cannot be separated from the "
+        f"release's, not a verdict ({n})"
+    )
+
+
+def _tail(slow_c: int, n_c: int, slow_b: int, n_b: int, alpha: float) -> tuple[str, str] | None:
+    """Far-slow samples that repeat on the candidate: the release's tail, not noise.
+
+    Outliers of the box (a neighbour's burst, a GC pause) hit both sides alike, and the
+    gate sets them apart and measures again. Far-slow samples the candidate shows
+    significantly more often than its baseline (Fisher's exact test at the row's
+    false-alarm level) FAIL the row; two or more beyond the baseline's count keep it
+    from a PASS (INCONCLUSIVE: measured again, rolled back at the cap), since a release
+    that serves some requests far slower must not pass on its other requests."""
+    if slow_c == 0:
+        return None
+    p = stats.tail_p(slow_c, n_c, slow_b, n_b)
+    what = (
+        f"{slow_c} of {n_c} candidate samples are far slower than its bulk "
+        f"(baseline: {slow_b} of {n_b}, Fisher p {p:.2g})"
+    )
+    if p < alpha:
+        return FAIL, f"{what}: the release's tail"
+    if slow_c >= slow_b + 2:
+        return INCONCLUSIVE, f"{what}: far-slow samples repeat on the release, not a pass"
+    return None
 
 
 def _selected(
@@ -245,16 +482,18 @@ def _selected(
         f"({cause}): judged on the rest, the samples are a selection, not a pass"
     )
     verdict = INCONCLUSIVE
-    if final and st.inconclusive != "evidence":
+    if final and st.inconclusive != "inconclusive":
         verdict, why = _flat(st, why)
     return {**row, "verdict": verdict, "why": why}
 
 
 def _flat(st: Settings, why: str) -> tuple[str, str]:
-    """The flat policies at the cap: ``pass`` PASSes, ``fail`` (and ``evidence`` where it
-    has nothing to weigh) FAILs, saying so."""
+    """A row still open at the cap: INCONCLUSIVE (rolled back) by default; ``fail``
+    FAILs it and ``pass`` PASSes it, saying so."""
+    if st.inconclusive == "inconclusive":
+        return INCONCLUSIVE, f"{why}; still open at the cap"
     verdict = PASS if st.inconclusive == "pass" else FAIL
-    return verdict, f"{why}; at the cap policy '{st.inconclusive}' decides"
+    return verdict, f"{why}; at the cap gate.inconclusive = '{st.inconclusive}' decides"
 
 
 def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
@@ -290,8 +529,11 @@ def _no_baseline(
     return row
 
 
-def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings) -> dict[str, Any]:
-    """The box's change between the two runs, from the reference workload."""
+def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings, tolerance: float) -> dict[str, Any]:
+    """The box's change between the two sides, measured by the reference workload beside
+    every group: ``moved`` when the shift of its log rate is significant (two-sided,
+    :data:`DRIFT_LEVEL`) and beyond ``drift``. A shift within the noise of the
+    reference is no change of the box, however large it looks."""
     if not cs.reference or not bcs.reference:
         side = "baseline" if not bcs.reference else "candidate"
         return {"checked": False, "why": f"the {side} has no reference-workload samples"}
@@ -303,151 +545,20 @@ def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings) -> dict[str, Any]:
             f"{cs.reference_workload or 'unnamed'}): the box's change is not measured",
         }
     change = stats.gm(cs.reference) / stats.gm(bcs.reference) - 1
-    moved = abs(change) > st.drift
+    var = stats.log_sd(cs.reference) ** 2 / len(cs.reference) + stats.log_sd(
+        bcs.reference
+    ) ** 2 / len(bcs.reference)
+    se = math.sqrt(var)
+    z = abs(math.log1p(change)) / se if se > 0 else (math.inf if change else 0.0)
+    significant = z > stats.t_quantile(1 - DRIFT_LEVEL / 2, math.inf)
     return {
         "checked": True,
         "change": round(change, 4),
-        "moved": moved,
+        "z": round(min(z, 1e6), 2),
+        "moved": significant and abs(change) > st.drift,
         "log_change": math.log1p(change),
-        "se": math.sqrt(
-            stats.log_sd(cs.reference) ** 2 / len(cs.reference)
-            + stats.log_sd(bcs.reference) ** 2 / len(bcs.reference)
-        ),
+        "se": se,
     }
-
-
-def _judge(
-    c: stats.Comparison,
-    rule: Rule,
-    levels: stats.Levels,
-    drift: Mapping[str, Any],
-    st: Settings,
-    final: bool,
-) -> tuple[str, str]:
-    n = f"n {c.n_base}+{c.n_cand}"
-    tol = f"{rule.tolerance:.0%}"
-    if drift.get("moved"):
-        return _judge_drifted(c, rule, levels, drift, st, final)
-    decided = stats.decide(c, rule.tolerance, levels)
-    lo, hi = math.exp(c.lower(levels.beta)), math.exp(c.upper(levels.alpha))
-    if decided == FAIL:
-        return FAIL, f"ratio {c.ratio:.3f} (upper bound {hi:.3f} < 1): a loss ({n})"
-    if decided == PASS:
-        return PASS, f"ratio {c.ratio:.3f} (lower bound {lo:.3f}): no loss of {tol} ({n})"
-    why = f"ratio {c.ratio:.3f} in [{lo:.3f}, {hi:.3f}]: not yet decisive at {tol} ({n})"
-    if not final:
-        return INCONCLUSIVE, why
-    return _policy(c, rule, levels, st, why)
-
-
-def _judge_drifted(
-    c: stats.Comparison,
-    rule: Rule,
-    levels: stats.Levels,
-    drift: Mapping[str, Any],
-    st: Settings,
-    final: bool,
-) -> tuple[str, str]:
-    """The box changed: a loss decisive both as measured and after crediting that change
-    FAILs; a loss only the credit shows is never released, and never called a FAIL.
-
-    The credit assumes the server scales like the reference workload (a rate: on a box
-    ``r`` times faster a rate is ``r`` times higher and a latency ``r`` times lower, so
-    both directions' log ratio moves by ``log r``). A neighbour that slows the reference
-    more than the server (during the baseline only, say) breaks that, and crediting a
-    "faster" box then turns an unchanged release into a "decisive" loss. When the
-    measured rates show no decisive loss and the credited ones do, the box cannot tell:
-    the row stays INCONCLUSIVE (measured again up to the cap, then rolled back; FAIL
-    under ``inconclusive = "fail"``) whatever the policy, since a real loss hidden by a
-    faster box looks exactly the same.
-
-    The mirror case is never released either: a loss as measured (an estimate beyond the
-    tolerance, or a decisive one) that only the credit for a *slower* box removes. The box
-    cannot tell a neighbour from the release itself loading it: a release whose engine
-    thread busy-polls while idle slows the reference workload beside its own groups as
-    much as itself, and crediting that would release a 25 % slower server. Such a row
-    stays INCONCLUSIVE at the cap (FAIL under ``fail``): measure again when the box is
-    quiet."""
-    n = f"n {c.n_base}+{c.n_cand}"
-    way = "slower" if drift["change"] < 0 else "faster"
-    box = f"the box is {abs(drift['change']):.0%} {way} than at the baseline"
-    credited = dataclasses.replace(c, d=c.d - drift["log_change"], se=math.hypot(c.se, drift["se"]))
-    if stats.decide(credited, rule.tolerance, levels) == FAIL:
-        if stats.decide(c, rule.tolerance, levels) == FAIL:
-            return FAIL, (
-                f"ratio {c.ratio:.3f}; {box}, and even credited with that the ratio "
-                f"{credited.ratio:.3f} is a decisive loss ({n})"
-            )
-        why = (
-            f"{box} (reference workload): as measured the ratio {c.ratio:.3f} is no "
-            f"decisive loss, credited with that change {credited.ratio:.3f} is one: the box "
-            f"cannot tell a neighbour from a loss, not a pass ({n})"
-        )
-        if final and st.inconclusive == "fail":
-            return FAIL, f"{why}; at the cap policy 'fail' decides"
-        return INCONCLUSIVE, why
-    why = f"{box} (reference workload): ratio {c.ratio:.3f} is not a verdict on the release ({n})"
-    if not final:
-        return INCONCLUSIVE, why
-    measured_loss = c.d < math.log(1 - rule.tolerance) or (
-        stats.decide(c, rule.tolerance, levels) == FAIL
-    )
-    if measured_loss:
-        why = (
-            f"{why}: as measured a loss of {1 - c.ratio:.0%}, which only crediting the box's "
-            f"change ({credited.ratio:.3f}) removes; the box cannot tell a neighbour from a "
-            f"release that loads it, not a pass"
-        )
-        if st.inconclusive == "fail":
-            return FAIL, f"{why}; at the cap policy 'fail' decides"
-        return INCONCLUSIVE, why
-    return _policy(credited, rule, levels, st, f"{why}; credited ratio {credited.ratio:.3f}")
-
-
-def _policy(
-    c: stats.Comparison, rule: Rule, levels: stats.Levels, st: Settings, why: str
-) -> tuple[str, str]:
-    """The ``inconclusive`` policy on a row still open at the cap (no decisive loss).
-
-    ``evidence`` PASSes a row when no significant loss was found and the samples could
-    have found one. It stays INCONCLUSIVE, which rolls the release back (fail closed):
-
-    - when the estimate is itself a loss beyond the tolerance: samples too scattered to
-      prove a loss of 80 % are no evidence that there is none;
-    - when the samples resolve no loss within ``max_resolution`` (two baseline trials
-      can leave an interval of [0.0001, 2829]: "no evidence" of anything);
-    - when the candidate scatters significantly more than its baseline (an F test at
-      the row's false-alarm level, at least twice the log SD): a release that serves
-      some requests far slower and others faster keeps its mean and widens the
-      interval until nothing is significant; that is a change of the release, not an
-      absence of one."""
-    res = stats.resolution(c, levels)
-    resolves = (
-        f"; these samples resolve a loss of {res:.0%}, not {rule.tolerance:.0%}"
-        if res > rule.tolerance
-        else ""
-    )
-    if st.inconclusive != "evidence":
-        return _flat(st, why)
-    if c.d < math.log(1 - rule.tolerance):
-        return INCONCLUSIVE, (
-            f"{why}: at the cap the estimate is a loss of {1 - c.ratio:.0%}, beyond the "
-            f"tolerance, and the box could not decide it{resolves}: not a pass"
-        )
-    scatter = stats.more_scattered(c, levels.alpha)
-    if scatter is not None:
-        times = "any" if math.isinf(scatter) else f"{scatter:.1f} times"
-        return INCONCLUSIVE, (
-            f"{why}: the release's samples scatter {times} the baseline's (log SD "
-            f"{c.sd_cand:.3f} against {c.sd_base:.3f}), so no mean can be trusted: an "
-            f"erratic release (or a box that changed during the run) is not a pass"
-        )
-    if res > st.max_resolution:
-        return INCONCLUSIVE, (
-            f"{why}: at the cap these samples resolve only a loss of {res:.0%}, beyond "
-            f"gate.max_resolution {st.max_resolution:.0%}: no evidence either way, not a pass"
-        )
-    return PASS, f"{why}: no evidence of a loss at the cap{resolves}"
 
 
 def compare_table(

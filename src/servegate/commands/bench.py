@@ -368,8 +368,8 @@ def judge(cfg: Config | None, base: results.Samples, cand: results.Samples) -> d
     """The gate's decision with the config's rules (the defaults without a config)."""
     g = cfg.gate if cfg else config_mod.Gate()
     st = verdict.Settings(false_alarm=g.false_alarm, miss=g.miss, inconclusive=g.inconclusive,
-                          max_resolution=g.max_resolution, no_baseline=g.no_baseline,
-                          drift=g.drift)  # fmt: skip
+                          no_baseline=g.no_baseline, drift=g.drift,
+                          restart_offset=g.restart_offset)  # fmt: skip
     return verdict.evaluate(
         base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES), st
     )

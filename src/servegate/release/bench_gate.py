@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +38,28 @@ def rules(cfg: Config) -> list[verdict.Rule]:
     return chosen
 
 
-def settings(cfg: Config, first_release: bool = False, looks: int = 1) -> verdict.Settings:
+def settings(
+    cfg: Config,
+    first_release: bool = False,
+    looks: int = 1,
+    first: int = 0,
+    found: Mapping[str, noise.Noise] | None = None,
+) -> verdict.Settings:
+    """The verdict's settings from the config: ``looks`` planned looks from ``first``
+    candidate samples, the box's noise record ``found`` (``bench noise``)."""
     g = cfg.gate
     return verdict.Settings(
         false_alarm=g.false_alarm,
         miss=g.miss,
         looks=looks,
+        first=first,
         inconclusive=g.inconclusive,
-        max_resolution=g.max_resolution,
         no_baseline=g.no_baseline,
         first_release=first_release,
         drift=g.drift,
+        noise={k: v.evidence() for k, v in (found or {}).items()},
+        within={k: (v.samples - v.starts, v.cv**2) for k, v in (found or {}).items()},
+        restart_offset=g.restart_offset,
     )
 
 
@@ -63,26 +73,36 @@ def plan(cfg: Config, found: Mapping[str, noise.Noise]) -> list[dict[str, Any]]:
     ]
     chosen = [r for r in rules(cfg) if r.tolerance < 1]
     deciding = sum(1 for c in cases for r in chosen if verdict.covers(r, c.id))
-    looks = max(1, b.max_repetitions - b.repetitions + 1)
     rows = []
     for case in cases:
         for rule in chosen:
             est = found.get(f"{case.id}:{rule.metric}")
             if est is None or not verdict.covers(rule, case.id):
                 continue
+            prior = est.samples - est.starts
             split = stats.plan_starts(est.cv, est.offset, rule.tolerance, g.false_alarm,
                                       g.miss, deciding, b.repetitions, b.max_repetitions,
-                                      b.max_starts)  # fmt: skip
-            levels = stats.Levels.split(g.false_alarm, g.miss, deciding, looks)
+                                      b.max_starts, prior)  # fmt: skip
+            levels = stats.Levels.split(g.false_alarm / 2, g.miss, deciding, 1)
             rows.append({
                 "case": case.id, "metric": rule.metric, "tolerance": rule.tolerance,
                 "cv": est.cv, "offset": est.offset,
                 "repetitions": split[0] if split else None,
                 "starts": split[1] if split else None,
                 "resolves": stats.resolvable(est.cv, est.offset, levels, b.max_repetitions,
-                                             b.max_starts),
+                                             b.max_starts, prior),
             })  # fmt: skip
     return rows
+
+
+def design(planned: list[dict[str, Any]], reps: int, cap: int, max_starts: int) -> tuple[int, int]:
+    """(repetitions measured before the first look, service starts they are spread
+    over): what the plan's most demanding row needs, within the caps. A row the box
+    cannot resolve asks for the caps (said before measuring; its row will not PASS)."""
+    first = max([reps] + [r["repetitions"] or cap for r in planned])
+    first = min(first, cap)
+    starts = max([1] + [r["starts"] or max_starts for r in planned])
+    return first, min(starts, max_starts, first)
 
 
 def unresolved(rows: list[dict[str, Any]], cap: int, max_starts: int = 1) -> list[str]:
@@ -216,12 +236,8 @@ def run(
     evidence["noise"] = {"about": noise_about, "plan": planned}
     for line in unresolved(planned, cfg.bench.max_repetitions, cfg.bench.max_starts):
         reporter.note(f"bench gate: {line}")
-    first = max(
-        [spec.repetitions] + [r["repetitions"] or cfg.bench.max_repetitions for r in planned]
-    )
-    first = min(first, cfg.bench.max_repetitions)
-    starts = max([1] + [r["starts"] or cfg.bench.max_starts for r in planned])
-    starts = min(starts, cfg.bench.max_starts, first)
+    first, starts = design(planned, spec.repetitions, cfg.bench.max_repetitions,
+                           cfg.bench.max_starts)  # fmt: skip
     if starts > 1 and restart is None:
         evidence["weaker_evidence"].append(
             f"the box's restart offset needs the repetitions spread over {starts} service "
@@ -250,9 +266,8 @@ def run(
                 bench.warm_up()
             for case in spec.cases:
                 bench.measure(case, count)
-        looks = max(1, cfg.bench.max_repetitions - spec.repetitions + 1)
-        st = replace(settings(cfg, first_release, looks),
-                     offsets={k: v.offset for k, v in found.items()})  # fmt: skip
+        looks = max(1, cfg.bench.max_repetitions - first + 1)
+        st = settings(cfg, first_release, looks, first, found)
         chosen = rules(cfg)
         decision = verdict.evaluate(
             base, results.from_result(bench.result), chosen, st, final=False
