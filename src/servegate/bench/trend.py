@@ -1,0 +1,489 @@
+"""Creeping losses: the candidate against the trend of this host's releases.
+
+Every release passes its gate against the live release alone, so five releases that
+each lose 2 % pass a 5 % gate one by one and together lose 10 %. The trend check
+compares the candidate with the **best** of the last ``window`` released records of this
+host measured with the same bench settings (the same fingerprint digest), or with a
+pinned ``anchor`` release; change-point detection over the whole history says at which
+release a level shifted.
+
+**The comparison** (:func:`judge`) is the gate's: the geometric-mean ratio and Welch on
+log rates (:func:`servegate.bench.stats.compare`), with the restart offset. An old
+record is always another service start, so its offset never averages away: the caller
+passes the box's measured offset per ``case:metric`` (``servegate bench noise``, its
+80 % bound), and a row without one takes :data:`PRIOR_OFFSET`, never 0. With
+``T = log(1 - tolerance)`` and ``d`` the log ratio against the best (``d < 0``: a loss):
+
+- **FAIL** when the estimate is a cumulative loss beyond the tolerance (``d < T``) and
+  the loss is significant: the upper bound of ``d`` at ``alpha / N`` is below 0;
+- **INCONCLUSIVE** when the estimate is a loss beyond the tolerance that the history's
+  noise cannot confirm (as the gate's ``evidence`` policy, never a pass), or when the box
+  changed since the best record (its reference workload moved beyond ``drift``);
+- **PASS** otherwise. ``excluded`` says whether the samples exclude a cumulative loss of
+  the tolerance against *every* record of the window (each lower bound at ``miss`` at or
+  above ``T``: an intersection-union test, so no correction is needed) or only show none;
+  ``resolves`` which loss they could have resolved;
+- **REPORT** (no verdict) with fewer than two comparable records in the window (with an
+  anchor: without the anchor's record), for a report-only case, or when the candidate's
+  own samples are no measurement (the bench gate decides those rows).
+
+**Why ``alpha / N``.** The best of ``N`` noisy geometric means is biased upward (the
+expected maximum of five standard normals is 1.16 of them), so an unchanged release
+compared with the best at ``alpha`` fails more often than ``alpha``. Picking the best and
+testing against it rejects no more often than testing against each of the ``N`` records
+and failing if any rejects; Bonferroni over those ``N`` tests bounds the false alarms of
+an unchanged release at ``alpha`` whatever their correlation (they share the candidate's
+samples). It is conservative, and costs little: the quantile at ``alpha / 5`` is about
+1.3 times the one at ``alpha``, and a creeping loss grows by a step each release. An
+anchor is one record chosen in advance: no selection, no split. ``alpha`` is
+``false_alarm`` split over the deciding rows, as the gate splits it.
+
+Why "beyond the tolerance *and* significant" and not "significantly beyond the
+tolerance" (the upper bound below ``T``): the latter needs the loss to exceed the
+tolerance by a whole interval's width; on a box with a 1 % restart offset that is a
+cumulative loss of about 11 % at 5 %, twice the budget. The rule here catches 2 % a
+release by the third or fourth release (``tests/bench/test_trend.py``) and FAILs an
+unchanged release no more often than ``false_alarm``.
+
+**Change points** (:func:`change_points`): circular binary segmentation (Olshen et al.,
+2004) of a metric's release-by-release geometric means (their logs, oldest first). In a
+segment, every arc of releases (at least :data:`MIN_SEGMENT` long, leaving pieces of at
+least that many) is compared with the rest by a pooled two-sample ``t``; the arc with the
+largest ``|t|`` is the candidate: one change point when it touches an end of the segment,
+two when it lies inside (a level that dropped and came back, a regression and its fix,
+which a single split cannot see). Its p-value is the chance that a segment of that length
+without any shift reaches that maximum ``|t|``: the maximum over the arcs of an i.i.d.
+normal series is location- and scale-free, so its distribution depends on the length
+alone, simulated once per length with a fixed seed. A candidate below ``alpha`` is kept
+and each piece is searched again. The scan is in the p-value, so an unchanged history
+shows a change point with probability ``alpha``; a plain t-test at the best split shows
+one several times as often. A shift at the newest release alone is no change point yet
+(one release is not a level): the trend check judges it.
+
+**Why not Apache Otava** (e-divisive means, formerly Hunter): apache-otava 0.8.0 does not
+install beside servegate. On Python below 3.14 it pins ``numpy==2.2.0.*`` and
+``scipy<1.17`` (servegate is tested with numpy 2.4.6 and scipy 1.17.1, constraints.txt),
+pins ``ruamel-yaml==0.18.16`` (ansible-lint here runs on 0.19.1), and requires
+google-cloud-bigquery, pg8000 and slack-sdk for its importers and notifiers whichever one
+uses. Its e-divisive significance test permutes the series, and a permutation test of a
+release history (5 to 20 points) cannot reach 5 % for a clean shift with fewer than
+about four releases on each side; its t-test variant takes the p-value of the best split
+as if the split had been chosen in advance.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from servegate.bench import results, stats, verdict
+from servegate.bench.results import CaseSamples, Samples
+
+#: the restart offset (log SD) assumed for a row the box's noise measurement does not
+#: cover: the 80 % bounds measured on the reference boxes reached 3.5 % (docs/bench.md)
+PRIOR_OFFSET = 0.03
+#: releases on each side of a change point (a shift at the newest release alone is the
+#: trend check's to judge, not a change point yet)
+MIN_SEGMENT = 2
+#: series simulated per length for the change points' p-values
+SIMULATIONS = 4_000
+#: the newest releases searched for change points (the scan grows with the square of
+#: the length, its simulated null with it)
+MAX_SERIES = 50
+METHOD = (
+    "geometric-mean ratio against the best of the window (or the anchor), one-sided Welch "
+    "t on log rates with the restart offset, false alarm split over the rows and the "
+    "window's records (Bonferroni)"
+)
+
+
+@dataclass(frozen=True)
+class Past:
+    """One released record's bench samples."""
+
+    sha: str
+    at: str
+    samples: Samples
+
+
+def history_samples(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    digest: str,
+    host: str,
+    samples_of: Callable[[Mapping[str, Any]], Mapping[str, Any] | None],
+) -> tuple[list[Past], list[str]]:
+    """The released records of ``host`` with bench samples measured with the fingerprint
+    ``digest``, oldest first; and why each other released record was left out.
+
+    ``samples_of`` reads a record's bench samples (the release package's
+    ``bench_gate.recorded_samples``). Records of attempts that were rolled back, and
+    rollbacks, are no releases of their own and are not listed."""
+    kept: list[Past] = []
+    skipped: list[str] = []
+    for rec in sorted(records, key=lambda r: str(r.get("at", ""))):
+        if rec.get("verdict") != "released":
+            continue
+        sha = str(rec.get("sha", ""))
+        theirs = rec.get("host_id") or f"hostname:{rec.get('host')}"
+        doc = samples_of(rec)
+        if theirs != host:
+            skipped.append(f"{sha[:12]}: measured on another host ({theirs})")
+        elif doc is None:
+            skipped.append(f"{sha[:12]}: no recorded bench samples")
+        else:
+            try:
+                samples = results.from_record(doc, sha[:12])
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                skipped.append(f"{sha[:12]}: its samples are damaged ({type(exc).__name__})")
+                continue
+            if samples.fingerprint.get("digest") != digest or not digest:
+                skipped.append(f"{sha[:12]}: measured with other bench settings")
+                continue
+            kept.append(Past(sha, str(rec.get("at", "")), samples))
+    return kept, skipped
+
+
+def _values(cs: CaseSamples | None, metric: str) -> list[float]:
+    """A case's samples of ``metric`` when they are a measurement: a valid case, two or
+    more samples, every one a positive finite number; [] otherwise."""
+    vals = (cs.metrics.get(metric) or []) if cs is not None and cs.valid else []
+    if len(vals) < 2 or not all(math.isfinite(v) and v > 0 for v in vals):
+        return []
+    return vals
+
+
+def judge(
+    candidate: Samples,
+    history: Sequence[Past],
+    rules: Sequence[verdict.Rule],
+    *,
+    window: int,
+    anchor: str | None,
+    false_alarm: float,
+    miss: float,
+    offsets: Mapping[str, float] | None = None,
+    prior_offset: float = PRIOR_OFFSET,
+    drift: float = 0.10,
+) -> dict[str, Any]:
+    """The candidate's samples against the trend: a table like the gate's.
+
+    ``history``: this host's released records measured like the candidate, oldest first
+    (:func:`history_samples`), the candidate's own record not among them. ``window``: how
+    many of the newest are searched for the best; ``anchor``: a SHA (or its prefix)
+    judged against instead, "" or None for the best of the window. ``false_alarm`` and
+    ``miss``: the gate's error rates (``gate.false_alarm``, ``gate.miss``). ``offsets``:
+    the box's restart offset (log SD) per ``case:metric``; a row without one takes
+    ``prior_offset``. ``drift``: a change of the reference workload beyond this fraction
+    since the best record is a change of the box (``gate.drift``).
+
+    Returns ``verdict`` (FAIL, INCONCLUSIVE, PASS, or REPORT when no row could be
+    judged), ``why``, ``rows`` (per case and metric: ``verdict``, ``why``, ``best`` and
+    ``best_at`` (the record judged against), ``ratio``, ``interval``, ``records``,
+    ``excluded``, ``resolves``, ``offset``, ``drift``), ``method``, ``against`` and
+    ``window_records`` (the SHAs searched)."""
+    if anchor:
+        pinned = [p for p in history if p.sha.startswith(anchor.lower())]
+        pool = pinned[-1:] if len({p.sha for p in pinned}) == 1 else []
+        against = f"anchor {anchor[:12]}"
+    else:
+        pool = list(history)[-max(window, 1) :]
+        against = f"the best of the last {len(pool)} released record(s) (window {window})"
+    covered = [
+        (cid, cs, rule)
+        for cid, cs in sorted(candidate.cases.items())
+        for rule in rules
+        if rule.tolerance < 1 and verdict.covers(rule, cid)
+    ]
+    deciding = sum(1 for _, cs, _ in covered if cs.required)
+    alpha = false_alarm / max(deciding, 1)
+    rows = []
+    for cid, cs, rule in covered:
+        key = f"{cid}:{rule.metric}"
+        measured = offsets is not None and key in offsets
+        offset = offsets[key] if offsets is not None and measured else prior_offset
+        row = _judge_row(cid, cs, rule, pool, bool(anchor), alpha, miss, offset, drift)
+        row["offset"] = {"log_sd": round(offset, 5), "source": "measured" if measured else "prior"}
+        rows.append(row)
+    verdict_, why = _overall(rows)
+    return {
+        "verdict": verdict_,
+        "why": why,
+        "rows": rows,
+        "method": f"{METHOD}; false alarm {false_alarm:.0%} a check, miss {miss:.0%} a row",
+        "against": against,
+        "window_records": [p.sha for p in pool],
+    }
+
+
+def _overall(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    deciding = [r for r in rows if r["required"] and r["verdict"] != verdict.REPORT]
+    for outcome in (verdict.FAIL, verdict.INCONCLUSIVE):
+        picked = [r for r in deciding if r["verdict"] == outcome]
+        if picked:
+            return outcome, "; ".join(f"{r['case']} {r['metric']}: {r['why']}" for r in picked)
+    if deciding:
+        return verdict.PASS, f"{len(deciding)} row(s) show no creeping loss"
+    why = "; ".join(sorted({r["why"] for r in rows})) or "no row to judge"
+    return verdict.REPORT, why
+
+
+def _base_row(cid: str, cs: CaseSamples, rule: verdict.Rule) -> dict[str, Any]:
+    return {
+        "case": cid, "metric": rule.metric, "required": cs.required,
+        "verdict": verdict.REPORT, "why": "", "best": None, "best_at": None, "ratio": None,
+        "interval": None, "tolerance": rule.tolerance, "records": 0, "excluded": False,
+        "resolves": None, "drift": None,
+    }  # fmt: skip
+
+
+def _judge_row(
+    cid: str,
+    cs: CaseSamples,
+    rule: verdict.Rule,
+    pool: Sequence[Past],
+    anchored: bool,
+    alpha: float,
+    miss: float,
+    offset: float,
+    drift: float,
+) -> dict[str, Any]:
+    row = _base_row(cid, cs, rule)
+    cand = _values(cs, rule.metric)
+    comparable = [(p, v) for p in pool if (v := _values(p.samples.cases.get(cid), rule.metric))]
+    row["records"] = len(comparable)
+    if not cand:
+        row["why"] = "the candidate's samples are no measurement (the bench gate judges them)"
+        return row
+    if anchored and not comparable:
+        row["why"] = "the anchor names no single released record with valid samples of this row"
+        return row
+    if not anchored and len(comparable) < 2:
+        row["why"] = f"too little history: {len(comparable)} comparable release(s), 2 needed"
+        return row
+    lower = rule.direction == "lower"
+    best, base = (min if lower else max)(comparable, key=lambda pv: stats.gm(pv[1]))
+    bcs = best.samples.cases[cid]
+    starts = (bcs.starts, cs.starts)
+    c = stats.compare(base, cand, lower, offset, starts)
+    assert c is not None  # both sides hold two or more positive samples
+    each = [stats.compare(v, cand, lower, offset, (p.samples.cases[cid].starts, cs.starts))
+            for p, v in comparable]  # fmt: skip
+    levels = stats.Levels(alpha / len(comparable), miss)
+    t = math.log(1 - rule.tolerance)
+    lo, hi = math.exp(c.lower(levels.beta)), math.exp(c.upper(levels.alpha))
+    row.update(
+        best=best.sha, best_at=best.at, ratio=round(c.ratio, 4),
+        interval=[round(lo, 4), round(hi, 4)],
+        excluded=all(e is not None and e.lower(miss) >= t for e in each),
+        resolves=round(stats.resolution(c, levels), 4),
+        drift=_drift(cs, bcs, drift),
+    )  # fmt: skip
+    row["verdict"], row["why"] = _decide(c, rule, levels, row, best.sha, len(comparable))
+    if not cs.required:
+        row["verdict"] = verdict.REPORT
+    return row
+
+
+def _decide(
+    c: stats.Comparison,
+    rule: verdict.Rule,
+    levels: stats.Levels,
+    row: Mapping[str, Any],
+    best: str,
+    n: int,
+) -> tuple[str, str]:
+    what = f"the anchor {best[:12]}" if n == 1 else f"the best of {n} releases, {best[:12]}"
+    ratio = f"ratio {c.ratio:.3f} against {what}"
+    lo, hi = row["interval"]
+    tol = f"{rule.tolerance:.0%}"
+    moved = row["drift"]
+    if moved.get("moved"):
+        way = "slower" if moved["change"] < 0 else "faster"
+        return verdict.INCONCLUSIVE, (
+            f"{ratio}: the box is {abs(moved['change']):.0%} {way} than then (reference "
+            "workload): the trend cannot tell the box from the releases"
+        )
+    if c.d < math.log(1 - rule.tolerance):
+        if c.upper(levels.alpha) < 0:
+            return verdict.FAIL, (
+                f"{ratio} (upper bound {hi:.3f} < 1): a cumulative loss of "
+                f"{1 - c.ratio:.1%}, beyond {tol}"
+            )
+        return verdict.INCONCLUSIVE, (
+            f"{ratio} in [{lo:.3f}, {hi:.3f}]: an estimated cumulative loss of "
+            f"{1 - c.ratio:.1%}, beyond {tol}, that the history's noise cannot confirm: "
+            "not a pass"
+        )
+    if row["excluded"]:
+        return verdict.PASS, f"{ratio} (lower bound {lo:.3f}): no cumulative loss of {tol}"
+    return verdict.PASS, (
+        f"{ratio} in [{lo:.3f}, {hi:.3f}]: no significant cumulative loss; these samples "
+        f"resolve a loss of {row['resolves']:.0%}, not {tol}"
+    )
+
+
+def _drift(cs: CaseSamples, bcs: CaseSamples, drift: float) -> dict[str, Any]:
+    """The box's change since the best record, from the reference workload."""
+    if not cs.reference or not bcs.reference:
+        side = "the best record" if not bcs.reference else "the candidate"
+        return {"checked": False, "why": f"{side} has no reference-workload samples"}
+    if cs.reference_workload != bcs.reference_workload:
+        return {"checked": False, "why": "the reference workloads differ"}
+    change = stats.gm(cs.reference) / stats.gm(bcs.reference) - 1
+    return {"checked": True, "change": round(change, 4), "moved": abs(change) > drift}
+
+
+@dataclass(frozen=True)
+class Shift:
+    """A change point: the level of a series moved at ``index`` (the first point of the
+    new level)."""
+
+    index: int
+    #: the geometric means of the segments before and after
+    before: float
+    after: float
+    #: the chance of a maximum ``|t|`` this large in a segment without a shift
+    pvalue: float
+
+    @property
+    def change(self) -> float:
+        return self.after / self.before - 1
+
+
+def change_points(
+    series: Sequence[float], *, alpha: float = 0.05, min_segment: int = MIN_SEGMENT
+) -> list[Shift]:
+    """Where the level of ``series`` (positive values, oldest first: a metric's
+    release-by-release geometric means) shifted: circular binary segmentation (the
+    module's docstring says how). [] for a series too short to hold a change point
+    (fewer than ``2 * min_segment`` points) or not all positive."""
+    if len(series) < 2 * min_segment or not all(math.isfinite(v) and v > 0 for v in series):
+        return []
+    logs = np.log(np.asarray(series, dtype=np.float64))
+    found: list[tuple[int, float]] = []
+    todo = [(0, len(logs))]
+    while todo:
+        start, stop = todo.pop()
+        if stop - start < 2 * min_segment:
+            continue
+        (i, j), stat = _best_arc(logs[start:stop], min_segment)
+        p = _pvalue(stat, stop - start, min_segment)
+        if p >= alpha:
+            continue
+        cuts = [c for c in (i, j) if 0 < c < stop - start]
+        found += [(start + c, p) for c in cuts]
+        edges = [start, *(start + c for c in cuts), stop]
+        todo += list(itertools.pairwise(edges))
+    found.sort()
+    edges = [0, *(i for i, _ in found), len(logs)]
+    means = [math.exp(float(np.mean(logs[a:b]))) for a, b in itertools.pairwise(edges)]
+    return [Shift(index, means[k], means[k + 1], p) for k, (index, p) in enumerate(found)]
+
+
+@functools.lru_cache(maxsize=256)
+def _arcs(n: int, min_segment: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Every arc ``[i, j)`` of a series of ``n`` that leaves pieces of at least
+    ``min_segment`` points: the arc, and what lies before and after it (unless empty)."""
+    pairs = [
+        (i, j)
+        for i in range(0, n - min_segment + 1)
+        for j in range(i + min_segment, n + 1)
+        if (i == 0 or i >= min_segment)
+        and (j == n or n - j >= min_segment)
+        and (i, j) != (0, n)
+        and n - (j - i) >= min_segment
+    ]
+    return np.array([i for i, _ in pairs], dtype=np.intp), np.array(
+        [j for _, j in pairs], dtype=np.intp
+    )
+
+
+def _abs_t(x: npt.NDArray[np.float64], min_segment: int) -> npt.NDArray[np.float64]:
+    """Pooled two-sample ``|t|`` of every arc of each row of ``x`` against the rest of
+    the row (columns: the arcs of :func:`_arcs`)."""
+    n = x.shape[-1]
+    i, j = _arcs(n, min_segment)
+    x = x - x.mean(axis=-1, keepdims=True)
+    zero = np.zeros((*x.shape[:-1], 1))
+    c1 = np.concatenate([zero, np.cumsum(x, axis=-1)], axis=-1)
+    c2 = np.concatenate([zero, np.cumsum(x * x, axis=-1)], axis=-1)
+    k = (j - i).astype(np.float64)
+    s1, q1 = c1[..., j] - c1[..., i], c2[..., j] - c2[..., i]
+    s2, q2 = c1[..., -1:] - s1, c2[..., -1:] - q1
+    m1, m2 = s1 / k, s2 / (n - k)
+    ss = np.maximum((q1 - s1 * m1) + (q2 - s2 * m2), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.abs(m2 - m1) / np.sqrt(ss / (n - 2) * (1 / k + 1 / (n - k)))
+    return np.where(np.isnan(t), 0.0, t)
+
+
+def _best_arc(x: npt.NDArray[np.float64], min_segment: int) -> tuple[tuple[int, int], float]:
+    t = _abs_t(x[np.newaxis, :], min_segment)[0]
+    best = int(np.argmax(t))
+    i, j = _arcs(len(x), min_segment)
+    return (int(i[best]), int(j[best])), float(t[best])
+
+
+def _pvalue(stat: float, n: int, min_segment: int) -> float:
+    null = _null(n, min_segment)
+    beyond = len(null) - int(np.searchsorted(null, stat, side="left"))
+    return (1 + beyond) / (1 + len(null))
+
+
+@functools.lru_cache(maxsize=256)
+def _null(n: int, min_segment: int) -> npt.NDArray[np.float64]:
+    """The maximum ``|t|`` over the arcs of i.i.d. normal series of length ``n``, sorted
+    (simulated with a fixed seed: the same answer every time)."""
+    rng = np.random.default_rng(20_250_000 + 1_000 * n + min_segment)
+    per = max(1, 1_000_000 // max(len(_arcs(n, min_segment)[0]), 1))
+    chunks = []
+    for done in range(0, SIMULATIONS, per):
+        x = rng.standard_normal((min(per, SIMULATIONS - done), n))
+        chunks.append(_abs_t(x, min_segment).max(axis=-1))
+    return np.sort(np.concatenate(chunks))
+
+
+def levels(history: Sequence[Past], case: str, metric: str) -> list[tuple[Past, float]]:
+    """A case's metric release by release: each record's geometric mean, oldest first
+    (records whose samples of it are no measurement left out)."""
+    out = []
+    for past in history:
+        vals = _values(past.samples.cases.get(case), metric)
+        if vals:
+            out.append((past, stats.gm(vals)))
+    return out
+
+
+def shifts(
+    history: Sequence[Past], rules: Sequence[verdict.Rule], *, alpha: float = 0.05
+) -> dict[str, list[dict[str, Any]]]:
+    """Per ``case:metric`` of the newest record's cases and the rules: the change points
+    of its release-by-release geometric means (the release where the level moved, the
+    levels before and after, the change and its p-value; ``loss``: the change is a loss
+    in the rule's direction)."""
+    if not history:
+        return {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cid in sorted(history[-1].samples.cases):
+        for rule in rules:
+            key = f"{cid}:{rule.metric}"
+            if rule.tolerance >= 1 or key in out or not verdict.covers(rule, cid):
+                continue
+            series = levels(history, cid, rule.metric)[-MAX_SERIES:]
+            found = change_points([v for _, v in series], alpha=alpha)
+            out[key] = [
+                {"sha": series[s.index][0].sha, "at": series[s.index][0].at,
+                 "before": round(s.before, 4), "after": round(s.after, 4),
+                 "change": round(s.change, 4), "pvalue": round(s.pvalue, 4),
+                 "loss": (s.change > 0) if rule.direction == "lower" else (s.change < 0)}
+                for s in found
+            ]  # fmt: skip
+    return out
