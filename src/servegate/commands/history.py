@@ -62,5 +62,9 @@ def show_trend(out: Output, found: dict[str, Any]) -> None:
 
 
 def _shifts(found: list[dict[str, Any]]) -> str:
-    shown = (f"{s['sha'][:12]} {s['change']:+.1%} (p {s['pvalue']:.3f})" for s in found)
+    shown = (f"{s['sha'][:12]} {s['change']:+.1%} ({_p(s['pvalue'])})" for s in found)
     return "; ".join(shown) or "-"
+
+
+def _p(value: float) -> str:
+    return "p < 0.001" if value < 0.001 else f"p {value:.3f}"
