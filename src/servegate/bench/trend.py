@@ -263,7 +263,14 @@ def _judge_row(
         resolves=round(stats.resolution(c, levels), 4),
         drift=_drift(cs, bcs, drift),
     )  # fmt: skip
-    row["verdict"], row["why"] = _decide(c, rule, levels, row, best.sha, len(comparable))
+    what = (
+        f"the anchor {best.sha[:12]}"
+        if anchored
+        else (f"the best of {len(comparable)} releases, {best.sha[:12]}")
+    )
+    row["verdict"], row["why"] = _decide(
+        c, rule, levels, row, f"ratio {c.ratio:.3f} against {what}"
+    )
     if not cs.required:
         row["verdict"] = verdict.REPORT
     return row
@@ -274,11 +281,8 @@ def _decide(
     rule: verdict.Rule,
     levels: stats.Levels,
     row: Mapping[str, Any],
-    best: str,
-    n: int,
+    ratio: str,
 ) -> tuple[str, str]:
-    what = f"the anchor {best[:12]}" if n == 1 else f"the best of {n} releases, {best[:12]}"
-    ratio = f"ratio {c.ratio:.3f} against {what}"
     lo, hi = row["interval"]
     tol = f"{rule.tolerance:.0%}"
     moved = row["drift"]
@@ -301,9 +305,14 @@ def _decide(
         )
     if row["excluded"]:
         return verdict.PASS, f"{ratio} (lower bound {lo:.3f}): no cumulative loss of {tol}"
-    return verdict.PASS, (
-        f"{ratio} in [{lo:.3f}, {hi:.3f}]: no significant cumulative loss; these samples "
-        f"resolve a loss of {row['resolves']:.0%}, not {tol}"
+    unsure = (
+        f"these samples resolve a loss of {row['resolves']:.0%}, not {tol}"
+        if row["resolves"] > rule.tolerance
+        else f"a loss of {tol} is not excluded against every release of the window"
+    )
+    return (
+        verdict.PASS,
+        f"{ratio} in [{lo:.3f}, {hi:.3f}]: no significant cumulative loss; {unsure}",
     )
 
 
