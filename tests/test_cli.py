@@ -74,7 +74,8 @@ def test_status_history_and_verify_report(
     assert status["service"]["healthy"] is True
     assert release_main(["history", *cfg]) == 0
     history = json.loads(capsys.readouterr().out)["result"]
-    assert [h["verdict"] for h in history] == ["released"]
+    assert [h["verdict"] for h in history["releases"]] == ["released"]
+    assert history["trend"] == {"why": "no released record with bench samples on this host"}
     assert main(["release", "verify", *cfg]) == 0
     proof = json.loads(capsys.readouterr().out)["result"]
     assert proof["ok"] is True

@@ -137,3 +137,16 @@ def test_the_no_evidence_escapes_are_refused_with_what_to_do() -> None:
     for bad in ("0", "1", "-0.1"):
         with pytest.raises(ConfigError, match=r"gate.restart_offset must be in \(0, 1\)"):
             parse(MINIMAL + f"[gate]\nrestart_offset = {bad}\n")
+
+
+def test_trend_window_and_anchor_are_checked_at_load() -> None:
+    assert parse(MINIMAL).trend == config.Trend(enabled=True, window=5, anchor="")
+    cfg = parse(MINIMAL + '[trend]\nwindow = 8\nanchor = "0123456789ab"\nenabled = false\n')
+    assert cfg.trend == config.Trend(enabled=False, window=8, anchor="0123456789ab")
+    with pytest.raises(ConfigError, match=r"trend.window = 1: give 2..100"):
+        parse(MINIMAL + "[trend]\nwindow = 1\n")
+    for bad in ("HEAD~3", "abc", "0123456789ABCDEF"):
+        with pytest.raises(ConfigError, match="is not a commit SHA"):
+            parse(MINIMAL + f'[trend]\nanchor = "{bad}"\n')
+    with pytest.raises(ConfigError, match="did you mean 'window'"):
+        parse(MINIMAL + "[trend]\nwindows = 3\n")

@@ -453,6 +453,35 @@ class Focus:
 
 
 @dataclass(frozen=True)
+class Trend:
+    """The trend across releases (docs/bench.md, "Creeping losses: the trend across
+    releases"): the candidate against the best of the last ``window`` released records of
+    this host measured with the same bench settings, or against a pinned ``anchor``."""
+
+    #: whether the gate judges the candidate against the trend (``release history`` and
+    #: ``servegate report`` show the trend either way)
+    enabled: bool = True
+    #: how many of the newest released records the candidate is judged against (their best)
+    window: int = 5
+    #: a released SHA (7 to 40 hex digits) judged against instead of the window's best;
+    #: "": the best of the window
+    anchor: str = ""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.window <= 100:
+            raise ConfigError(
+                f"trend.window = {self.window}: give 2..100 (the best of one record is the "
+                "live release, which the bench gate already compares with)"
+            )
+        if self.anchor and not re.fullmatch(r"[0-9a-f]{7,40}", self.anchor):
+            raise ConfigError(
+                f"trend.anchor = {self.anchor!r} is not a commit SHA (7 to 40 lowercase hex "
+                "digits)",
+                hint='name a released SHA, or "" for the best of trend.window',
+            )
+
+
+@dataclass(frozen=True)
 class Config:
     stack: Stack
     host: Host
@@ -468,6 +497,7 @@ class Config:
     fleet: Fleet = field(default_factory=Fleet)
     release: Release = field(default_factory=Release)
     focus: Focus = field(default_factory=Focus)
+    trend: Trend = field(default_factory=Trend)
     path: str = ""
 
     @property

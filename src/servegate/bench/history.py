@@ -46,6 +46,23 @@ def points_from(samples: Samples, label: str, at: str, verdict: str, outcome: st
     return out
 
 
+@dataclass(frozen=True)
+class Change:
+    """A change point of a case's metric over the releases (:mod:`servegate.bench.trend`):
+    the level moved at ``release`` from ``before`` to ``after``."""
+
+    case: str
+    metric: str
+    release: str
+    at: str
+    before: float
+    after: float
+    change: float
+    pvalue: float
+    #: the move is a loss in the rule's direction
+    loss: bool
+
+
 def _pyplot() -> Any:
     try:
         import matplotlib
@@ -92,10 +109,12 @@ def render(
     title: str,
     groups: Sequence[GroupGpu] = (),
     sources: Mapping[str, str] | None = None,
+    changes: Sequence[Change] = (),
 ) -> tuple[Path, Path]:
     """The history chart and page; ``groups`` and ``sources`` (label → where the
     telemetry came from, or why none): the GPU telemetry beside every group of the
-    result files given."""
+    result files given; ``changes``: change points, a dashed line before the release
+    where a level moved and a table."""
     plt = _pyplot()
     outdir.mkdir(parents=True, exist_ok=True)
     labels: list[str] = []
@@ -120,12 +139,16 @@ def render(
                 marker = "x" if p.outcome == "rolled_back" else "o"
                 ax.scatter([x], [y], color=COLOURS.get(p.verdict, "#555555"), marker=marker, s=60,
                            zorder=3)  # fmt: skip
+        for c in changes:
+            if c.metric == metric and c.release in x_of:
+                ax.axvline(x_of[c.release] - 0.5, color=COLOURS["FAIL" if c.loss else "PASS"],
+                           linestyle="--", linewidth=1)  # fmt: skip
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     if axes[0].get_legend_handles_labels()[0]:
         axes[0].legend(fontsize=8, loc="best")
     axes[0].set_title(f"{title}\n(dots: gate verdict — green PASS, red FAIL, orange INCONCLUSIVE; "
-                      "x: rolled back)", fontsize=9)  # fmt: skip
+                      "x: rolled back; dashed: a change point)", fontsize=9)  # fmt: skip
     axes[1].set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
     png = outdir / "bench-history.png"
@@ -149,9 +172,30 @@ def render(
         f"<img alt='prefill and decode per release' src='data:image/png;base64,{image}'>"
         "<table><tr><th>release</th><th>at</th><th>case</th><th>prefill tok/s</th>"
         f"<th>decode tok/s</th><th>gate</th><th>outcome</th></tr>{rows}</table>\n"
+        + _changes_section(changes)
         + _gpu_section(groups, sources or {})
     )
     return png, page
+
+
+def _changes_section(changes: Sequence[Change]) -> str:
+    """The change points: where a case's level moved, release by release."""
+    if not changes:
+        return ""
+    rows = "\n".join(
+        f"<tr><td>{html.escape(c.case)}</td><td>{html.escape(c.metric)}</td>"
+        f"<td>{html.escape(c.release)}</td><td>{html.escape(c.at)}</td><td>{_n(c.before)}</td>"
+        f"<td>{_n(c.after)}</td><td style='color:{COLOURS['FAIL' if c.loss else 'PASS']}'>"
+        f"{c.change:+.1%}</td><td>{c.pvalue:.3f}</td></tr>"
+        for c in changes
+    )
+    return (
+        "<h2>Change points</h2><p>Releases where the level of a case's metric moved (the "
+        "geometric means of the released records measured like the newest one; "
+        'docs/bench.md, "Creeping losses").</p><table><tr><th>case</th><th>metric</th>'
+        "<th>from release</th><th>at</th><th>before</th><th>after</th><th>change</th>"
+        f"<th>p</th></tr>{rows}</table>\n"
+    )
 
 
 def _gpu_section(groups: Sequence[GroupGpu], sources: Mapping[str, str]) -> str:

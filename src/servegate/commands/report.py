@@ -2,51 +2,49 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from servegate import config as config_mod
-from servegate import hostpaths
 from servegate.bench import export, history, load, results
 from servegate.config import Config
-from servegate.errors import NothingToDo, ResultFileError, ServegateError
+from servegate.errors import NothingToDo, ResultFileError
 from servegate.output import Output
-from servegate.release import bench_gate
-from servegate.release.deploy import make_deployer
-from servegate.release.record import host_records
-from servegate.release.state import HostState
+from servegate.release import bench_gate, trend
 
 
-def collect(cfg: Config | None, files: list[Path]) -> list[history.Point]:
+def collect(records: list[dict[str, Any]], files: list[Path]) -> list[history.Point]:
     """Every release record with bench samples (oldest first), then the given files."""
     points: list[history.Point] = []
-    if cfg is not None and cfg.host.root and hostpaths.of(cfg).state.exists():
-        state = HostState.load(hostpaths.of(cfg).state)
-        repo = make_deployer(cfg).repo
-        seen: set[str] = set()
-        for entry in state.history:
-            if entry.sha in seen:
-                continue
-            seen.add(entry.sha)
-            try:
-                records = host_records(cfg, repo.notes(entry.sha), entry.sha)  # its own
-            except ServegateError:
-                continue
-            for rec in records:
-                doc = bench_gate.recorded_samples(rec)
-                if doc is None:
-                    continue
-                checks = [c for c in rec["gate"]["checks"] if isinstance(c, dict)]
-                gate = next(c for c in checks if c.get("name") == bench_gate.CHECK)
-                points += history.points_from(
-                    results.from_record(doc, entry.sha[:12]), entry.sha[:12],
-                    str(rec.get("at", "")), str(gate.get("verdict", "")), str(rec.get("verdict")),
-                )  # fmt: skip
+    for rec in records:
+        doc = bench_gate.recorded_samples(rec)
+        if doc is None:
+            continue
+        checks = [c for c in rec["gate"]["checks"] if isinstance(c, dict)]
+        gate = next(c for c in checks if c.get("name") == bench_gate.CHECK)
+        sha = str(rec.get("sha", ""))[:12]
+        points += history.points_from(
+            results.from_record(doc, sha), sha, str(rec.get("at", "")),
+            str(gate.get("verdict", "")), str(rec.get("verdict")),
+        )  # fmt: skip
     for path in files:
         s = results.load(path)
         points += history.points_from(s, path.stem, "", "", "result file")
     return points
+
+
+def change_points(cfg: Config | None, records: list[dict[str, Any]]) -> list[history.Change]:
+    """The change points of the host's released records measured like the newest one."""
+    found = trend.summary(cfg, records).get("change_points", {}) if cfg is not None else {}
+    return [
+        history.Change(key.rsplit(":", 1)[0], key.rsplit(":", 1)[1], s["sha"][:12], s["at"],
+                       s["before"], s["after"], s["change"], s["pvalue"], s["loss"])
+        for key, shifts in sorted(found.items())
+        for s in shifts
+    ]  # fmt: skip
 
 
 def _kind(path: Path) -> str:
@@ -84,7 +82,8 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
     # a config without [host] (e.g. bench settings alone) still reads the given files
     cfg = config_mod.load(cfg_path, os.environ, build_only=True) if cfg_path.exists() else None
     sweeps = [p for p in files if _kind(p) == load.KIND]
-    points = collect(cfg, [p for p in files if p not in sweeps])
+    records = trend.records(cfg) if cfg is not None else []
+    points = collect(records, [p for p in files if p not in sweeps])
     curves = load_curves(cfg, sweeps)
     if not points and not curves:
         raise NothingToDo(
@@ -100,8 +99,9 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
         doc = export.read(path)
         groups += history.gpu_groups(doc, path.stem)
         sources[path.stem] = history.gpu_source(doc)
+    changes = change_points(cfg, records) if records else []
     if points:
-        png, page = history.render(points, outdir, title, groups, sources)
+        png, page = history.render(points, outdir, title, groups, sources, changes)
         written.update(png=str(png), html=str(page))
     if curves:
         lpng, lpage = history.render_load(
@@ -109,9 +109,12 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
         )
         written.update(load_png=str(lpng), load_html=str(lpage))
     if out.json_mode:
-        return out.emit({**written, "points": len(points), "load_curves": len(curves)})
+        return out.emit({**written, "points": len(points), "load_curves": len(curves),
+                         "change_points": [dataclasses.asdict(c) for c in changes]})  # fmt: skip
     if points:
         out.line(f"{len(points)} point(s) → {written['png']} and {written['html']}")
+        for c in changes:
+            out.line(f"  change point: {c.case} {c.metric} at {c.release}: {c.change:+.1%}")
     if curves:
         out.line(f"{len(curves)} load sweep(s) → {written['load_png']} and {written['load_html']}")
     return 0
