@@ -251,14 +251,22 @@ def _measured(
     lower = rule.direction == "lower"
     slow_b = [i for i in ob if (base[i] > _median(base)) == lower]
     slow_c = [i for i in oc if (cand[i] > _median(cand)) == lower]
+    # set apart only what cannot favour the candidate: its own far-fast samples and the
+    # baseline's far-slow ones freely; its far-slow samples only as many as the baseline
+    # shows (the box's), the baseline's far-fast ones only as many as it shows
+    fast_b = [i for i in ob if i not in slow_b]
+    fast_c = [i for i in oc if i not in slow_c]
+    out_b = set(slow_b) | set(fast_b[: len(fast_c)])
+    out_c = set(fast_c) | set(slow_c[: len(slow_b)])
+    keep_b = [i for i in range(len(base)) if i not in out_b]
+    keep_c = [i for i in range(len(cand)) if i not in out_c]
     if ob or oc:
         row["outliers"] = {
             "baseline": [base[i] for i in ob],
             "candidate": [cand[i] for i in oc],
             "slow": [len(slow_b), len(slow_c)],
+            "set_apart": [len(out_b), len(out_c)],
         }
-    keep_b = [i for i in range(len(base)) if i not in set(ob)]
-    keep_c = [i for i in range(len(cand)) if i not in set(oc)]
     bulk_b, bulk_c = [base[i] for i in keep_b], [cand[i] for i in keep_c]
     blocks = (
         [bblocks[i] for i in keep_b] if bblocks else None,
