@@ -3,7 +3,8 @@
 A bench run keeps one connection pool per endpoint (:func:`pool`): building an
 ``httpx.Client`` loads the TLS bundle (~30 ms) and a new connection costs a handshake,
 and neither belongs inside a measured TTFT. The clock of a request starts when it is
-sent, not before.
+sent, not before, and a chunk is stamped when it reached the client: its read, less
+the time the reading thread then waited for a CPU (:mod:`servegate.bench.cpuwait`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from servegate.bench.cpuwait import ReadClock
 from servegate.bench.sse import Stream, now, parse_lines
 from servegate.engine.openai import Endpoint
 
@@ -67,7 +69,9 @@ def _stream(
                 resp.read()
                 stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 return stream
-            parse_lines(resp.iter_lines(), stream, now)
+            with ReadClock() as clock:
+                parse_lines(clock.lines(resp.iter_lines()), stream, clock)
+            stream.client_wait = clock.first
     except httpx.TimeoutException:
         stream.error = f"no answer within {timeout:g}s"
     except httpx.ConnectError as exc:

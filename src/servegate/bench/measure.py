@@ -2,7 +2,9 @@
 
 Definitions (the ones llm-context-bench and the seeds use):
 
-- ``ttft_s``: request sent → first chunk carrying text
+- ``ttft_s``: request sent → first chunk carrying text, stamped when it reached the
+  client (its read less ``client_wait_s``, the time the reading thread then waited for
+  a CPU: ``servegate.bench.cpuwait``)
 - ``first_gap_s``: first text chunk → second (one inter-token gap on an honest stream)
 - ``prefill_tps``: ``prompt_tokens / ttft_s``
 - ``decode_window_s``: first text chunk → last text chunk
@@ -13,6 +15,11 @@ Definitions (the ones llm-context-bench and the seeds use):
 - ``engine_prefill_tps``, ``engine_generation_tps``: the same rates by the engine's own
   clock (vLLM's ``request_prefill_time`` and ``request_decode_time`` histograms, read
   across the group): they do not move when the frontend or the client is starved
+- ``engine_ttft_s``: the engine's own TTFT (vLLM's ``time_to_first_token`` histogram:
+  the request's arrival in the frontend, before its chat template and tokenizer, → its
+  first token); ``frontend_ttft_s``: ``ttft_s - engine_ttft_s`` at concurrency 1, the
+  part of the client's TTFT outside the engine's clock (the frontend's HTTP and request
+  handling before the arrival, its output path after the first token, the network)
 
 A stream that arrives in a burst (mean inter-token latency below ``min_itl_ms``) was held
 back between the engine and the client: its client-side timings are not measurements and
@@ -156,6 +163,9 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "recounted_tokens": None,
         "engine_prefill_tps": None,
         "engine_generation_tps": None,
+        "client_wait_s": None,
+        "engine_ttft_s": None,
+        "frontend_ttft_s": None,
         "stream_delivery": "none",
         "cached_tokens": cached_tokens(stream),
         "content": content_stats(stream.content),
@@ -170,6 +180,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
     if first is not None:
         ttft = first - stream.started
         out["ttft_s"] = _r(ttft)
+        out["client_wait_s"] = _r(stream.client_wait)
         if prompt and ttft > 0:
             out["prefill_tps"] = _r(prompt / ttft, 4)
         if stream.second_text_at is not None:

@@ -1,0 +1,113 @@
+"""The client's own wait for a CPU, kept out of what it measures.
+
+A stream's chunks are stamped when the client's thread reads them. On a box whose cores
+are busy (vLLM's CPU backend keeps one core for its worker and busy-polls its engine
+core on the other, beside the API server and the bench) the thread can be woken by the
+first text and then wait tens of milliseconds, or seconds, before it runs and reads it:
+the stamp then measures the client's turn on a CPU, not the server. The kernel counts
+that wait per thread (``/proc/thread-self/schedstat``: time spent runnable but not
+running, and how many times the thread was put on a CPU), so the reader can say how
+long the bytes it is parsing had been waiting for it.
+
+:class:`ReadClock` is the parser's clock for one stream: the time now, less the wait
+for a CPU since the thread last left the CPU inside a read (it slept there for want of
+bytes, so what it read arrived after that, and every wait since delayed its reading).
+Time the thread spent running (parsing) is not removed, and neither is a wait that
+ended before the bytes were asked for. Where the kernel does not say (not Linux) the
+clock is the plain time and :attr:`ReadClock.first` is None.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+
+from servegate.bench.sse import now
+
+#: (seconds the thread has waited for a CPU, times it was put on one), or None: unknown
+Sample = Callable[[], tuple[float, int] | None]
+
+
+class ThreadWaits:
+    """The calling thread's scheduling counters, read from one open file (cheap enough to
+    read around every line of a stream: a few microseconds)."""
+
+    PATH = "/proc/thread-self/schedstat"
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open(self.PATH, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def __call__(self) -> tuple[float, int] | None:
+        if self._fd is None:
+            return None
+        try:
+            fields = os.pread(self._fd, 128, 0).split()
+            return int(fields[1]) / 1e9, int(fields[2])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class ReadClock:
+    """The parser's clock for one stream, read in the thread that reads the stream:
+    ``with ReadClock() as clock: parse_lines(clock.lines(lines), stream, clock)``."""
+
+    def __init__(self, clock: Callable[[], float] = now, sample: Sample | None = None) -> None:
+        self._clock = clock
+        self._own: ThreadWaits | None = None
+        if sample is None:
+            self._own = ThreadWaits()
+            sample = self._own
+        self._sample = sample
+        #: seconds the bytes being parsed have waited for this thread to get a CPU
+        self.lag = 0.0
+        self._known = sample() is not None
+        #: the lag at the first stamp taken (the parser stamps only text and the stream's
+        #: end, so on a stream with text: the first text's); None: not stamped or unknown
+        self.first: float | None = None
+        self._stamped = False
+
+    def __enter__(self) -> ReadClock:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._own is not None:
+            self._own.close()
+
+    def __call__(self) -> float:
+        if not self._stamped:
+            self._stamped = True
+            self.first = self.lag if self._known else None
+        return self._clock() - self.lag
+
+    def lines(self, lines: Iterable[str]) -> Iterator[str]:
+        """``lines``, keeping :attr:`lag` right for each as it is handed on."""
+        source = iter(lines)
+        base: float | None = None  # the wait counted when the thread last slept in a read
+        while True:
+            before = self._sample()
+            try:
+                line = next(source)
+            except StopIteration:
+                return
+            after = self._sample()
+            if before is None or after is None:
+                self.lag = 0.0
+            else:
+                if after[1] != before[1]:  # it left the CPU inside: the bytes came after
+                    base = before[0]
+                self.lag = after[0] - base if base is not None else 0.0
+            yield line
