@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from servegate.bench import client, measure
-from servegate.bench.cpuwait import ReadClock, ThreadWaits
-from servegate.bench.sse import Stream, now, parse_lines
+from servegate.bench.cpuwait import ThreadWaits, parse
+from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 
@@ -52,40 +52,50 @@ def text(piece: str) -> str:
     return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]})
 
 
-def test_text_read_after_a_wait_for_the_cpu_is_stamped_when_it_came() -> None:
+def test_a_first_text_read_after_a_wait_for_the_cpu_is_stamped_when_it_came() -> None:
     kernel = Kernel()
-    clock = ReadClock(lambda: kernel.t, kernel.sample)
     script = [
         (text("a"), 1.09, 0.09, True),  # came at 1.00 (woke the thread), read 0.09 s later
         ("", 1.09, 0.0, False),
-        (text(" b"), 1.10, 0.01, False),  # buffered behind it: waited all along
+        (text(" b"), 1.10, 0.01, False),  # buffered behind it: read as it was
         ("", 1.10, 0.0, False),
-        (text(" c"), 1.20, 0.0, True),  # the thread slept again: came when read
-        ("", 1.20, 0.0, False),
-        (text(" d"), 1.30, 0.0, True),
+        (text(" c"), 1.20, 0.0, True),
     ]
-    st = parse_lines(clock.lines(lines_read(kernel, script)), Stream(started=0.5), clock)
+    st = parse(lines_read(kernel, script), Stream(started=0.5), lambda: kernel.t, kernel.sample)
     assert st.first_text_at == pytest.approx(1.00)
-    assert st.early == pytest.approx([1.00, 1.00, 1.20, 1.30])
-    assert clock.first == pytest.approx(0.09)
+    assert st.client_wait == pytest.approx(0.09)
+    assert st.early == pytest.approx([1.09, 1.10, 1.20])  # the start, as read
+
+
+def test_a_backlog_at_the_end_keeps_its_read_time() -> None:
+    """Chunks read at once after a wait came over the whole wait: pulling them back to
+    when the first of them came would shorten the decode window and speed the rate."""
+    kernel = Kernel()
+    script = [
+        (text("a"), 1.0, 0.0, True),
+        (text(" b"), 1.01, 0.0, True),
+        (text(" c"), 5.0, 3.9, True),  # woke at 1.1, kept off the CPU until 5.0
+        (text(" d"), 5.0, 0.0, False),  # came somewhere in between
+    ]
+    st = parse(lines_read(kernel, script), Stream(started=0.5), lambda: kernel.t, kernel.sample)
+    assert (st.first_text_at, st.last_text_at) == (1.0, 5.0)
+    assert st.client_wait == 0.0
 
 
 def test_a_wait_before_the_thread_first_slept_for_bytes_is_not_taken_off() -> None:
     kernel = Kernel()
-    clock = ReadClock(lambda: kernel.t, kernel.sample)
     # preempted before any read slept: what it read may have come just then
     script = [(text("a"), 2.0, 0.5, False), (text("b"), 2.1, 0.0, False)]
-    st = parse_lines(clock.lines(lines_read(kernel, script)), Stream(started=0.0), clock)
+    st = parse(lines_read(kernel, script), Stream(started=0.0), lambda: kernel.t, kernel.sample)
     assert st.first_text_at == 2.0
-    assert clock.first == 0.0
+    assert st.client_wait == 0.0
 
 
-def test_without_the_kernels_counters_the_clock_is_the_plain_time() -> None:
+def test_without_the_kernels_counters_nothing_is_moved() -> None:
     t = iter([3.0, 4.0])
-    clock = ReadClock(lambda: next(t), lambda: None)
-    st = parse_lines(clock.lines([text("a"), text("b")]), Stream(started=0.0), clock)
+    st = parse([text("a"), text("b")], Stream(started=0.0), lambda: next(t), lambda: None)
     assert (st.first_text_at, st.last_text_at) == (3.0, 4.0)
-    assert clock.first is None
+    assert st.client_wait is None
 
 
 def test_a_trial_says_how_long_its_first_text_waited_for_the_client() -> None:

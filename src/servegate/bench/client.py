@@ -3,7 +3,7 @@
 A bench run keeps one connection pool per endpoint (:func:`pool`): building an
 ``httpx.Client`` loads the TLS bundle (~30 ms) and a new connection costs a handshake,
 and neither belongs inside a measured TTFT. The clock of a request starts when it is
-sent, not before, and a chunk is stamped when it reached the client: its read, less
+sent, not before, and it ends when the first text reached the client: its read, less
 the time the reading thread then waited for a CPU (:mod:`servegate.bench.cpuwait`).
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from servegate.bench.cpuwait import ReadClock
-from servegate.bench.sse import Stream, now, parse_lines
+from servegate.bench import cpuwait
+from servegate.bench.sse import Stream, now
 from servegate.engine.openai import Endpoint
 
 
@@ -69,9 +69,7 @@ def _stream(
                 resp.read()
                 stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 return stream
-            with ReadClock() as clock:
-                parse_lines(clock.lines(resp.iter_lines()), stream, clock)
-            stream.client_wait = clock.first
+            cpuwait.parse(resp.iter_lines(), stream)
     except httpx.TimeoutException:
         stream.error = f"no answer within {timeout:g}s"
     except httpx.ConnectError as exc:

@@ -183,8 +183,8 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["client_wait_s"] = _r(stream.client_wait)
         if prompt and ttft > 0:
             out["prefill_tps"] = _r(prompt / ttft, 4)
-        if stream.second_text_at is not None:
-            out["first_gap_s"] = _r(stream.second_text_at - first)
+        if stream.second_text_at is not None:  # both as read
+            out["first_gap_s"] = _r(stream.second_text_at - stream.early[0])
     if first is not None and last is not None:
         window = last - first
         out["stream_delivery"] = "incremental" if stream.text_chunks > 1 else "buffered"
