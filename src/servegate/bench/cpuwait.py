@@ -36,8 +36,8 @@ Sample = Callable[[], tuple[float, int] | None]
 
 
 class ThreadWaits:
-    """The calling thread's scheduling counters, read from one open file (cheap enough to
-    read around every line of a stream: a few microseconds)."""
+    """The calling thread's scheduling counters, read from one open file (a few
+    microseconds: read around each line of a stream's start)."""
 
     PATH = "/proc/thread-self/schedstat"
 
@@ -116,10 +116,11 @@ class ReadClock:
         return self._clock()
 
     def lines(self, lines: Iterable[str]) -> Iterator[str]:
-        """``lines``, keeping :attr:`lag` right for each as it is handed on."""
+        """``lines``, keeping :attr:`lag` right for each as it is handed on, until the
+        first stamp."""
         source = iter(lines)
         base: float | None = None  # the wait counted when the thread last slept in a read
-        while True:
+        while not self._stamped:  # past the first stamp nothing more is needed
             before = self._sample()
             try:
                 line = next(source)
@@ -133,3 +134,4 @@ class ReadClock:
                     base = before[0]
                 self.lag = after[0] - base if base is not None else 0.0
             yield line
+        yield from source
