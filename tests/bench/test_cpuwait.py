@@ -27,24 +27,29 @@ linux_only = pytest.mark.skipif(
 
 class Kernel:
     """Scripted counters: each read of the lines below happens at a set time, after a
-    set wait for a CPU, sleeping in the read or not."""
+    set wait for a CPU, sleeping in the read or not, preempted in it or not."""
 
     def __init__(self) -> None:
         self.t = 0.0
         self.waited = 0.0
-        self.switches = 0
+        self.runs = 0  # times put on a CPU
+        self.sleeps = 0
 
-    def sample(self) -> tuple[float, int]:
-        return self.waited, self.switches
+    def sample(self) -> tuple[float, int, int]:
+        return self.waited, self.runs, self.sleeps
 
-    def read(self, at: float, waited: float, slept: bool) -> None:
+    def read(self, at: float, waited: float, slept: bool, preempted: int = 0) -> None:
         self.t, self.waited = at, self.waited + waited
-        self.switches += slept
+        self.runs += slept + preempted
+        self.sleeps += slept
 
 
-def lines_read(kernel: Kernel, script: list[tuple[str, float, float, bool]]) -> Iterator[str]:
-    for line, at, waited, slept in script:
-        kernel.read(at, waited, slept)
+Script = list[tuple[str, float, float, bool] | tuple[str, float, float, bool, int]]
+
+
+def lines_read(kernel: Kernel, script: Script) -> Iterator[str]:
+    for line, *read in script:
+        kernel.read(*read)  # type: ignore[arg-type]
         yield line
 
 
@@ -54,7 +59,7 @@ def text(piece: str) -> str:
 
 def test_a_first_text_read_after_a_wait_for_the_cpu_is_stamped_when_it_came() -> None:
     kernel = Kernel()
-    script = [
+    script: Script = [
         (text("a"), 1.09, 0.09, True),  # came at 1.00 (woke the thread), read 0.09 s later
         ("", 1.09, 0.0, False),
         (text(" b"), 1.10, 0.01, False),  # buffered behind it: read as it was
@@ -71,7 +76,7 @@ def test_a_backlog_at_the_end_keeps_its_read_time() -> None:
     """Chunks read at once after a wait came over the whole wait: pulling them back to
     when the first of them came would shorten the decode window and speed the rate."""
     kernel = Kernel()
-    script = [
+    script: Script = [
         (text("a"), 1.0, 0.0, True),
         (text(" b"), 1.01, 0.0, True),
         (text(" c"), 5.0, 3.9, True),  # woke at 1.1, kept off the CPU until 5.0
@@ -85,10 +90,21 @@ def test_a_backlog_at_the_end_keeps_its_read_time() -> None:
 def test_a_wait_before_the_thread_first_slept_for_bytes_is_not_taken_off() -> None:
     kernel = Kernel()
     # preempted before any read slept: what it read may have come just then
-    script = [(text("a"), 2.0, 0.5, False), (text("b"), 2.1, 0.0, False)]
+    script: Script = [(text("a"), 2.0, 0.5, False, 1), (text("b"), 2.1, 0.0, False)]
     st = parse(lines_read(kernel, script), Stream(started=0.0), lambda: kernel.t, kernel.sample)
     assert st.first_text_at == 2.0
-    assert st.client_wait == 0.0
+    assert st.client_wait is None  # it cannot be told
+
+
+def test_a_read_preempted_on_its_way_to_the_socket_moves_nothing() -> None:
+    """Preempted for 26 ms before it slept, woken by the first text 1.27 s before it ran:
+    the 1.296 s waited cannot be split, and taking it all off would end the TTFT 26 ms
+    before the text was sent (seen beside a busy loop on 2 CPUs)."""
+    kernel = Kernel()
+    script: Script = [(text("a"), 1.536, 1.296, True, 1), (text("b"), 1.536, 0.0, False)]
+    st = parse(lines_read(kernel, script), Stream(started=0.0), lambda: kernel.t, kernel.sample)
+    assert st.first_text_at == 1.536
+    assert st.client_wait is None
 
 
 def test_without_the_kernels_counters_nothing_is_moved() -> None:
@@ -119,6 +135,7 @@ def test_the_threads_counters_are_its_own_and_count_a_sleep() -> None:
     assert second is not None
     assert second[0] >= first[0]  # the time waited for a CPU only grows
     assert second[1] > first[1]  # put back on a CPU after the sleep
+    assert second[2] > first[2]  # and it slept
     assert waits() is None  # closed
 
 

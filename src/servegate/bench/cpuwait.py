@@ -6,15 +6,16 @@ core on the other, beside the API server and the bench) the thread can be woken 
 first text and then wait tens of milliseconds, or seconds, before it runs and reads it:
 the stamp then measures the client's turn on a CPU, not the server. The kernel counts
 that wait per thread (``/proc/thread-self/schedstat``: time spent runnable but not
-running, and how many times the thread was put on a CPU), so the reader can say how
-long the bytes it is parsing had been waiting for it.
+running, and how many times the thread was put on a CPU; ``getrusage``: how many times
+it slept), so the reader can say how long the bytes it is parsing had been waiting.
 
 :func:`parse` reads a stream so: the first text's stamp (``Stream.first_text_at``, the
-end of the TTFT) is its read less the wait for a CPU since the thread last left the CPU
-inside a read (it slept there for want of bytes, so what it read came after that, and
-every wait since delayed its reading); ``Stream.client_wait`` says how much that was.
-Time the thread spent running (parsing) is not removed, and neither is a wait that ended
-before the bytes were asked for. Only the first text is moved: a backlog read at once
+end of the TTFT) is its read less the wait for a CPU since the thread last slept inside
+a read (for want of bytes: what it read came after that, and every wait since delayed
+its reading); ``Stream.client_wait`` says how much that was. A read in which the thread
+also waited before it slept (preempted on its way to the socket, before the bytes came)
+cannot be told apart: the wait is then unknown and nothing is moved. Time the thread
+spent running (parsing) is not removed. Only the first text is moved: a backlog read at once
 after a wait came over the whole wait, one chunk after another, and the kernel does not
 say when each did (its stamps are left as read, so a start that arrived in a burst is
 still dropped as one: ``measure.held``). The error left is the time between the bytes
@@ -26,13 +27,15 @@ nothing is moved and ``client_wait`` is None.
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 
 from servegate.bench.sse import Stream, now, parse_lines
 
-#: (seconds the thread has waited for a CPU, times it was put on one), or None: unknown
-Sample = Callable[[], tuple[float, int] | None]
+#: (seconds the thread has waited for a CPU, times it was put on one, times it slept),
+#: or None: unknown
+Sample = Callable[[], tuple[float, int, int] | None]
 
 
 class ThreadWaits:
@@ -47,12 +50,13 @@ class ThreadWaits:
         except OSError:
             self._fd = None
 
-    def __call__(self) -> tuple[float, int] | None:
+    def __call__(self) -> tuple[float, int, int] | None:
         if self._fd is None:
             return None
         try:
             fields = os.pread(self._fd, 128, 0).split()
-            return int(fields[1]) / 1e9, int(fields[2])
+            slept = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+            return int(fields[1]) / 1e9, int(fields[2]), slept
         except (OSError, IndexError, ValueError):
             return None
 
@@ -89,9 +93,9 @@ class ReadClock:
             self._own = ThreadWaits()
             sample = self._own
         self._sample = sample
-        #: seconds the bytes being parsed have waited for this thread to get a CPU
-        self.lag = 0.0
-        self._known = sample() is not None
+        #: seconds the bytes being parsed have waited for this thread to get a CPU (None:
+        #: cannot be told)
+        self.lag: float | None = 0.0 if sample() is not None else None
         #: the lag at the first stamp taken (the parser stamps only text and the stream's
         #: end, so on a stream with text: the first text's); None: not stamped or unknown
         self.first: float | None = None
@@ -112,7 +116,7 @@ class ReadClock:
     def __call__(self) -> float:
         if not self._stamped:
             self._stamped = True
-            self.first = self.lag if self._known else None
+            self.first = self.lag
         return self._clock()
 
     def lines(self, lines: Iterable[str]) -> Iterator[str]:
@@ -128,10 +132,14 @@ class ReadClock:
                 return
             after = self._sample()
             if before is None or after is None:
-                self.lag = 0.0
-            else:
-                if after[1] != before[1]:  # it left the CPU inside: the bytes came after
-                    base = before[0]
-                self.lag = after[0] - base if base is not None else 0.0
+                self.lag = None
+            elif after[1] != before[1]:  # it left the CPU inside this read
+                clean = after[1] - before[1] == 1 and after[2] - before[2] == 1
+                # one sleep and one return to the CPU: the bytes came after the sleep began
+                # and every wait since is theirs; more: it may have waited before
+                base = before[0] if clean else None
+                self.lag = after[0] - base if base is not None else None
+            elif base is not None:
+                self.lag = after[0] - base
             yield line
         yield from source
