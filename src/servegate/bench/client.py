@@ -3,8 +3,8 @@
 A bench run keeps one connection pool per endpoint (:func:`pool`): building an
 ``httpx.Client`` loads the TLS bundle (~30 ms) and a new connection costs a handshake,
 and neither belongs inside a measured TTFT. The clock of a request starts when it is
-sent, not before, and it ends when the first text reached the client: its read, less
-the time the reading thread then waited for a CPU (:mod:`servegate.bench.cpuwait`).
+sent, not before; how long the first text then waited for the reading thread to get a
+CPU is noted beside it (:mod:`servegate.bench.cpuwait`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Definitions (the ones llm-context-bench and the seeds use):
 
-- ``ttft_s``: request sent → first chunk carrying text, stamped when it reached the
-  client (its read less ``client_wait_s``, the time the reading thread then waited for
-  a CPU: ``servegate.bench.cpuwait``)
+- ``ttft_s``: request sent → first chunk carrying text
+- ``client_wait_s``: how long that chunk may have waited for the client's thread to get
+  a CPU before it was read (``servegate.bench.cpuwait``)
 - ``first_gap_s``: first text chunk → second (one inter-token gap on an honest stream)
 - ``prefill_tps``: ``prompt_tokens / ttft_s``
 - ``decode_window_s``: first text chunk → last text chunk
@@ -22,8 +22,10 @@ Definitions (the ones llm-context-bench and the seeds use):
   handling before the arrival, its output path after the first token, the network)
 
 A stream that arrives in a burst (mean inter-token latency below ``min_itl_ms``) was held
-back between the engine and the client: its client-side timings are not measurements and
-are dropped (``client_timing``), the engine's clock still counts.
+back between the engine and the client, and a first text that waited for the client to
+get a CPU (``client_wait_s`` above ``max_client_wait_share`` of the TTFT) was read late:
+their client-side timings are not measurements and are dropped (``client_timing``), the
+engine's clock still counts.
 
 Token counts come from ``usage`` only.
 """
@@ -80,6 +82,10 @@ class Rules:
     #: the longest wait in a stream's start, as a share of the time to its first text,
     #: before that text counts as sent ahead of the prefill (``first_text_ahead``)
     max_first_gap_share: float = 0.5
+    #: the longest the first text may wait for the client to get a CPU, as a share of
+    #: the time to it (beyond ``CLIENT_WAIT_FLOOR``), before the client's timings are
+    #: its own (``waited``)
+    max_client_wait_share: float = 0.01
 
 
 #: characters any one chunk may carry whatever the answer's length (a speculative step's
@@ -92,6 +98,8 @@ CHUNK_SPREAD = 8
 FIRST_GAP_SPREAD = 10
 #: seconds a wait in a stream's start may last whatever its pace
 FIRST_GAP_FLOOR = 0.05
+#: seconds the first text may wait for the client to get a CPU whatever the TTFT
+CLIENT_WAIT_FLOOR = 0.001
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -183,8 +191,8 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["client_wait_s"] = _r(stream.client_wait)
         if prompt and ttft > 0:
             out["prefill_tps"] = _r(prompt / ttft, 4)
-        if stream.second_text_at is not None:  # both as read
-            out["first_gap_s"] = _r(stream.second_text_at - stream.early[0])
+        if stream.second_text_at is not None:
+            out["first_gap_s"] = _r(stream.second_text_at - first)
     if first is not None and last is not None:
         window = last - first
         out["stream_delivery"] = "incremental" if stream.text_chunks > 1 else "buffered"
@@ -197,7 +205,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["output_tps_whole_request"] = _r(completion / wall, 4)
     if completion and stream.text_chunks:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
-    out["client_timing"] = _burst(out, rules) or held(stream, rules)
+    out["client_timing"] = waited(out, rules) or _burst(out, rules) or held(stream, rules)
     if out["client_timing"]:  # what the client's clock measured is dropped
         out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = out["first_gap_s"] = None
         out["generation_tps"] = out["mean_inter_token_latency_ms"] = None
@@ -341,6 +349,23 @@ def first_text_ahead(
             "sent ahead of the prefill, so the time to it is not a TTFT"
         )
     return ""
+
+
+def waited(t: Mapping[str, Any], rules: Rules) -> str:
+    """Why the client's time to the first text is its own ("": it is not): the text was
+    there, and the client's thread waited for a CPU before it could read it, longer than
+    ``rules.max_client_wait_share`` of that time and ``CLIENT_WAIT_FLOOR`` (a busy box:
+    the engine, its frontend or a neighbour on the client's core). The time to the text
+    and the decode window that starts there measured the client."""
+    wait, ttft = t["client_wait_s"], t["ttft_s"]
+    if wait is None or ttft is None or wait <= max(CLIENT_WAIT_FLOOR,
+                                                   rules.max_client_wait_share * ttft):  # fmt: skip
+        return ""
+    return (
+        f"client wait: its first text waited {wait:.3f} s for the client's thread to get a CPU "
+        f"before it was read, {wait / ttft:.0%} of the {ttft:.3f} s to it "
+        f"(> {rules.max_client_wait_share:.0%} and {CLIENT_WAIT_FLOOR * 1000:g} ms)"
+    )
 
 
 def held(stream: Stream, rules: Rules) -> str:

@@ -25,9 +25,8 @@ _WORD = re.compile(r"\w")
 @dataclass
 class Stream:
     started: float
-    #: when the first text reached the client (its read, less ``client_wait``)
     first_text_at: float | None = None
-    #: when the first ``EARLY_CHUNKS`` text chunks were read: a stream's start, where text
+    #: the times of the first ``EARLY_CHUNKS`` text chunks: a stream's start, where text
     #: sent ahead of the prefill would show (``measure.first_text_ahead``)
     early: list[float] = field(default_factory=list)
     #: the chunk after them (the wait before it belongs to the stream's start too)
@@ -48,8 +47,8 @@ class Stream:
     http_status: int = 0
     #: the time of every text chunk, when asked for (the load bench's inter-token gaps)
     stamps: list[float] | None = None
-    #: how long the first text waited for the client's thread to get a CPU, left out of
-    #: ``first_text_at`` (``servegate.bench.cpuwait``); None: not known
+    #: how long the first text may have waited for the client's thread to get a CPU
+    #: before it was read (``servegate.bench.cpuwait``); None: not known
     client_wait: float | None = None
 
     @property
