@@ -171,8 +171,9 @@ def measure_server(
                 server.wait(30)
             except subprocess.TimeoutExpired:
                 server.kill()
-    smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, check=False)
-    (args.out / "nvidia-smi.txt").write_text(smi.stdout if smi.returncode == 0 else "")
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi"], capture_output=True, text=True, check=False)
+        (args.out / "nvidia-smi.txt").write_text(smi.stdout)
     return rows, result
 
 
@@ -279,8 +280,8 @@ def cell(value: float | None, width: int, scale: float, places: int) -> str:
 
 
 def system(device: str) -> str:
-    if not device.startswith("cuda"):
-        return f"{os.cpu_count()} CPUs, no GPU"
+    if not device.startswith("cuda") or not shutil.which("nvidia-smi"):
+        return f"{os.cpu_count()} CPUs, {device}"
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                          capture_output=True, text=True, check=False)  # fmt: skip
     return smi.stdout.strip() or "unknown GPU"
