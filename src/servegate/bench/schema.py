@@ -45,8 +45,8 @@ class Trial(TypedDict):
     #: by the engine's own clock (vLLM's request prefill/decode time histograms)
     engine_prefill_tps: float | None
     engine_generation_tps: float | None
-    #: how long the first text waited for the client's thread to get a CPU, left out of
-    #: ``ttft_s`` (null: no text, or the OS does not say)
+    #: how long the first text may have waited for the client's thread to get a CPU
+    #: before it was read (an upper bound; null: no text, or the OS does not say)
     client_wait_s: float | None
     #: the engine's own TTFT (vLLM: arrival → first token; the group's mean above
     #: concurrency 1) and, at concurrency 1, ``ttft_s`` less it: the frontend's share
