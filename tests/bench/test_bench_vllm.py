@@ -102,8 +102,16 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
             # (arrival → first token) lies within the client's (sent → first text)
             sm = group["server_metrics"]
             assert sm["prefix_cache_hits"] == 0
-            if group["trials"][0]["ttft_s"] is not None:
-                assert 0 < sm["ttft_mean_s"] <= group["trials"][0]["ttft_s"] + 0.005
+            t = group["trials"][0]
+            if t["ttft_s"] is not None:
+                assert 0 < sm["ttft_mean_s"] <= t["ttft_s"] + 0.005
+                # the client's TTFT is the engine's plus the frontend's share, apart
+                assert t["engine_ttft_s"] == pytest.approx(sm["ttft_mean_s"], abs=1e-6)
+                assert t["frontend_ttft_s"] == pytest.approx(
+                    t["ttft_s"] - t["engine_ttft_s"], abs=2e-6
+                )
+                assert t["client_wait_s"] is not None
+                assert t["client_wait_s"] >= 0
             assert group["reference"]["rate"] > 0  # the box's speed beside the group
     rows = {r["case"]: r for r in result["performance_table"]}
     assert set(rows) == {"regular-2k", "coding-2k"}

@@ -3,7 +3,8 @@
 A bench run keeps one connection pool per endpoint (:func:`pool`): building an
 ``httpx.Client`` loads the TLS bundle (~30 ms) and a new connection costs a handshake,
 and neither belongs inside a measured TTFT. The clock of a request starts when it is
-sent, not before.
+sent, not before; how long the first text then waited for the reading thread to get a
+CPU is noted beside it (:mod:`servegate.bench.cpuwait`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from servegate.bench.sse import Stream, now, parse_lines
+from servegate.bench import cpuwait
+from servegate.bench.sse import Stream, now
 from servegate.engine.openai import Endpoint
 
 
@@ -67,7 +69,7 @@ def _stream(
                 resp.read()
                 stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 return stream
-            parse_lines(resp.iter_lines(), stream, now)
+            cpuwait.parse(resp.iter_lines(), stream)
     except httpx.TimeoutException:
         stream.error = f"no answer within {timeout:g}s"
     except httpx.ConnectError as exc:

@@ -3,6 +3,8 @@
 Definitions (the ones llm-context-bench and the seeds use):
 
 - ``ttft_s``: request sent → first chunk carrying text
+- ``client_wait_s``: how long that chunk may have waited for the client's thread to get
+  a CPU before it was read (``servegate.bench.cpuwait``)
 - ``first_gap_s``: first text chunk → second (one inter-token gap on an honest stream)
 - ``prefill_tps``: ``prompt_tokens / ttft_s``
 - ``decode_window_s``: first text chunk → last text chunk
@@ -13,10 +15,17 @@ Definitions (the ones llm-context-bench and the seeds use):
 - ``engine_prefill_tps``, ``engine_generation_tps``: the same rates by the engine's own
   clock (vLLM's ``request_prefill_time`` and ``request_decode_time`` histograms, read
   across the group): they do not move when the frontend or the client is starved
+- ``engine_ttft_s``: the engine's own TTFT (vLLM's ``time_to_first_token`` histogram:
+  the request's arrival in the frontend, before its chat template and tokenizer, → its
+  first token); ``frontend_ttft_s``: ``ttft_s - engine_ttft_s`` at concurrency 1, the
+  part of the client's TTFT outside the engine's clock (the frontend's HTTP and request
+  handling before the arrival, its output path after the first token, the network)
 
 A stream that arrives in a burst (mean inter-token latency below ``min_itl_ms``) was held
-back between the engine and the client: its client-side timings are not measurements and
-are dropped (``client_timing``), the engine's clock still counts.
+back between the engine and the client, and a first text that waited for the client to
+get a CPU (``client_wait_s`` above ``max_client_wait_share`` of the TTFT) was read late:
+their client-side timings are not measurements and are dropped (``client_timing``), the
+engine's clock still counts.
 
 Token counts come from ``usage`` only.
 """
@@ -73,6 +82,10 @@ class Rules:
     #: the longest wait in a stream's start, as a share of the time to its first text,
     #: before that text counts as sent ahead of the prefill (``first_text_ahead``)
     max_first_gap_share: float = 0.5
+    #: the longest the first text may wait for the client to get a CPU, as a share of
+    #: the time to it (beyond ``CLIENT_WAIT_FLOOR``), before the client's timings are
+    #: its own (``waited``)
+    max_client_wait_share: float = 0.01
 
 
 #: characters any one chunk may carry whatever the answer's length (a speculative step's
@@ -85,6 +98,8 @@ CHUNK_SPREAD = 8
 FIRST_GAP_SPREAD = 10
 #: seconds a wait in a stream's start may last whatever its pace
 FIRST_GAP_FLOOR = 0.05
+#: seconds the first text may wait for the client to get a CPU whatever the TTFT
+CLIENT_WAIT_FLOOR = 0.001
 
 
 def content_stats(text: str) -> dict[str, Any]:
@@ -156,6 +171,9 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         "recounted_tokens": None,
         "engine_prefill_tps": None,
         "engine_generation_tps": None,
+        "client_wait_s": None,
+        "engine_ttft_s": None,
+        "frontend_ttft_s": None,
         "stream_delivery": "none",
         "cached_tokens": cached_tokens(stream),
         "content": content_stats(stream.content),
@@ -170,6 +188,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
     if first is not None:
         ttft = first - stream.started
         out["ttft_s"] = _r(ttft)
+        out["client_wait_s"] = _r(stream.client_wait)
         if prompt and ttft > 0:
             out["prefill_tps"] = _r(prompt / ttft, 4)
         if stream.second_text_at is not None:
@@ -186,7 +205,7 @@ def trial(stream: Stream, rules: Rules) -> Trial:
         out["output_tps_whole_request"] = _r(completion / wall, 4)
     if completion and stream.text_chunks:
         out["tokens_per_chunk"] = _r(completion / stream.text_chunks, 4)
-    out["client_timing"] = _burst(out, rules) or held(stream, rules)
+    out["client_timing"] = waited(out, rules) or _burst(out, rules) or held(stream, rules)
     if out["client_timing"]:  # what the client's clock measured is dropped
         out["ttft_s"] = out["prefill_tps"] = out["decode_window_s"] = out["first_gap_s"] = None
         out["generation_tps"] = out["mean_inter_token_latency_ms"] = None
@@ -330,6 +349,23 @@ def first_text_ahead(
             "sent ahead of the prefill, so the time to it is not a TTFT"
         )
     return ""
+
+
+def waited(t: Mapping[str, Any], rules: Rules) -> str:
+    """Why the client's time to the first text is its own ("": it is not): the text was
+    there, and the client's thread waited for a CPU before it could read it, longer than
+    ``rules.max_client_wait_share`` of that time and ``CLIENT_WAIT_FLOOR`` (a busy box:
+    the engine, its frontend or a neighbour on the client's core). The time to the text
+    and the decode window that starts there measured the client."""
+    wait, ttft = t["client_wait_s"], t["ttft_s"]
+    if wait is None or ttft is None or wait <= max(CLIENT_WAIT_FLOOR,
+                                                   rules.max_client_wait_share * ttft):  # fmt: skip
+        return ""
+    return (
+        f"client wait: its first text waited {wait:.3f} s for the client's thread to get a CPU "
+        f"before it was read, {wait / ttft:.0%} of the {ttft:.3f} s to it "
+        f"(> {rules.max_client_wait_share:.0%} and {CLIENT_WAIT_FLOOR * 1000:g} ms)"
+    )
 
 
 def held(stream: Stream, rules: Rules) -> str:

@@ -563,6 +563,22 @@ class Bench:
                 t["engine_prefill_tps"] = round(t["prompt_tokens"] / prefill[0], 4)
             if decode and decode[1] == len(trials) and decode[0] > 0 and t["completion_tokens"] > 1:
                 t["engine_generation_tps"] = round((t["completion_tokens"] - 1) / decode[0], 4)
+        self._engine_ttft(trials, prom.histogram_mean_delta(before, after, names.ttft))
+
+    @staticmethod
+    def _engine_ttft(trials: list[Trial], ttft: tuple[float, float] | None) -> None:
+        """The engine's own TTFT beside the client's (``ttft``: the histogram's mean and
+        count over the group), and at concurrency 1 the client's TTFT less it: the part
+        the frontend and the network add, which the engine's clock does not see."""
+        for t in trials:
+            t["engine_ttft_s"] = t["frontend_ttft_s"] = None
+        with_text = [t for t in trials if t["text_chunks"] > 0]
+        if not ttft or ttft[1] != len(with_text) or not with_text:
+            return
+        for t in with_text:
+            t["engine_ttft_s"] = round(ttft[0], 6)
+        if len(trials) == 1 and trials[0]["ttft_s"] is not None:
+            trials[0]["frontend_ttft_s"] = round(trials[0]["ttft_s"] - ttft[0], 6)
 
     def _engine_counts(
         self, trials: list[Trial], before: dict[str, float], after: dict[str, float]

@@ -45,6 +45,13 @@ class Trial(TypedDict):
     #: by the engine's own clock (vLLM's request prefill/decode time histograms)
     engine_prefill_tps: float | None
     engine_generation_tps: float | None
+    #: how long the first text may have waited for the client's thread to get a CPU
+    #: before it was read (an upper bound; null: no text, or the OS does not say)
+    client_wait_s: float | None
+    #: the engine's own TTFT (vLLM: arrival → first token; the group's mean above
+    #: concurrency 1) and, at concurrency 1, ``ttft_s`` less it: the frontend's share
+    engine_ttft_s: float | None
+    frontend_ttft_s: float | None
     #: "incremental", "buffered" or "none"
     stream_delivery: str
     cached_tokens: dict[str, int]

@@ -47,6 +47,9 @@ class Stream:
     http_status: int = 0
     #: the time of every text chunk, when asked for (the load bench's inter-token gaps)
     stamps: list[float] | None = None
+    #: how long the first text may have waited for the client's thread to get a CPU
+    #: before it was read (``servegate.bench.cpuwait``); None: not known
+    client_wait: float | None = None
 
     @property
     def content(self) -> str:
