@@ -144,3 +144,45 @@ def test_a_release_that_bursts_its_slow_answers_is_judged_on_all_of_them() -> No
     # and the count survives the release record the next gate reads its baseline from
     again = results.from_record(cand.as_dict(), "record")
     assert again.cases["regular-16k"].missing == {"generation_tps": 3}
+
+
+def test_a_burst_of_the_box_is_measured_again_then_set_apart() -> None:
+    """One trial at a third of the rate (a neighbour's burst) among the candidate's: the
+    gate measures again instead of judging it; once the candidate has enough samples
+    that one far-slow sample is no more than the box explains, it is set apart, named and
+    kept in the row, and the rest decide."""
+    base = samples({"generation_tps": BASE})
+    burst = [63.3, 62.9, 21.0, 63.6, 63.1]
+    early = verdict.evaluate(base, samples({"generation_tps": burst}), RULES, QUIET, final=False)
+    assert early["verdict"] == "INCONCLUSIVE", early["rows"]
+    assert "measuring again" in early["rows"][0]["why"]
+    again = burst + [63.4, 63.0, 62.8]
+    final = verdict.evaluate(base, samples({"generation_tps": again}), RULES, QUIET)
+    row = final["rows"][0]
+    assert final["verdict"] == "PASS", row
+    assert row["outliers"]["candidate"] == [21.0]
+    assert row["outliers"]["set_apart"] == [0, 1]
+
+
+def test_two_bursts_in_four_are_measured_again_not_failed_at_once() -> None:
+    """Two of the first four trials hit by bursts look like a 40 % loss and scatter far
+    beyond the baseline: before the cap that is a reason to measure again, not a FAIL."""
+    base = samples({"generation_tps": BASE})
+    cand = samples({"generation_tps": [63.3, 21.0, 63.1, 21.2]})
+    d = verdict.evaluate(base, cand, RULES, QUIET, final=False)
+    assert d["verdict"] == "INCONCLUSIVE", d["rows"]
+    # the same scatter at the baseline's sample size (five) is judged: measured again
+    tight = samples({"generation_tps": [63.3, 21.0, 63.1, 21.2, 63.0, 62.9, 21.1, 63.4]})
+    d = verdict.evaluate(base, tight, RULES, QUIET, final=False)
+    assert d["verdict"] != "FAIL", d["rows"]
+
+
+def test_a_repeating_slow_tail_is_not_set_apart() -> None:
+    """A release that serves a third of its requests at a third of the rate: measured to
+    the cap, its far-slow samples are more than the box explains. They stay in the
+    estimate, and the release is not released."""
+    base = samples({"generation_tps": BASE})
+    tail = [63.3, 21.0, 63.1, 62.8, 21.2, 63.5, 63.0, 20.9, 63.2, 62.7, 21.1, 63.4]
+    d = verdict.evaluate(base, samples({"generation_tps": tail}), RULES, QUIET)
+    assert d["verdict"] != "PASS", d["rows"]
+    assert d["rows"][0]["outliers"] is None or d["rows"][0]["outliers"]["set_apart"][1] == 0
