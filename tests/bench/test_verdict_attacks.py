@@ -156,7 +156,7 @@ def test_a_burst_of_the_box_is_measured_again_then_set_apart() -> None:
     early = verdict.evaluate(base, samples({"generation_tps": burst}), RULES, QUIET, final=False)
     assert early["verdict"] == "INCONCLUSIVE", early["rows"]
     assert "measuring again" in early["rows"][0]["why"]
-    again = burst + [63.4, 63.0, 62.8]
+    again = [*burst, 63.4, 63.0, 62.8]
     final = verdict.evaluate(base, samples({"generation_tps": again}), RULES, QUIET)
     row = final["rows"][0]
     assert final["verdict"] == "PASS", row
