@@ -280,7 +280,11 @@ def _measured(
                       st.within.get(f"{cid}:{rule.metric}"))  # fmt: skip
     if c is None:
         why = "fewer than two samples on a side: nothing to compare yet"
-        return _flat(st, why) if final else (INCONCLUSIVE, why)
+        if not final:
+            return INCONCLUSIVE, why
+        if st.inconclusive == "pass":
+            return _flat(st, why)
+        return FAIL, f"{why}; at the cap nothing was compared (never a pass on missing data)"
     look = _look(len(cand), st, final)
     bound_a, bound_b = _bounds(c, st, levels, look, offset)
     row["look"] = {"at": look + 1, "of": max(st.looks, 1),
