@@ -150,12 +150,7 @@ def one_gate(
     looks = max(1, max_reps - first + 1)
     st = bench_gate.settings(cfg, False, looks, first, found)
     if noise_mode == "known":
-        st = replace(
-            st,
-            offsets={k: box.offset for k in found},
-            noise={},
-            within={k: (1000, box.cv**2) for k in found},
-        )
+        st = replace(st, offsets={k: box.offset for k in found})
     rules = bench_gate.rules(cfg)
     base, cand = Side(rng, box, cases, False), Side(rng, box, cases, True)
     for side in (base, cand):

@@ -533,13 +533,9 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
             raise ConfigError(f"{where} must be a table, e.g. [{where}]")
         return _build(tp, value, where, environ)
     if origin is Literal:
-        if where == "gate.inconclusive" and value == "evidence":
-            raise ConfigError(
-                "gate.inconclusive = 'evidence' is gone: it PASSed rows whose interval could "
-                "not exclude the tolerated loss",
-                hint="remove it (the default 'inconclusive' rolls an open row back), or set "
-                "'pass' if no evidence of a loss is enough for you",
-            )
+        if (where, value) in REMOVED:
+            message, hint = REMOVED[where, value]
+            raise ConfigError(message, hint=hint)
         if value not in typing.get_args(tp):
             allowed = ", ".join(repr(a) for a in typing.get_args(tp))
             raise ConfigError(
@@ -581,11 +577,20 @@ def _convert(tp: Any, value: Any, where: str, environ: Mapping[str, str]) -> Any
     raise ConfigError(f"{where} must be of type {getattr(tp, '__name__', tp)}, not {value!r}")
 
 
-#: settings taken out, and what to do instead
-REMOVED = {
-    ("gate", "max_resolution"): "remove it: a row PASSes only when its interval excludes the "
-    "tolerated loss (docs/bench.md#what-pass-means); `servegate bench noise` says which "
-    "tolerance this box resolves",
+#: settings (value None) and values taken out: (message, what to do instead)
+REMOVED: dict[tuple[str, Any], tuple[str, str]] = {
+    ("gate.max_resolution", None): (
+        "gate.max_resolution is no longer a setting",
+        "remove it: a row PASSes only when its interval excludes the tolerated loss "
+        "(docs/bench.md#the-gate); `servegate bench noise` says which tolerance this box "
+        "resolves",
+    ),
+    ("gate.inconclusive", "evidence"): (
+        "gate.inconclusive = 'evidence' is gone: it PASSed rows whose interval could not "
+        "exclude the tolerated loss",
+        "remove it (the default 'inconclusive' rolls an open row back), or set 'pass' if no "
+        "evidence of a loss is enough for you",
+    ),
 }
 
 
@@ -596,8 +601,9 @@ def _build(
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "path"}
     prefix = f"{section}." if section else ""
     for key in data:
-        if (section, key) in REMOVED:
-            raise ConfigError(f"{section}.{key} is no longer a setting", hint=REMOVED[section, key])
+        if (f"{prefix}{key}", None) in REMOVED:
+            message, hint = REMOVED[f"{prefix}{key}", None]
+            raise ConfigError(message, hint=hint)
         if key not in fields:
             place = f"[{section}]" if section else "the top level"
             raise ConfigError(

@@ -24,6 +24,12 @@ LCB_SCHEMAS = (7, 8)
 LCB_METRICS = {m: m for m in METRICS}
 
 
+def spread(total: int, starts: int) -> list[int]:
+    """``total`` repetitions over ``starts`` service starts, as even as they go."""
+    starts = max(1, min(starts, total))
+    return [total // starts + (1 if i < total % starts else 0) for i in range(starts)]
+
+
 @dataclass
 class CaseSamples:
     id: str
@@ -56,9 +62,7 @@ class CaseSamples:
             return known
         if self.starts <= 1 or len(values) < 2:
             return None
-        k = min(self.starts, len(values))
-        sizes = [len(values) // k + (1 if i < len(values) % k else 0) for i in range(k)]
-        return [i for i, size in enumerate(sizes) for _ in range(size)]
+        return [i for i, size in enumerate(spread(len(values), self.starts)) for _ in range(size)]
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -18,7 +18,8 @@ passes the box's measured offset per ``case:metric`` (``servegate bench noise``,
   the loss is significant: the upper bound of ``d`` at ``alpha / N`` is below 0;
 - **INCONCLUSIVE** when the estimate is a loss beyond the tolerance that the history's
   noise cannot confirm (as the gate's ``evidence`` policy, never a pass), or when the box
-  changed since the best record (its reference workload moved beyond ``drift``);
+  changed since the best record (its reference workload moved significantly and beyond ``drift``:
+  :func:`servegate.bench.verdict.box_change`);
 - **PASS** otherwise. ``excluded`` says whether the samples exclude a cumulative loss of
   the tolerance against *every* record of the window (each lower bound at ``miss`` at or
   above ``T``: an intersection-union test, so no correction is needed) or only show none;
@@ -144,7 +145,7 @@ def judge(
     miss: float,
     offsets: Mapping[str, float] | None = None,
     prior_offset: float = PRIOR_OFFSET,
-    drift: float = 0.10,
+    drift: float = 0.01,
 ) -> dict[str, Any]:
     """The candidate's samples against the trend: a table like the gate's.
 
@@ -154,7 +155,7 @@ def judge(
     judged against instead, "" or None for the best of the window. ``false_alarm`` and
     ``miss``: the gate's error rates (``gate.false_alarm``, ``gate.miss``). ``offsets``:
     the box's restart offset (log SD) per ``case:metric``; a row without one takes
-    ``prior_offset``. ``drift``: a change of the reference workload beyond this fraction
+    ``prior_offset``. ``drift``: a significant change of the reference workload beyond this fraction
     since the best record is a change of the box (``gate.drift``).
 
     Returns ``verdict`` (FAIL, INCONCLUSIVE, PASS, or REPORT when no row could be
@@ -261,7 +262,7 @@ def _judge_row(
         interval=[round(lo, 4), round(hi, 4)],
         excluded=all(e is not None and e.lower(miss) >= t for e in each),
         resolves=round(stats.resolution(c, levels), 4),
-        drift=_drift(cs, bcs, drift),
+        drift=verdict.box_change(cs, bcs, drift),
     )  # fmt: skip
     what = (
         f"the anchor {best.sha[:12]}"
@@ -314,17 +315,6 @@ def _decide(
         verdict.PASS,
         f"{ratio} in [{lo:.3f}, {hi:.3f}]: no significant cumulative loss; {unsure}",
     )
-
-
-def _drift(cs: CaseSamples, bcs: CaseSamples, drift: float) -> dict[str, Any]:
-    """The box's change since the best record, from the reference workload."""
-    if not cs.reference or not bcs.reference:
-        side = "the best record" if not bcs.reference else "the candidate"
-        return {"checked": False, "why": f"{side} has no reference-workload samples"}
-    if cs.reference_workload != bcs.reference_workload:
-        return {"checked": False, "why": "the reference workloads differ"}
-    change = stats.gm(cs.reference) / stats.gm(bcs.reference) - 1
-    return {"checked": True, "change": round(change, 4), "moved": abs(change) > drift}
 
 
 def levels(history: Sequence[Past], case: str, metric: str) -> list[tuple[Past, float]]:

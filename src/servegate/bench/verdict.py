@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from servegate.bench import sequential, stats
+from servegate.bench.noise import Noise
 from servegate.bench.results import CaseSamples, Samples
 
 Direction = Literal["higher", "lower"]
@@ -88,12 +89,9 @@ class Settings:
     #: a significant change of the reference workload beyond this fraction is a change
     #: of the box (judged both as measured and credited)
     drift: float = 0.01
-    #: per "case:metric", the box's restart offset measured by ``bench noise``: evidence
-    #: as (degrees of freedom, variance of a start's mean, its within-start part)
-    noise: Mapping[str, tuple[int, float, float]] = field(default_factory=dict)
-    #: per "case:metric", the box's within-start log variance measured by ``bench
-    #: noise``: (degrees of freedom, variance), pooled with both sides' own
-    within: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    #: per "case:metric", the box's noise measured by ``bench noise``: its restart offset
+    #: is pooled with the gate's own starts, its within-start variance with both sides'
+    noise: Mapping[str, Noise] = field(default_factory=dict)
     #: the restart offset (log SD) assumed where neither ``bench noise`` nor the gate's
     #: own service starts measured it
     restart_offset: float = 0.02
@@ -277,7 +275,7 @@ def _measured(
     offset, source = _offset(cid, rule.metric, bulk_b, bulk_c, blocks, bcs, cs, st)
     row["offset"] = {"log_sd": round(offset, 5), "from": source}
     c = stats.compare(bulk_b, bulk_c, lower, offset, (bcs.starts, cs.starts), blocks,
-                      st.within.get(f"{cid}:{rule.metric}"))  # fmt: skip
+                      _within(st, f"{cid}:{rule.metric}"))  # fmt: skip
     if c is None:
         why = "fewer than two samples on a side: nothing to compare yet"
         if not final:
@@ -297,7 +295,7 @@ def _measured(
         threshold=round(math.exp(t), 4),
         tolerance=rule.tolerance,
     )
-    drift = _drift(cs, bcs, st, rule.tolerance)
+    drift = box_change(cs, bcs, st.drift)
     row["drift"] = drift
     n = f"n {c.n_base}+{c.n_cand}" + (f", {c.starts[0]}+{c.starts[1]} starts"
                                       if max(c.starts) > 1 else "")  # fmt: skip
@@ -360,7 +358,7 @@ def _offset(
     sources: list[tuple[int, float, float]] = []
     about: list[str] = []
     if key in st.noise:
-        sources.append(st.noise[key])
+        sources.append(st.noise[key].evidence())
         about.append("bench noise")
     for values, bl in ((base, blocks[0]), (cand, blocks[1])):
         if bl is None:
@@ -374,6 +372,12 @@ def _offset(
     if sources:
         return stats.offset_bound(sources), " + ".join(about)
     return st.restart_offset, "prior gate.restart_offset (not measured: `servegate bench noise`)"
+
+
+def _within(st: Settings, key: str) -> tuple[int, float] | None:
+    """The box's within-start log variance from ``bench noise``: (df, variance)."""
+    found = st.noise.get(key)
+    return None if found is None else (found.samples - found.starts, found.cv**2)
 
 
 def _look(n_cand: int, st: Settings, final: bool) -> int:
@@ -568,7 +572,7 @@ def _no_baseline(
     return row
 
 
-def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings, tolerance: float) -> dict[str, Any]:
+def box_change(cs: CaseSamples, bcs: CaseSamples, drift: float) -> dict[str, Any]:
     """The box's change between the two sides, measured by the reference workload beside
     every group: ``moved`` when the shift of its log rate is significant (two-sided,
     :data:`DRIFT_LEVEL`) and beyond ``drift``. A shift within the noise of the
@@ -594,7 +598,7 @@ def _drift(cs: CaseSamples, bcs: CaseSamples, st: Settings, tolerance: float) ->
         "checked": True,
         "change": round(change, 4),
         "z": round(min(z, 1e6), 2),
-        "moved": significant and abs(change) > st.drift,
+        "moved": significant and abs(change) > drift,
         "log_change": math.log1p(change),
         "se": se,
     }

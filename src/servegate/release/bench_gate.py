@@ -18,6 +18,7 @@ from servegate import hostpaths
 from servegate.bench import noise, results, stats, verdict
 from servegate.bench.cases import parse_cases, spec_from_config
 from servegate.bench.document import fingerprint
+from servegate.bench.results import spread as spread  # where the gate spreads its starts
 from servegate.bench.runner import Bench, LogWindow
 from servegate.config import Config
 from servegate.engine.openai import Endpoint
@@ -57,8 +58,7 @@ def settings(
         no_baseline=g.no_baseline,
         first_release=first_release,
         drift=g.drift,
-        noise={k: v.evidence() for k, v in (found or {}).items()},
-        within={k: (v.samples - v.starts, v.cv**2) for k, v in (found or {}).items()},
+        noise=dict(found or {}),
         restart_offset=g.restart_offset,
     )
 
@@ -335,12 +335,6 @@ def _check_counts(bench: Bench, evidence: dict[str, Any], reporter: Reporter) ->
         )
         evidence["weaker_evidence"].append(line)
         reporter.note(f"bench gate, weaker evidence: {line}")
-
-
-def spread(total: int, starts: int) -> list[int]:
-    """``total`` repetitions over ``starts`` service starts, as even as they go."""
-    starts = max(1, min(starts, total))
-    return [total // starts + (1 if i < total % starts else 0) for i in range(starts)]
 
 
 def _reps(bench: Bench, case_id: str) -> int:
