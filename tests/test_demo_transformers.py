@@ -103,7 +103,10 @@ def _demo(tmp_path: Path, arch: str, env: dict[str, str]) -> None:
     # the second good release was judged against the first at the 16k tier
     b2 = _bench(second)
     assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
-    assert b2["evidence"]["baseline"] == f"live release {first['sha'][:12]}"
+    assert b2["evidence"]["baseline"] == (
+        f"fresh: live release {first['sha'][:12]} measured during this promote (fresh)"
+    )
+    assert b2["evidence"]["design"]["live_repetitions"] >= 1
 
     assert bad["exit_code"] == 8
     assert "mapped from outside the release" in bad["reason"]

@@ -99,8 +99,9 @@ def _check_demo(
     assert first["record"]["gate"]["verdict"] == "PASS"
 
     # the bench gate: the first release has no baseline (validity decides, by the config's
-    # explicit no_baseline = "first-release"); the second is compared with the first's
-    # recorded samples; the slow one (8 batched tokens a step) fails on prefill
+    # explicit no_baseline = "first-release"); the second is compared with the first
+    # measured again during its promote, before the switch (the fresh baseline); the slow
+    # one (8 batched tokens a step) fails on prefill
     def bench(step: dict[str, Any]) -> dict[str, Any]:
         (check,) = [c for c in step["record"]["gate"]["checks"] if c["name"] == "bench"]
         return dict(check)
@@ -108,9 +109,14 @@ def _check_demo(
     b1, b2, b4 = bench(first), bench(second), bench(slow)
     assert b1["verdict"] == "PASS"
     assert "first release of the stack on this host" in b1["evidence"]["rows"][0]["why"]
-    assert b2["evidence"]["baseline"] == f"live release {first['sha'][:12]}"
+    assert b2["evidence"]["baseline"] == (
+        f"fresh: live release {first['sha'][:12]} measured during this promote (fresh)"
+    )
+    assert b2["evidence"]["design"]["live_repetitions"] >= 1
     assert b2["verdict"] == "PASS", b2["evidence"]["rows"]
-    assert b4["evidence"]["baseline"] == f"live release {second['sha'][:12]}"
+    assert b4["evidence"]["baseline"] == (
+        f"fresh: live release {second['sha'][:12]} measured during this promote (fresh)"
+    )
     (prefill,) = [r for r in b4["evidence"]["rows"] if r["metric"] == "engine_prefill_tps"]
     assert prefill["ratio"] < 0.5, prefill  # several-fold, whatever the box's load
     # a decisive loss FAILs; on a box so busy that the slow release's samples scatter

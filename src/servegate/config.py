@@ -336,8 +336,10 @@ class Gate:
     rules: tuple[GateRule, ...] = ()
     #: a shipped set of floors added to ``rules`` (``v620-tp4``); empty: none
     floors: str = ""
-    #: ``live``: the live release's recorded samples; or the path of a result file
-    baseline: str = "live"
+    #: ``fresh``: the live release measured again during the promote, before the switch
+    #: (ABAB where the plan needs several service starts); ``recorded``: the samples the
+    #: live release's own gate recorded; or the path of a result file
+    baseline: str = "fresh"
     #: probability that an unchanged release is rolled back by a check (all its deciding
     #: rows): half of it for a false FAIL, half for a row left open at the cap
     false_alarm: float = 0.05
@@ -357,6 +359,15 @@ class Gate:
     #: rows without a baseline: ``fail``, or ``first-release``: pass (floors and validity
     #: decide) only while the host has no released record of the stack at all
     no_baseline: Literal["first-release", "fail"] = "fail"
+
+    def __post_init__(self) -> None:
+        if self.baseline == "live":
+            raise ConfigError(
+                "gate.baseline = 'live' is gone: it compared with samples recorded when the "
+                "live release was promoted",
+                hint="remove it (the default 'fresh' measures the live release again during "
+                "the promote), or set 'recorded' for the recorded samples",
+            )
 
 
 @dataclass(frozen=True)

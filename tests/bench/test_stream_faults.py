@@ -47,6 +47,9 @@ class Engine(BaseHTTPRequestHandler):
 
     #: "shared": the one engine every request's prefill and tokens take turns on
     engine_lock = threading.Lock()
+    #: "slow": the prefill's seconds and the seconds between tokens
+    prefill_s = 0.8
+    token_gap_s = 0.03
 
     def log_message(self, *args: object) -> None:
         pass
@@ -111,7 +114,7 @@ class Engine(BaseHTTPRequestHandler):
             self._event(" ")
             time.sleep(0.8)
         if self.mode in ("slow", "stall", "lead"):  # a long prefill, then a slow decode
-            time.sleep(0.8)
+            time.sleep(self.prefill_s if self.mode == "slow" else 0.8)
         if self.mode == "lead":  # honest: the model's first two tokens are newlines
             for _ in range(2):
                 self._event("\n")
@@ -137,7 +140,8 @@ class Engine(BaseHTTPRequestHandler):
                              "shared", "zero-width", "early-short", "shared-early"):  # fmt: skip
                 self.wfile.flush()
                 # "stall": a neighbour holds the honest stream 0.25 s after its first token
-                time.sleep(0.25 if self.mode == "stall" and i == 0 else 0.03)
+                gap = self.token_gap_s if self.mode == "slow" else 0.03
+                time.sleep(0.25 if self.mode == "stall" and i == 0 else gap)
             if self.mode == "error" and i == 10:
                 self.wfile.write(b'data: {"error": {"message": "EngineCore died"}}\n\n')
                 return

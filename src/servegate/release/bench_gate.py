@@ -1,9 +1,23 @@
 """The ``bench`` gate check: measure the restarted release and judge it against a baseline.
 
-Baseline: the live release's samples recorded by its own gate (same host, same bench
-fingerprint), or the result file named by ``gate.baseline``. While a required row is
-INCONCLUSIVE the check measures those cases again, up to ``bench.max_repetitions``;
-then ``gate.inconclusive`` decides.
+Baseline (``gate.baseline``):
+
+- ``fresh`` (the default): the live release measured again during the promote, on the
+  same cases, after the build and before the switch (:class:`LiveBench`), so both sides
+  see the box in the same state. Where the plan spreads the repetitions over several
+  service starts, the design is **ABAB**: live, candidate, live, candidate, the service
+  switched back and forth and proven at every start, so that the restart offset and the
+  box's drift fall on both sides alike; it costs the same starts as measuring one side
+  after the other. Where the live release cannot be measured (it is not serving, does not
+  prove, or fails its bench) the recorded samples are used and the evidence says why.
+- ``recorded``: the samples the live release's own gate recorded (same host, same bench
+  fingerprint): hours or weeks old, another start, another state of the box.
+- a path: a result file.
+
+While a required row is INCONCLUSIVE the check measures the candidate again, up to
+``bench.max_repetitions``; then ``gate.inconclusive`` decides. Where ``[trend]`` is
+enabled, the candidate is also judged against the best of the last released records
+(:mod:`servegate.bench.trend`): a trend FAIL fails the check.
 """
 
 from __future__ import annotations
@@ -11,12 +25,13 @@ from __future__ import annotations
 import datetime as dt
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from servegate import hostpaths
 from servegate.bench import noise, results, stats, verdict
-from servegate.bench.cases import parse_cases, spec_from_config
+from servegate.bench.cases import Spec, parse_cases, spec_from_config
 from servegate.bench.document import fingerprint
 from servegate.bench.results import spread as spread  # where the gate spreads its starts
 from servegate.bench.runner import Bench, LogWindow
@@ -151,7 +166,7 @@ def baseline(
 ) -> tuple[results.Samples | None, str]:
     """(samples, what they are). A configured result file must match; the live release's
     samples that don't match are no baseline (and the note says why)."""
-    if cfg.gate.baseline != "live":
+    if cfg.gate.baseline not in ("fresh", "recorded"):
         base = results.load(Path(cfg.gate.baseline))
         lenient = not base.harness.startswith("servegate")
         planned = {str(c): results.CaseSamples(str(c)) for c in fingerprint.get("cases") or []}
@@ -184,6 +199,132 @@ def baseline(
     return base, f"live release {sha}"
 
 
+@dataclass
+class Layout:
+    """How the check measures: the noise record, the plan from it, the repetitions before
+    the first look and the service starts they are spread over."""
+
+    found: dict[str, noise.Noise]
+    about: str
+    planned: list[dict[str, Any]]
+    first: int
+    starts: int
+
+
+def layout(cfg: Config, spec: Spec) -> Layout:
+    found, about = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
+    planned = plan(cfg, found)
+    first, starts = design(planned, spec.repetitions, cfg.bench.max_repetitions,
+                           cfg.bench.max_starts)  # fmt: skip
+    return Layout(dict(found), about, planned, first, starts)
+
+
+class LiveBench:
+    """The live release measured again during the promote (``gate.baseline = "fresh"``).
+
+    :meth:`begin` measures its first block while it still serves, before the switch; the
+    bench check then measures the candidate, and where the plan spreads the repetitions
+    over service starts and ``to_live`` can put the live release back, alternates:
+    ``to_live()`` (switch to the live release and prove it), a live block, the candidate
+    switched back and proven, a candidate block. Without ``to_live`` the live release
+    is measured in its running start only, and the evidence says so."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        endpoint: Endpoint,
+        model: str,
+        sha: str,
+        reporter: Reporter,
+        environ: Mapping[str, str],
+        *,
+        log_file: Path | None = None,
+        window_check: Callable[[str], list[str]] | None = None,
+        to_live: Callable[[], dict[str, Any]] | None = None,
+        cannot_alternate: str = "",
+    ) -> None:
+        self.sha = sha
+        self.reporter = reporter
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        output = results_dir(cfg) / f"{stamp}-{sha[:12]}-baseline.json"
+        spec = spec_from_config(cfg.bench, endpoint, model, "", socket.gethostname())
+        self.bench = Bench(spec, output, reporter, LogWindow(log_file) if log_file else None,
+                           environ)  # fmt: skip
+        self.bench.window_check = window_check
+        self.layout = layout(cfg, spec)
+        self.blocks = spread(self.layout.first, self.layout.starts)
+        if self.layout.starts > 1 and to_live is None:
+            self.design = "fresh"
+            self.why = (
+                f"the plan spreads the candidate over {self.layout.starts} service starts, "
+                f"but {cannot_alternate or 'the live release cannot be switched back to'}: "
+                "the live release is measured in its running start only"
+            )
+            self.blocks = [self.layout.first]
+        elif self.layout.starts > 1:
+            self.design = "abab"
+            self.why = (
+                f"the box's restart offset needs {self.layout.starts} service starts a side: "
+                "live and candidate alternate, so the offset and the box's drift fall on "
+                "both alike (the same starts as one side after the other)"
+            )
+        else:
+            self.design = "fresh"
+            self.why = (
+                "one service start a side resolves the tolerance: the live release in its "
+                "running start, then the candidate"
+            )
+        self.to_live = to_live if self.design == "abab" else None
+        #: what each switch back to the live release saw (provenance, start-up)
+        self.switches: list[dict[str, Any]] = []
+        #: why the fresh baseline could not be measured ("" while it can)
+        self.failed = ""
+
+    def begin(self) -> None:
+        """Prepare, warm up and measure the first block of the live release as it serves."""
+        try:
+            self.bench.prepare()
+            self.bench.warm_up()
+            for case in self.bench.spec.cases:
+                self.bench.measure(case, self.blocks[0])
+        except BenchFailed as exc:
+            self.failed = f"the live release's bench failed: {exc}"
+            self.bench.fail("failed", str(exc))
+
+    def block(self, count: int) -> None:
+        """Switch back to the live release, prove it, measure ``count`` more of each case."""
+        assert self.to_live is not None
+        self.reporter.note(
+            f"bench gate: switching back to the live release {self.sha[:12]} (ABAB design: "
+            f"{len(self.switches) + 2} of {len(self.blocks)} starts a side)"
+        )
+        self.switches.append(self.to_live())
+        self.bench.restarted()
+        self.bench.warm_up()
+        for case in self.bench.spec.cases:
+            self.bench.measure(case, count)
+
+    def samples(self) -> results.Samples:
+        return results.from_result(self.bench.result, f"live release {self.sha[:12]}")
+
+    def finish(self) -> None:
+        if not self.failed:
+            self.bench.finish()
+
+    def describe(self) -> dict[str, Any]:
+        counts = [len(c["groups"]) for c in self.bench.result["cases"]]
+        return {
+            "name": self.design,
+            "why": self.why,
+            "first": self.layout.first,
+            "starts": self.layout.starts,
+            "live_repetitions": max(counts, default=0),
+            "live_starts": 1 + len(self.switches),
+            "switches": self.switches,
+            "baseline_result_file": str(self.bench.output),
+        }
+
+
 def run(
     cfg: Config,
     endpoint: Endpoint,
@@ -198,12 +339,18 @@ def run(
     window_check: Callable[[str], list[str]] | None = None,
     first_release: bool = False,
     restart: Callable[[], dict[str, Any]] | None = None,
+    live: LiveBench | None = None,
+    trend: Callable[[results.Samples], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Measure, decide, and return the evidence (``verdict`` is PASS, FAIL or INCONCLUSIVE).
 
     ``restart``: restarts the candidate service and proves it again (healthy, provenance);
     called between service starts when the box's restart offset needs the repetitions
-    spread (:func:`plan`). Without it every repetition runs in one start."""
+    spread (:func:`plan`); in the ABAB design it switches the service back to the
+    candidate. Without it every repetition runs in one start. ``live``: the fresh
+    baseline, its first block measured before the switch. ``trend``: judges the
+    candidate's samples against the release history
+    (:func:`servegate.release.trend.judge_candidate`)."""
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     output = results_dir(cfg) / f"{stamp}-{sha[:12]}.json"
     spec = spec_from_config(cfg.bench, endpoint, model, command, socket.gethostname())
@@ -224,20 +371,28 @@ def run(
             "bench.reference = false: a change of the box cannot be told from a change of "
             "the release"
         )
+    fresh = live is not None and not live.failed
+    if live is not None and live.failed:
+        evidence["weaker_evidence"].append(
+            f"no fresh baseline ({live.failed}): compared with the live release's recorded "
+            "samples instead"
+        )
+    if live is not None and fresh and live.design == "fresh" and live.layout.starts > 1:
+        evidence["weaker_evidence"].append(live.why)
     for line in evidence["weaker_evidence"]:
         reporter.note(f"bench gate, weaker evidence: {line}")
-    try:
-        base, about = baseline(cfg, previous_record, bench.result["fingerprint"])
-    except ResultFileError as exc:
-        return {**evidence, "verdict": verdict.FAIL, "why": str(exc), "rows": []}
-    evidence["baseline"] = about
-    found, noise_about = noise.load(cfg.host_root, str(bench.result["fingerprint"]["digest"]))
-    planned = plan(cfg, found)
-    evidence["noise"] = {"about": noise_about, "plan": planned}
-    for line in unresolved(planned, cfg.bench.max_repetitions, cfg.bench.max_starts):
+    base: results.Samples | None = None
+    if not fresh:
+        try:
+            base, about = baseline(cfg, previous_record, bench.result["fingerprint"])
+        except ResultFileError as exc:
+            return {**evidence, "verdict": verdict.FAIL, "why": str(exc), "rows": []}
+        evidence["baseline"] = about
+    shape = live.layout if live is not None and fresh else layout(cfg, spec)
+    evidence["noise"] = {"about": shape.about, "plan": shape.planned}
+    for line in unresolved(shape.planned, cfg.bench.max_repetitions, cfg.bench.max_starts):
         reporter.note(f"bench gate: {line}")
-    first, starts = design(planned, spec.repetitions, cfg.bench.max_repetitions,
-                           cfg.bench.max_starts)  # fmt: skip
+    first, starts = shape.first, shape.starts
     if starts > 1 and restart is None:
         evidence["weaker_evidence"].append(
             f"the box's restart offset needs the repetitions spread over {starts} service "
@@ -245,6 +400,7 @@ def run(
         )
         starts = 1
     evidence["starts"] = starts
+    alternate = live if fresh and live is not None and live.to_live is not None else None
     try:
         bench.prepare()
         _check_counts(bench, evidence, reporter)
@@ -252,13 +408,16 @@ def run(
         for chunk, count in enumerate(spread(first, starts)):
             if chunk:
                 assert restart is not None
-                reporter.note(
-                    f"bench gate: restarting the service ({chunk + 1} of {starts} starts: "
-                    "the box's restart offset needs the repetitions spread)"
-                )
                 try:
+                    if alternate is not None:
+                        alternate.block(count)
+                    else:
+                        reporter.note(
+                            f"bench gate: restarting the service ({chunk + 1} of {starts} "
+                            "starts: the box's restart offset needs the repetitions spread)"
+                        )
                     seen = restart()
-                except ServegateError as exc:  # the restarted candidate is not proven
+                except ServegateError as exc:  # a start that is not proven
                     bench.fail("failed", f"the restart between service starts failed: {exc}")
                     raise
                 evidence.setdefault("restarts", []).append(seen)
@@ -266,8 +425,16 @@ def run(
                 bench.warm_up()
             for case in spec.cases:
                 bench.measure(case, count)
+        if fresh and live is not None:
+            live.finish()
+            base = live.samples()
+            evidence["baseline"] = (
+                f"fresh: live release {live.sha[:12]} measured during this promote ({live.design})"
+            )
+            evidence["design"] = live.describe()
+            evidence["baseline_samples"] = base.as_dict()
         looks = max(1, cfg.bench.max_repetitions - first + 1)
-        st = settings(cfg, first_release, looks, first, found)
+        st = settings(cfg, first_release, looks, first, shape.found)
         chosen = rules(cfg)
         decision = verdict.evaluate(
             base, results.from_result(bench.result), chosen, st, final=False
@@ -295,19 +462,31 @@ def run(
                 "rows": [], "samples": results.from_result(bench.result).as_dict()}  # fmt: skip
     finally:
         bench.release()  # whatever stopped it: no tokenizer helper left behind
+        if live is not None:
+            live.bench.release()
     bench.result["gate"] = decision
     bench.finish()
     decided_at = {c["id"]: len(c["groups"]) for c in bench.result["cases"]}
     candidate = results.from_result(bench.result, str(output))
+    outcome, why = decision["verdict"], decision["why"]
+    judged = trend(candidate) if trend is not None else None
+    if judged is not None and judged.get("verdict") == verdict.FAIL:
+        outcome = verdict.FAIL
+        why = f"creeping loss against {judged['against']}: {judged['why']}"
+        if decision["verdict"] != verdict.PASS:
+            why = f"{decision['why']}; and {why}"
+    elif judged is not None and judged.get("verdict") == verdict.INCONCLUSIVE:
+        reporter.note(f"bench gate: the trend is open (reported, not deciding): {judged['why']}")
     return {
         **evidence,
-        "verdict": decision["verdict"],
-        "why": decision["why"],
+        "verdict": outcome,
+        "why": why,
         "method": decision["method"],
         "rows": decision["rows"],
         "repetitions": decided_at,
         "table": bench.result["performance_table"],
         "samples": candidate.as_dict(),
+        **({"trend": judged} if judged is not None else {}),
     }
 
 

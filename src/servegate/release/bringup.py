@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -18,10 +19,13 @@ from servegate.errors import (
     LogRuleFailed,
     PreflightFailed,
     ProvenanceMismatch,
+    ServegateError,
     ServiceFailed,
 )
 from servegate.pipeline import redact
 from servegate.pipeline.git import dirty_files, worktree_head, worktree_top
+from servegate.release import bench_gate
+from servegate.release import trend as release_trend
 from servegate.release.context import Context
 from servegate.release.gate import (
     Decision,
@@ -243,22 +247,30 @@ def restarter(
     release_dir: Path,
     artifacts: Mapping[str, str],
     proven: Evidence | None = None,
+    *,
+    full: bool = False,
 ) -> Callable[[], dict[str, Any]]:
-    """Restart the candidate in place and prove it again — healthy, a clean start-up log,
+    """Restart ``sha`` in place and prove it again — healthy, a clean start-up log,
     provenance — for a gate that spreads its repetitions over service starts. A restart
     that fails any of these raises, and the promote rolls back. ``proven``: the promote's
-    evidence, told which process is the proven one now."""
+    evidence, told which process is the proven one now. ``full``: switch the service to
+    ``release_dir`` first (its unit installed again), as the ABAB design does after the
+    other release served."""
 
     def restart() -> dict[str, Any]:
         again = Evidence()
-        ctx.manager.stop()
-        again.log_mark = ctx.manager.log_mark()
-        ctx.manager.start()
+        if full:
+            switch(ctx, sha, release_dir, again)
+        else:
+            ctx.manager.stop()
+            again.log_mark = ctx.manager.log_mark()
+            ctx.manager.start()
         healthy(ctx, sha, release_dir, again)
         report = prove(ctx, sha, release_dir, artifacts, again)
         if proven is not None:
             proven.proven = again.proven
         return {
+            "sha": sha,
             "service_pid": again.service_pid,
             "startup_seconds": round(again.startup_seconds, 3),
             "provenance": "ok" if report.ok else "mismatch",
@@ -268,6 +280,60 @@ def restarter(
     return restart
 
 
+def wants_fresh_baseline(ctx: Context, sha: str) -> bool:
+    """A bench check compares with a fresh baseline and a live release other than ``sha``
+    serves (or should)."""
+    live = ctx.state.current
+    return (
+        bench_gate.CHECK in ctx.cfg.gate.checks
+        and ctx.cfg.gate.baseline == "fresh"
+        and live is not None
+        and live.sha != sha
+    )
+
+
+def measure_live(ctx: Context, sha: str) -> bench_gate.LiveBench | None:
+    """The fresh baseline (``gate.baseline = "fresh"``): the live release, proven as it
+    serves, measured on the bench's cases after the build and before the switch of
+    ``sha``. None where there is nothing to measure afresh (no bench check, another
+    baseline, no live release, the same SHA again); a :class:`LiveBench` whose ``failed``
+    says why where the live release cannot be measured (the recorded samples are used)."""
+    cfg, live = ctx.cfg, ctx.state.current
+    if not wants_fresh_baseline(ctx, sha) or live is None:
+        return None
+    where = Path(live.release_dir)
+    artifacts = dict(live.artifacts)
+    in_place = ctx.deployer.rebuilds_on_restore
+    measured = bench_gate.LiveBench(
+        cfg, ctx.endpoint, cfg.service.model or "", live.sha, ctx.reporter, ctx.environ,
+        log_file=ctx.manager.log_file,
+        window_check=logscan.window_check(ctx.rules, lint_mod.facts(ctx.spec(where, live.sha))),
+        to_live=None if in_place else restarter(ctx, live.sha, where, artifacts, full=True),
+        cannot_alternate="an in-place deploy rebuilds the checkout at every switch",
+    )  # fmt: skip
+    if in_place:
+        measured.failed = (
+            "an in-place deploy changed the live checkout at fetch: the serving process "
+            "can no longer be proven to run it"
+        )
+        return measured
+    if ctx.manager.main_pid() is None:
+        measured.failed = f"the live release {live.sha[:12]} is not serving"
+        return measured
+    try:
+        if not cfg.service.model:
+            measured.bench.spec = dataclasses.replace(
+                measured.bench.spec, model=openai.first_model(ctx.endpoint)
+            )
+        prove(ctx, live.sha, where, artifacts, Evidence())
+    except ServegateError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        measured.failed = f"the live service could not be proven as {live.sha[:12]}: {first}"
+        return measured
+    measured.begin()
+    return measured
+
+
 def gate(
     ctx: Context,
     sha: str,
@@ -275,10 +341,13 @@ def gate(
     evidence: Evidence,
     smoke_only: bool = False,
     artifacts: Mapping[str, str] | None = None,
+    live: bench_gate.LiveBench | None = None,
 ) -> Decision:
     """The configured gate checks; after a rollback only the smoke probe. ``artifacts``:
     the release's hashed build output, which lets the bench restart and re-prove the
-    service when the box's restart offset needs its repetitions spread."""
+    service when the box's restart offset needs its repetitions spread. ``live``: the
+    fresh baseline measured before the switch (:func:`measure_live`)."""
+    abab = live is not None and live.to_live is not None and not live.failed
     model = ctx.cfg.service.model or openai.first_model(ctx.endpoint)
     gctx = GateContext(
         cfg=ctx.cfg,
@@ -296,7 +365,11 @@ def gate(
         first_release=ctx.state.current is None and ctx.state.release_count() == 0,
         restart=None
         if artifacts is None
-        else restarter(ctx, sha, release_dir, artifacts, evidence),
+        else restarter(ctx, sha, release_dir, artifacts, evidence, full=abab),
+        live=None if smoke_only else live,
+        trend=None
+        if smoke_only or not ctx.cfg.trend.enabled
+        else (lambda samples: release_trend.judge_candidate(ctx.cfg, samples, sha)),
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from servegate.bench import probes
+from servegate.bench import probes, results
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import openai
 from servegate.errors import ConfigError
@@ -53,6 +53,10 @@ class GateContext:
     #: restarts the candidate service and proves it again (healthy, log rules,
     #: provenance), returning what it saw; None where the check may not restart it
     restart: Callable[[], dict[str, Any]] | None = None
+    #: the fresh baseline: the live release measured before the switch (gate.baseline)
+    live: bench_gate.LiveBench | None = None
+    #: judges the candidate's bench samples against this host's release history
+    trend: Callable[[results.Samples], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ class BenchCheck:
         evidence = bench_gate.run(
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
             ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
-            first_release=ctx.first_release, restart=ctx.restart,
+            first_release=ctx.first_release, restart=ctx.restart, live=ctx.live,
+            trend=ctx.trend,
         )  # fmt: skip
         return _measured(self.name, start, evidence)
 

@@ -28,7 +28,7 @@ from servegate.pipeline import interrupts, redact
 from servegate.pipeline.git import dirty_files, worktree_head
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
-from servegate.release import bringup
+from servegate.release import bench_gate, bringup
 from servegate.release import record as rec
 from servegate.release.context import Context
 from servegate.release.deploy import remove_inside
@@ -193,6 +193,11 @@ def _switch_and_prove(
     previous = ctx.state.current
     mark_pending(ctx, "promote", sha, release_dir)
     try:
+        live = None
+        if bringup.wants_fresh_baseline(ctx, sha):
+            with runner.stage("baseline") as st:
+                live = bringup.measure_live(ctx, sha)
+                st.detail = _baseline_detail(live)
         with runner.stage("switch") as st:
             bringup.switch(ctx, sha, release_dir, evidence)
             st.detail = f"{ctx.manager.name} restarted {ctx.cfg.service.unit}"
@@ -219,7 +224,9 @@ def _switch_and_prove(
             for line in report.weaker:
                 ctx.reporter.note(f"provenance, weaker evidence: {line}")
         with runner.stage("gate") as st:
-            decision = bringup.gate(ctx, sha, release_dir, evidence, artifacts=built.artifacts)
+            decision = bringup.gate(
+                ctx, sha, release_dir, evidence, artifacts=built.artifacts, live=live
+            )
             # what the record will say was proven: that process, as it runs now
             bringup.proven_after_gate(ctx, sha, release_dir, built.artifacts, evidence)
             st.detail = ", ".join(f"{r.name} {r.verdict}" for r in decision.results)
@@ -237,6 +244,14 @@ def _switch_and_prove(
     outcome.stages = runner.as_list()
     outcome.seconds = time.monotonic() - start
     return outcome
+
+
+def _baseline_detail(live: bench_gate.LiveBench | None) -> str:
+    if live is None:
+        return "nothing to measure afresh"
+    if live.failed:
+        return f"recorded samples instead: {live.failed[:120]}"
+    return f"live {live.sha[:12]} measured ({live.design}: {live.why[:80]})"
 
 
 def _record_release(

@@ -5,6 +5,7 @@ metrics (``release history``, ``servegate report``). The statistics are
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from servegate import hostpaths
@@ -57,18 +58,40 @@ def summary(cfg: Config, recs: list[dict[str, Any]] | None = None) -> dict[str, 
     if not past:
         return {"why": "the newest release's bench samples cannot be read", "skipped": skipped}
     found, about = noise.load(cfg.host_root, digest)
-    rules = bench_gate.rules(cfg)
-    judged = trend.judge(
-        past[-1].samples, past[:-1], rules,
-        window=cfg.trend.window, anchor=cfg.trend.anchor or None,
-        false_alarm=cfg.gate.false_alarm, miss=cfg.gate.miss,
-        offsets={k: v.offset for k, v in found.items()}, drift=cfg.gate.drift,
-    )  # fmt: skip
+    judged = judge(cfg, past[-1].samples, past[:-1], found)
     return {
         "latest": past[-1].sha,
         "records": len(past),
         "skipped": skipped,
         "noise": about,
         "judged": judged,
-        "change_points": trend.shifts(past, rules, alpha=cfg.gate.false_alarm),
+        "change_points": trend.shifts(past, bench_gate.rules(cfg), alpha=cfg.gate.false_alarm),
     }
+
+
+def judge(
+    cfg: Config,
+    candidate: results.Samples,
+    past: list[trend.Past],
+    found: Mapping[str, noise.Noise],
+) -> dict[str, Any]:
+    """:func:`servegate.bench.trend.judge` with ``[trend]``'s window and anchor, the gate's
+    error rates and the box's measured restart offsets ``found``."""
+    return trend.judge(
+        candidate, past, bench_gate.rules(cfg),
+        window=cfg.trend.window, anchor=cfg.trend.anchor or None,
+        false_alarm=cfg.gate.false_alarm, miss=cfg.gate.miss,
+        offsets={k: v.offset for k, v in found.items()}, drift=cfg.gate.drift,
+    )  # fmt: skip
+
+
+def judge_candidate(cfg: Config, candidate: results.Samples, sha: str) -> dict[str, Any]:
+    """The candidate ``sha``'s bench samples, measured by its gate now, against this host's
+    released records measured like them (the bench gate's trend check)."""
+    digest = str(candidate.fingerprint.get("digest") or "")
+    past, skipped = trend.history_samples(
+        records(cfg), digest=digest, host=host_id(cfg), samples_of=bench_gate.recorded_samples
+    )
+    found, about = noise.load(cfg.host_root, digest)
+    judged = judge(cfg, candidate, past, found)
+    return {**judged, "records": len(past), "skipped": skipped, "noise": about}
