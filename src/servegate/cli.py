@@ -182,7 +182,7 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     b.add_argument("--lenient", action="store_true", help="allow another harness's baseline")
     _common(b)
     bsub = b.add_subparsers(
-        dest="bench_command", required=False, metavar="[compare|gate|noise|load|export]"
+        dest="bench_command", required=False, metavar="[compare|gate|noise|aa|load|export]"
     )
     cmp_ = bsub.add_parser("compare", help="A/B: two result files, or two live servers (ABAB…)")
     cmp_.add_argument("files", nargs="*", type=Path, metavar="FILE", help="A.json B.json")
@@ -204,6 +204,14 @@ def _bench_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     noi.add_argument("--restarts", type=int, default=2, help="service restarts (default 2)")
     noi.add_argument("--repetitions", type=int, default=5, help="groups a start (default 5)")
     _common(noi)
+    aa = bsub.add_parser(
+        "aa",
+        help="the live release against itself N times with the gate's own rule and design "
+        "(restarts it): how often this box rolls back an unchanged release",
+    )
+    aa.add_argument("--runs", type=int, default=10, help="gates to run (default 10)")
+    aa.add_argument("--out", type=Path, help="the result file (default: bench results dir)")
+    _common(aa)
     _load_command(bsub)
     exp = bsub.add_parser(
         "export", help="a result file (bench or load) as PyTorch benchmark JSON lines or CSV"
@@ -613,6 +621,10 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
         from servegate.commands import noise
 
         return noise.run(args.config, out, args.restarts, args.repetitions)
+    if sub == "aa":
+        from servegate.commands import aa
+
+        return aa.run(args.config, out, args.runs, args.out)
     if sub == "gate":
         return bench.gate_files(args.config, out, args.baseline, args.candidate, args.lenient)
     if sub == "export":

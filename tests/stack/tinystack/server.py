@@ -1,8 +1,10 @@
 """A small real OpenAI-compatible server for servegate's tests.
 
-It maps the stack's ``build/libtiny.so`` and answers /health, /v1/models and
-/v1/chat/completions. The committed ``mode`` file makes a commit misbehave the way a
-broken release does.
+It maps the stack's ``build/libtiny.so`` and answers /health, /v1/models,
+/v1/chat/completions (streamed too, as the bench asks: a short prefill, then one word a
+token at a steady pace) and /tokenize (words). The committed ``mode`` file makes a commit
+misbehave the way a broken release does ("slow-decode": half again as long between
+tokens).
 """
 
 import ctypes
@@ -64,13 +66,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(503 if MODE == "never-healthy" else 200, {})
         elif self.path == "/v1/models":
-            self._send(200, {"data": [{"id": "tiny", "root": str(ROOT)}]})
+            self._send(200, {"data": [{"id": "tiny", "root": str(ROOT), "max_model_len": 8192}]})
         else:
             self._send(404, {})
 
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length", "0"))
-        json.loads(self.rfile.read(length) or b"{}")
+        body = json.loads(self.rfile.read(length) or b"{}")
+        if self.path == "/tokenize":
+            texts = (
+                [body["prompt"]]
+                if "prompt" in body
+                else [str(m.get("content", "")) for m in body.get("messages", [])]
+            )
+            count = sum(len(t.split()) for t in texts)
+            self._send(200, {"count": count, "tokens": [], "max_model_len": 8192})
+            return
+        if body.get("stream"):
+            self._stream(body)
+            return
         if MODE == "crash-after-answer" and not started_marker().exists():
             # the first start dies with its first answer, which a child sends once this
             # process is dead (the client cannot see the answer before the death); the
@@ -98,6 +112,33 @@ class Handler(http.server.BaseHTTPRequestHandler):
             shutil.copy2(library(), copy)
             LATE.append(ctypes.CDLL(str(copy)))
         self._send(200, answer("" if MODE == "empty-answer" else "hello from tiny"))
+
+    def _stream(self, body: dict[str, object]) -> None:
+        """An SSE answer: 20 ms of prefill, then ``max_tokens`` words, 4 ms apart (6 ms
+        in mode slow-decode), then the usage and [DONE]."""
+        words = int(body.get("max_tokens") or 16)  # type: ignore[call-overload]
+        # the user's document in tokens of four characters (what the bench sized it by
+        # without a tokenizer); the chat wrapper and the instructions are not counted
+        user = str(body.get("messages", [{}])[-1].get("content", ""))  # type: ignore[index]
+        prompt = len(user.rsplit("\n\n", 1)[0]) // 4
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+
+        def event(doc: object) -> None:
+            self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+            self.wfile.flush()
+
+        time.sleep(0.02)
+        gap = 0.006 if MODE == "slow-decode" else 0.004
+        for i in range(words):
+            event({"choices": [{"index": 0, "delta": {"content": f"w{i % 10} "}}]})
+            time.sleep(gap)
+        event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        usage = {"prompt_tokens": prompt, "completion_tokens": words}
+        event({"choices": [], "usage": usage})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
 
     def log_message(self, fmt: str, *args: object) -> None:
         print("tiny:", fmt % args, flush=True)
