@@ -155,8 +155,8 @@ command = ["transformers", "serve"]
 profiles = ["regular"]
 tiers = ["{tier}"]
 repetitions = 3
-max_repetitions = 10
-max_starts = 3
+max_repetitions = 12
+max_starts = 5
 max_tokens = {max_tokens}
 seed = -1
 tokenizer = "{model}"
@@ -226,15 +226,18 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=3, help="service starts for the noise")
     parser.add_argument("--noise-reps", type=int, default=4)
     parser.add_argument(
-        "--base-reps", type=int, default=5, help="the baseline's repetitions each round"
+        "--base-reps",
+        type=int,
+        default=0,
+        help="the baseline's repetitions each round (0: what the gate's plan measures "
+        "before its first look, as the fresh baseline of a promote does)",
     )
     parser.add_argument(
         "--base-starts",
         type=int,
-        default=1,
-        help="service starts the baseline's repetitions are spread over each round; a "
-        "release promote's baseline is the live release's own gate, spread over as many "
-        "starts as that gate chose (up to bench.max_starts = 3)",
+        default=0,
+        help="service starts the baseline's repetitions are spread over each round (0: "
+        "as many as the plan gives the candidate, as the fresh baseline's ABAB design does)",
     )
     parser.add_argument(
         "--serve",
@@ -322,7 +325,7 @@ def main() -> int:
             wait_up(s.url, s.proc, 300)
         lap("servers_up")
         print(f"servers up in {time.monotonic() - started:.0f} s", flush=True)
-        cfg = load_cfg(work, model, args, "live")
+        cfg = load_cfg(work, model, args, "recorded")
         if args.resume:
             # the noise as the first run measured it (the bench fingerprint is the same)
             if any("offset_estimate" not in v for v in report["noise"].values()):
@@ -378,7 +381,12 @@ def main() -> int:
                 print(f"deadline: {i} of {args.runs} rounds done", flush=True)
                 break
             base = work / f"base-{i:02d}.json"
-            measure(cfg, servers["A"], args.base_reps, base, args.base_starts)
+            b = cfg.bench
+            first, starts = bench_gate.design(
+                report["plan"], b.repetitions, b.max_repetitions, b.max_starts
+            )
+            base_reps, base_starts = args.base_reps or first, args.base_starts or starts
+            measure(cfg, servers["A"], base_reps, base, base_starts)
             gcfg = load_cfg(work, model, args, str(base))
             order = ["A'", "B"] if i % 2 == 0 else ["B", "A'"]
             for name in order:
@@ -394,7 +402,7 @@ def main() -> int:
                     "verdict": ev["verdict"],
                     "repetitions": ev.get("repetitions"),
                     "starts": ev.get("starts"),
-                    "baseline": {"repetitions": args.base_reps, "starts": args.base_starts},
+                    "baseline": {"repetitions": base_reps, "starts": base_starts},
                     "rows": [{k: r.get(k) for k in keys} for r in ev["rows"]],
                 }
                 report["gates"].append(row)

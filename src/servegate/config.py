@@ -223,8 +223,10 @@ class Bench:
     #: streams started together per group; one case per value
     concurrency: tuple[int, ...] = (1,)
     repetitions: int = 3
-    #: the gate measures more (up to this many) while a required row is INCONCLUSIVE
-    max_repetitions: int = 5
+    #: the gate measures more (up to this many) while a required row is INCONCLUSIVE;
+    #: 12 a side with up to 5 starts is what the plan needs at CV 2 % with a 1 % restart
+    #: offset (docs/bench.md, "Figures"); clear cases stop at the first looks
+    max_repetitions: int = 12
     #: the model's tokenizer files (a model directory), to size prompts exactly for a
     #: server without /tokenize (transformers serve); "": /tokenize, else an estimate
     tokenizer: str = ""
@@ -232,8 +234,9 @@ class Bench:
     tokenizer_python: str = ""
     #: when the box's measured restart offset (``servegate bench noise``) needs it, the
     #: gate spreads the candidate's repetitions over up to this many service starts (the
-    #: service is restarted, re-proven and warmed up in between); 1: never restart
-    max_starts: int = 3
+    #: service is restarted, re-proven and warmed up in between; with the fresh baseline
+    #: the live release and the candidate alternate, ABAB); 1: never restart
+    max_starts: int = 5
     max_tokens: int = 1024
     #: allowed drift of the prompt from the tier, in percent
     tolerance_pct: float = 2.0
