@@ -6,8 +6,10 @@ from typing import Any
 
 from servegate import envfile, hostpaths
 from servegate.config import Config
+from servegate.engine import managers
 from servegate.engine.launch import ENV_REF, launch_spec
 from servegate.engine.lint import ruleset
+from servegate.errors import ConfigError
 from servegate.output import Output
 from servegate.release import bench_gate
 from servegate.release.gate import build_checks
@@ -40,6 +42,12 @@ def run(cfg: Config, out: Output) -> int:
                     + (f"{cfg.service.env_file} nor " if cfg.service.env_file else "")
                     + "this environment: a promote run here would stop (exit 2)"
                 )
+    try:
+        filled = spec.expanded(environ)
+    except ConfigError:  # an unfilled reference: warned of above
+        filled = None
+    if filled is not None:  # what promote checks before the switch (exit 2)
+        managers.refuse(managers.make_manager(cfg), filled)
     if out.json_mode:
         return out.emit({**_plain(cfg), "warnings": warnings})
     out.line(f"{cfg.path}: OK")

@@ -28,12 +28,56 @@ from servegate.pipeline import redact
 #: ``${NAME}`` in an environment value: filled from servegate's environment at launch
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+#: a name the environment of a process can carry and every unit format can write
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: C0 controls and DEL: a newline in a unit or program file starts a new directive
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
 #: compile caches servegate keys per compilation config and release → directory name
 COMPILE_CACHES = {
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
     "TRITON_CACHE_DIR": "triton",
     "VLLM_CACHE_ROOT": "vllm",
 }
+
+
+def _control(value: str) -> str:
+    """The first control character of ``value`` named (U+000A, a newline), or ""."""
+    found = CONTROL.search(value)
+    if found is None:
+        return ""
+    code = ord(found.group())
+    names = {0x0A: "a newline", 0x0D: "a carriage return", 0x00: "a NUL"}
+    return f"U+{code:04X}" + (f", {names[code]}" if code in names else "")
+
+
+def unsafe(spec: LaunchSpec) -> list[str]:
+    """What in the launch no unit or program file can carry exactly, said without the
+    value (it may be a secret): a control character in an argument, an environment
+    value (``${NAME}`` filled from servegate's own environment included: a secret with
+    a trailing newline) or the working directory, and an environment name a process
+    environment or a unit cannot hold. A newline in a systemd unit or a supervisord
+    program file starts a directive of its own."""
+    problems = []
+    for i, arg in enumerate(spec.argv):
+        if what := _control(arg):
+            problems.append(f"argument {i} of the command holds a control character ({what})")
+    for name, value in spec.env.items():
+        if not ENV_NAME.match(name):
+            problems.append(
+                f"environment name {name!r} is not a valid name (letters, digits and _, "
+                "not starting with a digit)"
+            )
+        elif what := _control(value):
+            source = (
+                " (filled from ${...} in servegate's environment)"
+                if (name in spec.filled_names)
+                else ""
+            )
+            problems.append(f"the value of {name}{source} holds a control character ({what})")
+    if what := _control(str(spec.cwd)):
+        problems.append(f"the working directory holds a control character ({what})")
+    return problems
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate.engine import lint as lint_mod
-from servegate.engine import logscan, openai, ports, provenance
+from servegate.engine import logscan, managers, openai, ports, provenance
 from servegate.engine.health import wait_healthy
 from servegate.engine.rules import Finding
 from servegate.errors import (
@@ -103,8 +103,11 @@ def check_port_free(ctx: Context) -> None:
 
 
 def lint(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> list[Finding]:
-    """The launch checked against the lint rules; a ``fail`` stops here, nothing touched."""
+    """The launch checked against the lint rules; a ``fail`` stops here, nothing touched.
+    First, the unit or program file the switch will write must carry the launch exactly
+    (no control character in a value, the rendering parsed back): ConfigError else."""
     spec = ctx.spec(release_dir, sha)
+    managers.refuse(ctx.manager, spec)
     findings = lint_mod.lint(spec, ctx.rules, ctx.cache_dir)
     evidence.lint = [f.as_dict() for f in findings]
     if any(f.severity == "fail" for f in findings):

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Protocol
 
 from servegate.config import Config
-from servegate.engine.launch import LaunchSpec
+from servegate.engine.launch import LaunchSpec, unsafe
+from servegate.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,14 @@ class ServiceManager(Protocol):
     log_file: Path | None
 
     def install(self, spec: LaunchSpec) -> Path:
-        """Render the unit/program for ``spec``; returns the file written."""
+        """Render the unit/program for ``spec``; returns the file written. Refuses
+        (ConfigError) a spec :meth:`render_problems` finds anything in: nothing written."""
+        ...
+
+    def render_problems(self, spec: LaunchSpec) -> list[str]:
+        """What the rendered unit/program would not carry exactly: the rendering parsed
+        back by the manager's own rules and compared with ``spec``'s command and
+        environment (never quoting a value: it may be a secret)."""
         ...
 
     def start(self) -> None: ...
@@ -90,3 +98,17 @@ def read_from(path: Path, offset: int, limit: int = 16 * 1024 * 1024, strict: bo
         if strict:
             raise
         return ""
+
+
+def refuse(manager: ServiceManager, spec: LaunchSpec) -> None:
+    """ConfigError when ``spec`` cannot be written as ``manager``'s unit exactly (before
+    the switch in a promote; before anything is written in ``install``)."""
+    problems = unsafe(spec) or manager.render_problems(spec)
+    if problems:
+        raise ConfigError(
+            f"the launch of {spec.sha[:12] or 'the release'} cannot be written as a "
+            f"{manager.name} unit exactly: " + "; ".join(problems),
+            hint="remove the control character where the value is set (a secret with a "
+            "trailing newline: strip it where the variable is exported), or fix the name; "
+            "nothing was written and the live service was not touched",
+        )

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import http.client
 import os
+import re
 import socket
 import stat
 import sys
@@ -17,8 +18,8 @@ from typing import Any, cast
 
 from servegate import hostpaths
 from servegate.config import Config
-from servegate.engine.launch import LaunchSpec
-from servegate.engine.managers import ServiceState, read_from, read_tail
+from servegate.engine.launch import LaunchSpec, unsafe
+from servegate.engine.managers import ServiceState, read_from, read_tail, refuse
 from servegate.errors import PreflightFailed, ServiceFailed
 from servegate.pipeline import atomic, proc
 
@@ -59,11 +60,57 @@ def _escape(value: str) -> str:
 
 
 def _env_line(env: dict[str, str]) -> str:
+    """``environment=``'s value. supervisord splits it with :mod:`shlex` in non-POSIX
+    mode and strips quote characters from both ends of each value: there are no escapes,
+    so a value is quoted with the quote it does not hold (one that holds both, or starts
+    or ends with a quote, cannot be written: :func:`render_problems` says so)."""
     items = []
     for key, value in env.items():
-        quoted = value.replace("\\", "\\\\").replace('"', '\\"')
-        items.append(f'{key}="{_escape(quoted)}"')
+        quote = "'" if '"' in value else '"'
+        items.append(f"{key}={quote}{_escape(value)}{quote}")
     return ",".join(items)
+
+
+def render_problems(spec: LaunchSpec, text: str) -> list[str]:
+    """``text`` (a program file) parsed back by supervisor's own config parser and
+    compared with ``spec``'s command, environment and directory. Values are not quoted
+    (they may be secrets): the message names the key."""
+    import shlex
+
+    from supervisor.options import ServerOptions, UnhosedConfigParser
+
+    problems = [
+        f"the value of {k} holds both quote characters or starts or ends with one, which "
+        "supervisord's environment= cannot carry (it has no escapes)"
+        for k, v in spec.env.items()
+        if ('"' in v and "'" in v) or v[:1] in "'\"" or v[-1:] in "'\""
+    ]
+    if problems:
+        return problems
+    parser = UnhosedConfigParser()
+    # the log file's directory may not exist yet (a first promote, `config check`), and
+    # supervisor's parser requires it: the log line is not what is compared here
+    text = re.sub(r"(?m)^stdout_logfile=.*$", "stdout_logfile=NONE", text)
+    try:
+        parser.read_string(text)
+        options = ServerOptions()
+        options.here = str(spec.cwd)
+        groups = options.process_groups_from_parser(parser)
+    except Exception as exc:  # supervisor's own parser said no: that is the finding
+        return [f"supervisord's parser refuses the program file ({type(exc).__name__})"]
+    programs = [c for g in groups for c in g.process_configs]
+    if len(groups) != 1 or len(programs) != 1:
+        return [f"the program file parses as {len(programs)} program(s), not one"]
+    (got,) = programs
+    if shlex.split(got.command) != list(spec.argv):
+        problems.append("the command supervisord would run is not the launch's argv")
+    if dict(got.environment or {}) != dict(spec.env):
+        wrong = sorted(k for k in set(spec.env) | set(got.environment or {})
+                       if (got.environment or {}).get(k) != spec.env.get(k))  # fmt: skip
+        problems.append(f"supervisord would read other values for {', '.join(wrong)}")
+    if got.directory != str(spec.cwd):
+        problems.append("supervisord would start the service in another directory")
+    return problems
 
 
 def socket_path(directory: Path) -> Path:
@@ -176,8 +223,7 @@ class Supervisor:
                 time.sleep(0.1)
 
     # -- the program ----------------------------------------------------------
-    def install(self, spec: LaunchSpec) -> Path:
-        self.ensure_daemon()
+    def render(self, spec: LaunchSpec) -> str:
         svc = self.cfg.service
         lines = [
             f"[program:{self.unit}]",
@@ -199,9 +245,18 @@ class Supervisor:
         ]
         if spec.env:
             lines.append(f"environment={_env_line(dict(spec.env))}")
+        return "\n".join(lines) + "\n"
+
+    def render_problems(self, spec: LaunchSpec) -> list[str]:
+        return unsafe(spec) or render_problems(spec, self.render(spec))
+
+    def install(self, spec: LaunchSpec) -> Path:
+        refuse(self, spec)
+        self.ensure_daemon()
+        text = self.render(spec)
         self.program_conf.parent.mkdir(parents=True, exist_ok=True)
         # the environment may hold secrets: only the owner reads the program file
-        atomic.write_text(self.program_conf, "\n".join(lines) + "\n")  # mkstemp: 0600
+        atomic.write_text(self.program_conf, text)  # mkstemp: 0600
         self._reload()
         return self.program_conf
 

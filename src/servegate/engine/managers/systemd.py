@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from servegate.config import Config
-from servegate.engine.launch import LaunchSpec
-from servegate.engine.managers import ServiceState
+from servegate.engine.launch import LaunchSpec, unsafe
+from servegate.engine.managers import ServiceState, refuse
 from servegate.pipeline import atomic, proc
 
 
@@ -50,6 +50,24 @@ def render_unit(spec: LaunchSpec) -> str:
     return "\n".join(lines)
 
 
+def render_problems(spec: LaunchSpec, text: str) -> list[str]:
+    """``text`` (a unit) read back line by line: one directive a line, the keys servegate
+    writes and no other, one ``Environment=`` per variable and one ``ExecStart=``. With
+    control characters refused (:func:`servegate.engine.launch.unsafe`) no value can
+    start a directive of its own; this says so of the rendering itself."""
+    known = {"Description", "StartLimitIntervalSec", "StartLimitBurst", "Type",
+             "WorkingDirectory", "Environment", "ExecStart", "Restart", "RestartSec",
+             "TimeoutStopSec", "KillMode", "MemoryMax", "MemorySwapMax", "WantedBy"}  # fmt: skip
+    keys = [
+        line.split("=", 1)[0] for line in text.splitlines() if line and not line.startswith("[")
+    ]
+    problems = [f"the unit would hold a directive {k!r} servegate does not write"
+                for k in keys if k not in known]  # fmt: skip
+    if keys.count("Environment") != len(spec.env) or keys.count("ExecStart") != 1:
+        problems.append("the unit's Environment=/ExecStart= lines are not the launch's")
+    return problems
+
+
 def unit_dir(environ: dict[str, str] | None = None) -> Path:
     env = environ if environ is not None else dict(os.environ)
     base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME", str(Path.home()))) / ".config")
@@ -69,7 +87,11 @@ class SystemdUser:
     def _ctl(self, *args: str) -> proc.Result:
         return proc.run(["systemctl", "--user", *args], timeout=self.cfg.service.stop_timeout + 30)
 
+    def render_problems(self, spec: LaunchSpec) -> list[str]:
+        return unsafe(spec) or render_problems(spec, render_unit(spec))
+
     def install(self, spec: LaunchSpec) -> Path:
+        refuse(self, spec)
         # the environment may hold secrets: only the owner reads the unit (mkstemp: 0600)
         atomic.write_text(self.path, render_unit(spec))
         self._ctl("daemon-reload")
