@@ -28,7 +28,12 @@ repetitions = 3
 max_repetitions = 5
 max_tokens = 40
 min_text_tokens = 20
-warmup = false
+# the test stack is a Python thread on a box that may be busy: a stall of its first
+# tokens is a hiccup here, not text sent ahead of a prefill
+max_first_gap_share = 0.9
+# each start warmed up, as a real box is: a restarted Python server's first answers
+# stall while the box is busy
+warmup = true
 reference = false
 results_dir = "{results}"
 
@@ -56,7 +61,7 @@ def test_aa_gates_the_live_release_against_itself_and_leaves_it_serving(
 ) -> None:
     good = stack.commit("ok")
     benched = _with_bench(host, tmp_path)
-    assert promote(benched.context(), good).verdict == "released"
+    assert promote(host.context(), good).verdict == "released"  # the first: no bench
     pid = benched.context().manager.main_pid()
     dest = tmp_path / "aa.json"
 
@@ -75,7 +80,7 @@ def test_aa_gates_the_live_release_against_itself_and_leaves_it_serving(
         assert run["switch"]["sha"] == good
         (row,) = run["rows"]
         assert row["metric"] == "generation_tps"
-        assert row["ratio"] is not None
+        assert row["ratio"] is not None, row
         for key in ("result_file", "baseline_result_file"):
             assert json.loads(Path(run[key]).read_text())["status"] == "complete"
     # the live release serves again, from its own checkout, in a process started since
@@ -91,7 +96,7 @@ def test_a_promote_measures_the_live_release_afresh_and_rolls_a_slower_one_back(
 ) -> None:
     good = stack.commit("ok")
     benched = _with_bench(host, tmp_path)
-    assert promote(benched.context(), good).verdict == "released"
+    assert promote(host.context(), good).verdict == "released"  # the first: no bench
     slow = stack.commit("slow-decode")
     outcome = promote(benched.context(), slow)
     assert outcome.verdict == "rolled_back", outcome.reason
@@ -117,7 +122,7 @@ def test_where_restarts_dominate_the_promote_alternates_live_and_candidate(
     candidate again between blocks, and each start is proven as the release it runs."""
     good = stack.commit("ok")
     benched = _with_bench(host, tmp_path)
-    assert promote(benched.context(), good).verdict == "released"
+    assert promote(host.context(), good).verdict == "released"  # the first: no bench
     cfg = benched.cfg
     fp = fingerprint(spec_from_config(cfg.bench, Endpoint(""), "tiny"))
     found = {"regular-1k:generation_tps": noise.Noise(0.003, 0.008, 3, 15)}

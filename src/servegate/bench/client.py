@@ -17,7 +17,7 @@ import httpx
 
 from servegate.bench import cpuwait
 from servegate.bench.sse import Stream, now
-from servegate.engine.openai import Endpoint
+from servegate.engine.openai import Endpoint, WholeRequestTimeout
 
 
 @contextlib.contextmanager
@@ -70,6 +70,8 @@ def _stream(
                 stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 return stream
             cpuwait.parse(resp.iter_lines(), stream)
+    except WholeRequestTimeout as exc:
+        stream.error = str(exc)
     except httpx.TimeoutException:
         stream.error = f"no answer within {timeout:g}s"
     except httpx.ConnectError as exc:

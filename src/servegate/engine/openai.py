@@ -1,7 +1,19 @@
-"""The few OpenAI-compatible endpoints promote needs: health, models, one chat completion."""
+"""The few OpenAI-compatible endpoints promote needs: health, models, one chat completion.
+
+Every request made through :meth:`Endpoint.client` has a **whole-request deadline**:
+httpx's timeouts bound each read, so a server that keeps sending (a stream that never
+ends, a body trickled a byte at a time) would hold the caller — and the host lock and
+the GPU lease a promote holds — forever. :class:`Deadline` wraps httpx's transport and
+ends the response's body when the request has taken longer than its timeout in all
+(:class:`WholeRequestTimeout`, a ``httpx.ReadTimeout``, so every caller's timeout
+handling applies). httpx has no such setting by design (its docs: "total timeouts" are
+left to the caller); the wrapper is the smallest place to put one for every caller.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +56,56 @@ class Endpoint:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def client(self, timeout: float, connections: int = 10) -> httpx.Client:
+        """A client whose every request ends within ``timeout`` seconds, whole: each read
+        and the request as a whole (:class:`Deadline`)."""
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         return httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers=self.headers, limits=limits
-        )
+            base_url=self.base_url, timeout=timeout, headers=self.headers, limits=limits,
+            transport=Deadline(httpx.HTTPTransport(limits=limits), timeout),
+        )  # fmt: skip
+
+
+class WholeRequestTimeout(httpx.ReadTimeout):
+    """The request took longer than its deadline in all (the server kept sending)."""
+
+
+class Deadline(httpx.BaseTransport):
+    """A transport whose responses end ``seconds`` after their request was sent."""
+
+    def __init__(self, inner: httpx.BaseTransport, seconds: float) -> None:
+        self.inner = inner
+        self.seconds = seconds
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = time.monotonic() + self.seconds
+        response = self.inner.handle_request(request)
+        body = response.stream
+        assert isinstance(body, httpx.SyncByteStream)
+        response.stream = _Bounded(body, deadline, self.seconds, request)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _Bounded(httpx.SyncByteStream):
+    def __init__(
+        self, inner: httpx.SyncByteStream, deadline: float, seconds: float, request: httpx.Request
+    ) -> None:
+        self.inner, self.deadline, self.seconds, self.request = inner, deadline, seconds, request
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self.inner:
+            if time.monotonic() > self.deadline:
+                raise WholeRequestTimeout(
+                    f"{self.request.url.path} took longer than {self.seconds:g}s in all: the "
+                    "server kept sending past the request's deadline",
+                    request=self.request,
+                )
+            yield chunk
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def health(endpoint: Endpoint, timeout: float = 5.0) -> tuple[bool, str]:

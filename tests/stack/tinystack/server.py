@@ -4,7 +4,7 @@ It maps the stack's ``build/libtiny.so`` and answers /health, /v1/models,
 /v1/chat/completions (streamed too, as the bench asks: a short prefill, then one word a
 token at a steady pace) and /tokenize (words). The committed ``mode`` file makes a commit
 misbehave the way a broken release does ("slow-decode": half again as long between
-tokens).
+tokens; "stream-forever": a stream that never ends).
 """
 
 import ctypes
@@ -114,7 +114,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._send(200, answer("" if MODE == "empty-answer" else "hello from tiny"))
 
     def _stream(self, body: dict[str, object]) -> None:
-        """An SSE answer: 20 ms of prefill, then ``max_tokens`` words, 4 ms apart (6 ms
+        """An SSE answer: 250 ms of prefill, then ``max_tokens`` words, 4 ms apart (6 ms
         in mode slow-decode), then the usage and [DONE]."""
         words = int(body.get("max_tokens") or 16)  # type: ignore[call-overload]
         # the user's document in tokens of four characters (what the bench sized it by
@@ -129,7 +129,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
             self.wfile.flush()
 
-        time.sleep(0.02)
+        time.sleep(0.25)  # the prefill: long beside a busy box's scheduling hiccups
+        while MODE == "stream-forever":  # a text that never ends, a chunk every 50 ms
+            event({"choices": [{"index": 0, "delta": {"content": "w "}}]})
+            time.sleep(0.05)
         gap = 0.006 if MODE == "slow-decode" else 0.004
         for i in range(words):
             event({"choices": [{"index": 0, "delta": {"content": f"w{i % 10} "}}]})
