@@ -238,9 +238,21 @@ def _switch_and_prove(
     except KeyboardInterrupt:  # the same: the old release is stopped
         interrupted = Interrupted("interrupted", hint="the previous release was put back")
         return _roll_back(ctx, sha, release_dir, built, evidence, interrupted, start)
-    with runner.stage("record") as st:
-        outcome = _record_release(ctx, sha, release_dir, built, evidence, previous, start)
-        st.detail = outcome.tag
+    try:
+        with runner.stage("record") as st:
+            outcome = _record_release(ctx, sha, release_dir, built, evidence, previous, start)
+            st.detail = outcome.tag
+    except Interrupted:
+        raise  # released, verified and serving; the record is kept to push (it says so)
+    except (ServegateError, OSError) as exc:  # a full disk, a broken repository: unrecorded
+        if ctx.state.current is not None and ctx.state.current.sha == sha:
+            raise  # the state already names it released: `release status` says so
+        failure = ServiceFailed(
+            f"the release record of {sha[:12]} could not be written ({exc}): a release "
+            "nobody can verify is not released",
+            hint="free space under the host root (or fix the repository), then promote again",
+        )
+        return _roll_back(ctx, sha, release_dir, built, evidence, failure, start)
     outcome.stages = runner.as_list()
     outcome.seconds = time.monotonic() - start
     return outcome

@@ -1,0 +1,41 @@
+"""A failure after the switch that is not the gate's — a full disk when the record is
+written — rolls back like any other: an unrecorded candidate never keeps serving."""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+import pytest
+
+from servegate.release import record as rec
+from servegate.release.promote import promote
+from tests.conftest import Host, Stack
+
+
+def test_a_full_disk_at_the_record_rolls_back_to_the_live_release(
+    host: Host, stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = stack.commit("ok")
+    assert promote(host.context(), good).verdict == "released"
+    publish = rec.publish
+
+    def full(cfg: Any, repo: Any, typed: rec.ReleaseRecord, *args: Any) -> dict[str, Any]:
+        if typed.verdict == "released":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return publish(cfg, repo, typed, *args)
+
+    monkeypatch.setattr(rec, "publish", full)  # promote calls it as rec.publish
+    nxt = stack.commit("ok", "the next release")
+    outcome = promote(host.context(), nxt)
+    assert outcome.verdict == "rolled_back", outcome.reason
+    assert outcome.exit_code == 7
+    assert "could not be written" in outcome.reason
+    assert "No space left on device" in outcome.reason
+    assert outcome.rollback["ok"] is True
+    assert host.live_root() == host.release_dir(good)
+    ctx = host.context()
+    assert ctx.state.current is not None
+    assert ctx.state.current.sha == good
+    assert ctx.state.pending is None
+    assert ctx.state.history[-1].verdict == "rolled_back"
