@@ -5,6 +5,7 @@ and a promote judges its candidate against the live release measured afresh."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,44 @@ def test_where_restarts_dominate_the_promote_alternates_live_and_candidate(
     serving = again if outcome.verdict == "released" else good
     assert check["verdict"] != "FAIL", ev["rows"]
     assert benched.live_root() == benched.release_dir(serving)
+
+
+def test_a_build_that_leaves_a_process_behind_has_it_stopped_and_named(
+    host: Host, stack: Stack
+) -> None:
+    daemon = stack.commit("build-daemon")
+    outcome = promote(host.context(), daemon)
+    assert outcome.verdict == "released", outcome.reason
+    built = Path(host.release_dir(daemon)) / "build"
+    for name in ("daemon.pid", "grandchild.pid"):  # detached (setsid), and orphaned twice
+        pid = int((built / name).read_text())
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), name
+    warned = " ".join(outcome.record["warnings"] or [])
+    assert "the build left 2 process(es) running, stopped before anything was measured" in warned
+    assert "sleep 1000" in warned
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_build_that_slows_the_live_release_gets_no_fair_baseline(
+    host: Host, stack: Stack, tmp_path: Path
+) -> None:
+    """The candidate's build runs beside the live release as the same user: it could
+    renice it before the baseline is measured. The gate notices the change and rolls
+    the candidate back INCONCLUSIVE, instead of comparing with a slowed live release."""
+    good = stack.commit("ok")
+    assert promote(host.context(), good).verdict == "released"  # the first: no bench
+    benched = _with_bench(host, tmp_path)
+    sly = stack.commit("build-renices-live")
+    outcome = promote(benched.context(), sly)
+    assert outcome.verdict == "rolled_back", outcome.reason
+    (check,) = [c for c in outcome.record["gate"]["checks"] if c["name"] == "bench"]
+    assert check["verdict"] == "INCONCLUSIVE"
+    assert check["reason"].startswith("no fair baseline: the live service's scheduling changed")
+    assert re.search(r"nice -?\d+ → -?\d+", check["reason"]), check["reason"]
+    assert benched.live_root() == benched.release_dir(good)

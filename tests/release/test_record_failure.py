@@ -39,3 +39,26 @@ def test_a_full_disk_at_the_record_rolls_back_to_the_live_release(
     assert ctx.state.current.sha == good
     assert ctx.state.pending is None
     assert ctx.state.history[-1].verdict == "rolled_back"
+
+
+def test_a_first_release_that_fails_is_not_an_emergency(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from servegate.cli import release_main
+
+    bad = stack.commit("exit")  # never starts
+    code = release_main(["promote", bad, "--config", str(host.path)])
+    assert code == 7  # the failure's own code, not "rollback failed" (10)
+    out = capsys.readouterr().out
+    assert "not an emergency" in out
+    assert "nothing was lost" in out
+    assert "ROLLBACK FAILED" not in out
+    ctx = host.context()
+    assert ctx.state.current is None
+    assert ctx.state.history[-1].verdict == "rolled_back"
+    # status agrees: nothing is wrong with the box, and says what to do
+    assert release_main(["status", "--config", str(host.path)]) == 0
+    out = capsys.readouterr().out
+    assert "no release has been released on this host yet" in out
+    assert release_main(["recover", "--config", str(host.path)]) == 0  # nothing to undo
+    assert "nothing" in capsys.readouterr().out.lower()

@@ -40,5 +40,16 @@ if [ "$(cat mode 2>/dev/null)" = build-nested-repo ]; then
   git init -q planted
 fi
 mkdir -p build
+if [ "$(cat mode 2>/dev/null)" = build-daemon ]; then
+  # a build that leaves a process behind, detached from its session, beside the live one
+  setsid sleep 1000 </dev/null >/dev/null 2>&1 &
+  echo $! > build/daemon.pid
+  ( setsid sleep 1001 </dev/null >/dev/null 2>&1 & echo $! > build/grandchild.pid ) &
+  wait $!
+fi
+if [ "$(cat mode 2>/dev/null)" = build-renices-live ]; then
+  # a build that slows the live release down before it is measured
+  for pid in $(pgrep -f "tinystack.server"); do renice -n 10 -p "$pid" >/dev/null; done
+fi
 cc -shared -fPIC -O2 -o build/libtiny.so tiny.c
 echo "built build/libtiny.so"

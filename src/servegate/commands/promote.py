@@ -25,6 +25,9 @@ def show(out: Output, outcome: Outcome) -> None:
         out.line("start-up: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
     if outcome.verdict == "released":
         out.line(f"released {outcome.sha} as {outcome.tag} in {outcome.seconds:.1f}s")
+    elif outcome.verdict == "rolled_back" and outcome.rollback.get("stopped"):
+        out.line(f"NOT released: {outcome.reason}")
+        out.line(f"not an emergency: {outcome.rollback.get('reason', '')}")
     elif outcome.verdict == "rolled_back":
         back = outcome.rollback.get("sha") or "nothing"
         out.line(f"NOT released: {outcome.reason}")

@@ -77,6 +77,11 @@ def run(cfg: Config, out: Output) -> int:
     last = state.history[-1] if state.history else None
     if last is not None and last.verdict == "rolled_back":
         out.line(f"last attempt: {last.sha[:12]} rolled back at {last.at}: {last.reason}")
+        if cur is None:
+            out.line(
+                "no release has been released on this host yet: the service is stopped and "
+                "nothing was lost. Fix the release and `release promote` it again"
+            )
     return code
 
 

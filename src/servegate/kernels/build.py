@@ -27,6 +27,8 @@ class BuildResult:
     code_objects: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
     #: each ``[[build.targets]]`` entry: cached or built, why, toolchain, commands
     targets: list[dict[str, Any]] = field(default_factory=list)
+    #: processes the build left running, stopped when it ended (pid and command line)
+    leftovers: list[str] = field(default_factory=list)
 
 
 def hash_artifacts(release_dir: Path, globs: tuple[str, ...]) -> dict[str, str]:
@@ -68,17 +70,18 @@ def run_build(
     start = time.monotonic()
     env = environ_without_git()
     env.update({k: fill(v, **places) for k, v in cfg.build.env.items()})
-    targets = build_all(cfg, release_dir, cache_root, env, log.with_name(log.stem + "-targets"))
-    if cfg.build.command:
-        argv = [fill(a, **places) for a in cfg.build.command]
-        try:
-            proc.run(argv, cwd=release_dir, env=env, timeout=cfg.build.timeout, log_path=log)
-        except CommandFailed as exc:
-            raise BuildFailed(
-                f"{exc}\n  full log: {log}",
-                hint="fix the build on the branch and promote the fixed commit; "
-                "the live service was not touched",
-            ) from None
+    with proc.stopping_leftovers() as leftovers:  # a daemon it starts would share the box
+        targets = build_all(cfg, release_dir, cache_root, env, log.with_name(log.stem + "-targets"))
+        if cfg.build.command:
+            argv = [fill(a, **places) for a in cfg.build.command]
+            try:
+                proc.run(argv, cwd=release_dir, env=env, timeout=cfg.build.timeout, log_path=log)
+            except CommandFailed as exc:
+                raise BuildFailed(
+                    f"{exc}\n  full log: {log}",
+                    hint="fix the build on the branch and promote the fixed commit; "
+                    "the live service was not touched",
+                ) from None
     artifacts = {rel: digest for t in targets for rel, digest in t.outputs.items()}
     artifacts.update(hash_artifacts(release_dir, cfg.build.artifacts))
     objects = {rel: objs for t in targets for rel, objs in t.code_objects.items()}
@@ -89,4 +92,5 @@ def run_build(
         str(log) if cfg.build.command else "",
         objects,
         [t.as_dict() for t in targets],
+        leftovers,
     )

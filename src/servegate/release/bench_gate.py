@@ -279,6 +279,9 @@ class LiveBench:
         self.switches: list[dict[str, Any]] = []
         #: why the fresh baseline could not be measured ("" while it can)
         self.failed = ""
+        #: the reason is one the candidate could have caused (its build changed the live
+        #: service): no fallback to recorded samples, the check is INCONCLUSIVE
+        self.forced = False
 
     def begin(self) -> None:
         """Prepare, warm up and measure the first block of the live release as it serves."""
@@ -372,6 +375,10 @@ def run(
             "the release"
         )
     fresh = live is not None and not live.failed
+    if live is not None and live.forced:
+        why = f"no fair baseline: {live.failed}"
+        reporter.note(f"bench gate INCONCLUSIVE — {why}")
+        return {**evidence, "verdict": verdict.INCONCLUSIVE, "why": why, "rows": []}
     if live is not None and live.failed:
         evidence["weaker_evidence"].append(
             f"no fresh baseline ({live.failed}): compared with the live release's recorded "

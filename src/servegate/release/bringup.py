@@ -283,6 +283,45 @@ def restarter(
     return restart
 
 
+@dataclass(frozen=True)
+class Serving:
+    """The live service's main process as it was, and how it was scheduled: taken when
+    a promote begins, before the candidate's build runs (which could slow it)."""
+
+    pid: int
+    start: int | None
+    nice: int | None
+    cpus: frozenset[int]
+
+
+def serving(ctx: Context) -> Serving | None:
+    pid = ctx.manager.main_pid()
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        nice: int | None = int(fields[16])
+        cpus = frozenset(os.sched_getaffinity(pid))
+    except (OSError, IndexError, ValueError):
+        nice, cpus = None, frozenset()
+    return Serving(pid, provenance.start_ticks(pid), nice, cpus)
+
+
+def _changed(before: Serving, now: Serving | None) -> str:
+    """How the live service changed since the promote began ("": it did not)."""
+    if now is None or (now.pid, now.start) != (before.pid, before.start):
+        return (
+            f"the live service's process changed while the candidate was built (pid "
+            f"{before.pid} → {now.pid if now else 'none'})"
+        )
+    if (now.nice, now.cpus) != (before.nice, before.cpus):
+        return (
+            "the live service's scheduling changed while the candidate was built (nice "
+            f"{before.nice} → {now.nice}, CPUs {sorted(before.cpus)} → {sorted(now.cpus)})"
+        )
+    return ""
+
+
 def wants_fresh_baseline(ctx: Context, sha: str) -> bool:
     """A bench check compares with a fresh baseline and a live release other than ``sha``
     serves (or should)."""
@@ -295,12 +334,18 @@ def wants_fresh_baseline(ctx: Context, sha: str) -> bool:
     )
 
 
-def measure_live(ctx: Context, sha: str) -> bench_gate.LiveBench | None:
+def measure_live(
+    ctx: Context, sha: str, before: Serving | None = None
+) -> bench_gate.LiveBench | None:
     """The fresh baseline (``gate.baseline = "fresh"``): the live release, proven as it
     serves, measured on the bench's cases after the build and before the switch of
     ``sha``. None where there is nothing to measure afresh (no bench check, another
     baseline, no live release, the same SHA again); a :class:`LiveBench` whose ``failed``
-    says why where the live release cannot be measured (the recorded samples are used)."""
+    says why where the live release cannot be measured. ``before``: the live service as
+    the promote found it, before the candidate's build. Where it was not serving then,
+    the recorded samples are used; where it changed since (another process, another
+    nice value or CPU set: what a hostile build could do to slow it), no comparison is
+    fair and the check is INCONCLUSIVE (``forced``)."""
     cfg, live = ctx.cfg, ctx.state.current
     if not wants_fresh_baseline(ctx, sha) or live is None:
         return None
@@ -320,8 +365,15 @@ def measure_live(ctx: Context, sha: str) -> bench_gate.LiveBench | None:
             "can no longer be proven to run it"
         )
         return measured
-    if ctx.manager.main_pid() is None:
-        measured.failed = f"the live release {live.sha[:12]} is not serving"
+    if before is None or ctx.manager.main_pid() is None:
+        measured.failed = f"the live release {live.sha[:12]} was not serving"
+        if before is not None:  # it was when the promote began: the build may have done it
+            measured.failed += " after the candidate's build (it was when the promote began)"
+            measured.forced = True
+        return measured
+    changed = _changed(before, serving(ctx))
+    if changed:
+        measured.failed, measured.forced = changed, True
         return measured
     try:
         if not cfg.service.model:

@@ -150,6 +150,7 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
     with runner.stage("preflight") as st:
         sha = preflight(ctx, requested, allow_non_ff)
         st.detail = f"{sha[:12]} {ctx.deployer.repo.subject(sha)[:60]}"
+        before = bringup.serving(ctx)  # before the candidate's build can touch it
     with runner.stage("fetch") as st:
         release_dir = ctx.deployer.prepare(sha)
         st.detail = str(release_dir)
@@ -163,6 +164,13 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
         )
         require_clean_after_build(release_dir, sha)
         require_live_intact(ctx, sha)
+        if built.leftovers:
+            line = (
+                f"the build left {len(built.leftovers)} process(es) running, stopped before "
+                "anything was measured: " + "; ".join(built.leftovers[:5])
+            )
+            ctx.reporter.note(f"warning: {ctx.scrub(line)}")
+            ctx.warnings.append(ctx.scrub(line))
         archs = f", code for {', '.join(ctx.cfg.build.archs)}" if ctx.cfg.build.archs else ""
         cached = [t["name"] for t in built.targets if t["cached"]]
         reuse = f", cache hit: {', '.join(cached)}" if cached else ""
@@ -177,7 +185,7 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
             what = f"release promote {sha[:12]}"
             lease.enter_context(gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout))
             st.detail = str(ctx.lease_path)
-        return _switch_and_prove(ctx, sha, release_dir, built, evidence, start)
+        return _switch_and_prove(ctx, sha, release_dir, built, evidence, start, before)
 
 
 def _switch_and_prove(
@@ -187,8 +195,10 @@ def _switch_and_prove(
     built: BuildResult,
     evidence: bringup.Evidence,
     start: float,
+    before: bringup.Serving | None = None,
 ) -> Outcome:
-    """From stopping the old release to the record, holding the GPU lease."""
+    """From stopping the old release to the record, holding the GPU lease. ``before``:
+    the live service as the promote found it (the fresh baseline checks it is unchanged)."""
     runner = ctx.runner
     previous = ctx.state.current
     mark_pending(ctx, "promote", sha, release_dir)
@@ -196,7 +206,7 @@ def _switch_and_prove(
         live = None
         if bringup.wants_fresh_baseline(ctx, sha):
             with runner.stage("baseline") as st:
-                live = bringup.measure_live(ctx, sha)
+                live = bringup.measure_live(ctx, sha, before)
                 st.detail = _baseline_detail(live)
         with runner.stage("switch") as st:
             bringup.switch(ctx, sha, release_dir, evidence)
@@ -261,6 +271,8 @@ def _switch_and_prove(
 def _baseline_detail(live: bench_gate.LiveBench | None) -> str:
     if live is None:
         return "nothing to measure afresh"
+    if live.forced:
+        return f"no fair baseline: {live.failed[:120]}"
     if live.failed:
         return f"recorded samples instead: {live.failed[:120]}"
     return f"live {live.sha[:12]} measured ({live.design}: {live.why[:80]})"

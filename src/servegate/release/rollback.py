@@ -86,8 +86,19 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
 
 
 def restore_after_failure(ctx: Context, failed_sha: str) -> dict[str, Any]:
+    """Put the live release back after a failure. With none (the host's first release
+    failed) there is nothing to put back and nothing was lost: the service is stopped,
+    and that is the rollback (``stopped``), not a failed one."""
     target = ctx.state.current
-    if target is None or target.sha == failed_sha:
+    if target is None:
+        ctx.manager.stop()
+        reason = (
+            "nothing to put back: no release was released on this host yet, so nothing was "
+            "lost; the service is stopped. Fix the release and promote again"
+        )
+        ctx.reporter.note(f"rollback: {reason}")
+        return {"ok": True, "sha": None, "stopped": True, "reason": reason}
+    if target.sha == failed_sha:
         ctx.manager.stop()
         reason = "no earlier release is recorded on this host; the service was stopped"
         ctx.reporter.note(f"rollback: {reason}")
