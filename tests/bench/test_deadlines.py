@@ -5,6 +5,7 @@ is rolled back, its host lock released."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -17,7 +18,7 @@ import pytest
 
 from servegate import config
 from servegate.bench import client, probes
-from servegate.engine.openai import Endpoint, WholeRequestTimeout
+from servegate.engine.openai import Endpoint, ResponseTooLarge, WholeRequestTimeout
 from servegate.release.promote import promote
 from tests.conftest import Host, Stack
 from tests.release.test_aa import _with_bench
@@ -29,9 +30,25 @@ class Endless(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
 
+    def do_GET(self) -> None:  # a /metrics page of 20 MB
+        page = b"# HELP x y\n" + b"x 1\n" * (5 * 1024 * 1024)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(page)
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
+        if body.get("model") == "huge":  # one event of 2 MB
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            event = {"choices": [{"index": 0, "delta": {"content": "x" * (2 << 20)}}]}
+            with contextlib.suppress(OSError):
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            return
         if body.get("stream"):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -82,6 +99,15 @@ def test_a_body_trickled_forever_stops_the_smoke_probe_at_its_timeout(endless: s
     with Endpoint(endless).client(3.0) as http, pytest.raises(WholeRequestTimeout):
         http.post("/v1/chat/completions", json={"model": "m"})
     assert issubclass(WholeRequestTimeout, httpx.TimeoutException)
+
+
+def test_an_event_or_a_response_too_large_is_refused_not_kept(endless: str) -> None:
+    body = {"model": "huge", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    stream = client.stream_chat(Endpoint(endless), body, 30.0)
+    assert "EventTooLarge" in stream.error, stream.error
+    assert stream.content == ""  # nothing of it kept
+    with Endpoint(endless).client(30.0) as http, pytest.raises(ResponseTooLarge):
+        http.get("/metrics").read()
 
 
 def test_a_candidate_that_streams_forever_is_rolled_back_and_frees_the_host(

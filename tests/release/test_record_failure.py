@@ -62,3 +62,26 @@ def test_a_first_release_that_fails_is_not_an_emergency(
     assert "no release has been released on this host yet" in out
     assert release_main(["recover", "--config", str(host.path)]) == 0  # nothing to undo
     assert "nothing" in capsys.readouterr().out.lower()
+
+
+def test_recover_after_an_interrupted_first_promote_says_nothing_serves(
+    host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from servegate.cli import release_main
+
+    first = stack.commit("ok")
+    assert promote(host.context(), first).verdict == "released"
+    path = host.cfg.host_root / "state.json"
+    state = json.loads(path.read_text())  # as if the first promote died after its switch
+    state.update(current=None, previous=None, history=[], pending={
+        "kind": "promote", "sha": first, "pid": 1, "release_dir": host.release_dir(first),
+        "at": "2026-01-01T00:00:00+00:00"})  # fmt: skip
+    path.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert release_main(["recover", "--config", str(host.path)]) == 0
+    out = capsys.readouterr().out
+    assert "is live again" not in out
+    assert "the service is stopped; nothing was lost" in out
+    assert host.context().manager.main_pid() is None

@@ -69,7 +69,7 @@ def _stream(
                 resp.read()
                 stream.error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 return stream
-            cpuwait.parse(resp.iter_lines(), stream)
+            cpuwait.parse(_capped(resp.iter_lines()), stream)
     except WholeRequestTimeout as exc:
         stream.error = str(exc)
     except httpx.TimeoutException:
@@ -79,6 +79,21 @@ def _stream(
     except httpx.HTTPError as exc:
         stream.error = f"the stream broke off: {type(exc).__name__}: {exc}"
     return ended(stream, endpoint)
+
+
+#: the longest SSE line read: one event of a token or a usage is a few hundred bytes
+MAX_EVENT_BYTES = 1024 * 1024
+
+
+class EventTooLarge(httpx.ReadError):
+    """One SSE line longer than :data:`MAX_EVENT_BYTES`."""
+
+
+def _capped(lines: Iterator[str]) -> Iterator[str]:
+    for line in lines:
+        if len(line) > MAX_EVENT_BYTES:
+            raise EventTooLarge(f"one event of the stream is {len(line) >> 10} KiB: no token is")
+        yield line
 
 
 def ended(stream: Stream, endpoint: Endpoint) -> Stream:

@@ -306,7 +306,7 @@ def vision(
 
 
 def spec_decode(
-    endpoint: openai.Endpoint, model: str, timeout: float, min_acceptance: float = 0.0
+    endpoint: openai.Endpoint, model: str, timeout: float, min_acceptance: float = 0.05
 ) -> ProbeResult:
     start = time.monotonic()
     before = prom.parse(client.metrics_text(endpoint))

@@ -26,6 +26,14 @@ def run(cfg: Config, out: Output, rebuild_state: bool = False, wait: float = 0.0
         return out.emit({"recovered": result})
     if result is None:
         out.line("nothing to recover: no promote or rollback was interrupted on this host")
+    elif not result.get("ok", True):
+        out.line(f"could not undo the interrupted release of {result['recovered'][:12]}: "
+                 f"{result.get('reason', '')}")  # fmt: skip
+        return 10
+    elif result.get("sha") is None:
+        out.line(f"undid the interrupted release of {result['recovered'][:12]}: no release "
+                 "was released on this host before it, so the service is stopped; nothing "
+                 "was lost. Fix the release and promote it again")  # fmt: skip
     else:
         out.line(f"undid the interrupted release of {result['recovered'][:12]}: "
                  f"{str(result.get('sha'))[:12]} is live again and verified")  # fmt: skip

@@ -8,6 +8,9 @@ ends the response's body when the request has taken longer than its timeout in a
 (:class:`WholeRequestTimeout`, a ``httpx.ReadTimeout``, so every caller's timeout
 handling applies). httpx has no such setting by design (its docs: "total timeouts" are
 left to the caller); the wrapper is the smallest place to put one for every caller.
+It also caps a response's size (:data:`MAX_RESPONSE_BYTES`, :class:`ResponseTooLarge`): a
+server that sends a 50 MB event or a 27 MB ``/metrics`` page must not take the gate's
+memory with it.
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ class Endpoint:
         )  # fmt: skip
 
 
+#: the largest response read: a 8k-token stream is about 1.5 MB of events, vLLM's
+#: ``/metrics`` a few hundred KB, ``/tokenize`` of a 128k prompt under 1 MB
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+
+
+class ResponseTooLarge(httpx.ReadError):
+    """The response's body grew past :data:`MAX_RESPONSE_BYTES`."""
+
+
 class WholeRequestTimeout(httpx.ReadTimeout):
     """The request took longer than its deadline in all (the server kept sending)."""
 
@@ -95,7 +107,15 @@ class _Bounded(httpx.SyncByteStream):
         self.inner, self.deadline, self.seconds, self.request = inner, deadline, seconds, request
 
     def __iter__(self) -> Iterator[bytes]:
+        read = 0
         for chunk in self.inner:
+            read += len(chunk)
+            if read > MAX_RESPONSE_BYTES:
+                raise ResponseTooLarge(
+                    f"{self.request.url.path} sent more than {MAX_RESPONSE_BYTES >> 20} MiB: "
+                    "no answer servegate reads is that large",
+                    request=self.request,
+                )
             if time.monotonic() > self.deadline:
                 raise WholeRequestTimeout(
                     f"{self.request.url.path} took longer than {self.seconds:g}s in all: the "
