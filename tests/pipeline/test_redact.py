@@ -3,6 +3,7 @@ scrubbed text still says."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,30 @@ def test_an_unreadable_salt_is_an_error_never_an_unsalted_hash(tmp_path: Path) -
     made = redact.host_salt(tmp_path)
     assert len(made) == 32
     assert redact.host_salt(tmp_path) == made
+
+
+# tokens by their shape, whatever the name they hide under (made up, never real)
+GHP = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"
+HF = "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNm12345678"
+AWS = "AKIA" + "IOSFODNN7EXAMPLE"
+SLACK = "xoxb-" + "2048-4096-abcdefghij"
+JWT = "eyJhbGciOiJIUzI1NiJ9" + ".eyJzdWIiOiIxMjM0In0" + ".c2lnbmF0dXJlLXBhcnQ"
+
+
+@pytest.mark.parametrize("token", [GHP, HF, AWS, SLACK, JWT])
+def test_a_token_is_redacted_by_its_shape_under_any_name(token: str) -> None:
+    env = redact.env({"PYTHONWARNINGS": f"ignore,{token}", "VLLM_NOTE": token}, "salt")
+    assert token not in json.dumps(env)
+    assert env["VLLM_NOTE"].startswith("<redacted sha256:")
+    args = redact.argv(["serve", f"--note={token}", "--comment", f"see {token}"], "salt")
+    assert token not in " ".join(args)
+    assert args[0] == "serve"
+    scrubbed = redact.Scrubber([], "salt").text(f"error: build printed {token} and died")
+    assert token not in scrubbed
+    assert scrubbed.startswith("error: build printed <redacted sha256:")
+
+
+def test_plain_values_that_look_a_little_like_tokens_stay() -> None:
+    for plain in ("hf_transfer", "ghp_short", "VLLM_USE_V1", "/opt/venv/bin/python",
+                  "eyes.on.it", "AKIA"):  # fmt: skip
+        assert redact.text(plain, "salt") == plain

@@ -6,13 +6,21 @@ look secret. Every other value becomes ``<redacted sha256:…>``: a hash salted 
 host's own salt (``<host.root>/salt``, 0600), so two records of one host still show that
 a value stayed the same without showing it. Command-line values after ``--api-key`` and
 the like, and the password of any URL with credentials, are redacted the same way.
+Wherever free text is redacted (:func:`text`: allowlisted values, command lines, every
+string of a record and of what is printed), a value shaped like a well-known token is
+too, whatever its name:
+GitHub, GitLab, OpenAI, AWS, Slack, Stripe, PyPI, npm, JWTs and more, by the patterns of
+Yelp's maintained ``detect-secrets`` (its regex detectors, :data:`TOKEN_DETECTORS`), and
+Hugging Face's ``hf_…`` and GitHub's fine-grained ``github_pat_…``, which it lacks.
 
 Hand-written because it is a small policy over strings, and the policy is the point.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -155,9 +163,46 @@ def shown(name: str) -> bool:
     return bool(ALLOWED_NAME.match(name)) and not is_secret(name)
 
 
+#: detect-secrets' detectors whose patterns match a token by its own shape (module, class);
+#: those that match a keyword's context, an IP address or a key file's first line are
+#: left out
+TOKEN_DETECTORS = (
+    ("artifactory", "ArtifactoryDetector"), ("aws", "AWSKeyDetector"),
+    ("discord", "DiscordBotTokenDetector"), ("github_token", "GitHubTokenDetector"),
+    ("gitlab_token", "GitLabTokenDetector"), ("jwt", "JwtTokenDetector"),
+    ("mailchimp", "MailchimpDetector"), ("npm", "NpmDetector"), ("openai", "OpenAIDetector"),
+    ("pypi_token", "PypiTokenDetector"), ("sendgrid", "SendGridDetector"),
+    ("slack", "SlackDetector"), ("square_oauth", "SquareOAuthDetector"),
+    ("stripe", "StripeDetector"), ("telegram_token", "TelegramBotTokenDetector"),
+    ("twilio", "TwilioKeyDetector"),
+)  # fmt: skip
+#: token shapes detect-secrets does not know: Hugging Face access tokens, GitHub's
+#: fine-grained personal access tokens, and a whole JWT (its pattern stops before the
+#: signature)
+EXTRA_TOKENS = (
+    r"\bhf_[A-Za-z0-9]{30,}",
+    r"\bgithub_pat_[A-Za-z0-9_]{22,}",
+    r"\beyJ[A-Za-z0-9_=-]+\.[A-Za-z0-9_=-]+\.[A-Za-z0-9_.+/=-]+",
+)
+
+
+@functools.cache
+def token_shapes() -> re.Pattern[str]:
+    """One pattern matching any well-known token's shape."""
+    parts = list(EXTRA_TOKENS)
+    for module, name in TOKEN_DETECTORS:
+        detector = getattr(importlib.import_module(f"detect_secrets.plugins.{module}"), name)
+        for pattern in detector.denylist:
+            flags = "i" if pattern.flags & re.IGNORECASE else ""
+            parts.append(f"(?{flags}:{pattern.pattern})" if flags else f"(?:{pattern.pattern})")
+    return re.compile("|".join(parts))
+
+
 def text(value: str, salt: str) -> str:
     """A free-form value with every URL's credentials and secret query values redacted,
-    and the credentials of an ``Authorization:`` header or after ``Bearer``/``Basic``."""
+    the credentials of an ``Authorization:`` header or after ``Bearer``/``Basic``, and
+    every value shaped like a well-known token (:func:`token_shapes`)."""
+    value = token_shapes().sub(lambda m: hidden(m.group(0), salt) if m.group(0) else "", value)
     value = AUTH_HEADER.sub(lambda m: m.group(1) + hidden(m.group(2).strip(), salt), value)
     value = AUTH_SCHEME.sub(lambda m: m.group(1) + hidden(m.group(2), salt), value)
     return URL.sub(lambda m: _url(m.group(0), salt), value)
