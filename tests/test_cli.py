@@ -189,3 +189,21 @@ def test_bench_load_refuses_the_single_stream_benchs_group_options(
     assert code == 2
     assert doc["error"]["message"].startswith("bench load takes no --repetitions or --concurrency")
     assert "--concurrencies 1,2,4" in doc["error"]["hint"]
+
+
+def test_a_command_line_argparse_refuses_is_still_one_json_document_with_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(["release", "promote", "--json", "--no-such-flag"])
+    assert ended.value.code == 2
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)  # stdout holds the JSON document and nothing else
+    assert doc["ok"] is False
+    assert doc["exit_code"] == 2
+    assert doc["error"]["class"] == "ConfigError"
+    assert "error:" in doc["error"]["message"]
+    assert "usage:" in captured.err  # people still get argparse's usage
+    with pytest.raises(SystemExit):
+        main(["release", "promote", "--no-such-flag"])
+    assert capsys.readouterr().out == ""  # without --json, nothing on stdout

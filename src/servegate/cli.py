@@ -8,6 +8,8 @@ bug report.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
 import sys
@@ -720,8 +722,23 @@ def _crash_log(command: str) -> Path:
 def run(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None, default_command: str = ""
 ) -> int:
-    args = parser.parse_args(argv)
-    args.argv_seen = list(sys.argv[1:] if argv is None else argv)
+    seen = list(sys.argv[1:] if argv is None else argv)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            args = parser.parse_args(argv)
+    except SystemExit as exc:
+        sys.stderr.write(said.getvalue())
+        if "--json" in seen and exc.code not in (0, None):  # one JSON document, always
+            words = [w for w in seen if not w.startswith("-")][:3]
+            lines = said.getvalue().strip().splitlines()
+            Output(json_mode=True, command=" ".join(words)).emit(
+                None, 2, ConfigError(lines[-1] if lines else "the command line was not "
+                                     "understood", hint=f"{parser.prog} --help")
+            )  # fmt: skip
+        raise
+    sys.stderr.write(said.getvalue())
+    args.argv_seen = seen
     if default_command:
         args.command = default_command
     scrub_git_env(os.environ)
