@@ -119,8 +119,23 @@ def test_run_without_gpu_says_how_many_were_skipped(
     code = main(["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run"])
     out = capfd.readouterr().out
     assert code == 0
-    assert "no GPU: 7 tests skipped" in out
+    assert "no GPU here: pytest ran 7 selected test(s), 7 of them skipped" in out
     assert "7 skipped" in out
+
+
+def test_run_json_prints_one_document_and_what_pytest_ran(
+    cfg: config.Config, checkout: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    edit(checkout, "kernels/demo_kernels.hip")
+    argv = ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run", "--json"]
+    code = main(argv)
+    captured = capfd.readouterr()
+    doc = json.loads(captured.out)  # nothing but the document on stdout
+    assert code == doc["exit_code"] == 0
+    assert (doc["result"]["ran"], doc["result"]["skipped"]) == (7, 7)
+    assert doc["result"]["pytest_exit_code"] == 0
+    assert "7 skipped" in captured.err  # pytest's own lines, and the human ones, on stderr
+    assert "no GPU here" in captured.err
 
 
 def test_a_gpu_run_that_skipped_every_test_is_not_green(
@@ -301,5 +316,5 @@ def test_require_gpu_fails_a_run_with_no_gpu_visible(
     err = capfd.readouterr().err
     assert "neither nvidia-smi nor rocminfo lists a GPU here: the 7 selected GPU test(s)" in err
     assert main(argv) == 0
-    assert "no GPU: 7 tests skipped" in capfd.readouterr().out
+    assert "no GPU here: pytest ran 7 selected test(s), 7 of them skipped" in capfd.readouterr().out
     assert main([*argv[:-1], "--require-gpu"]) == 2

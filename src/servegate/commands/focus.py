@@ -56,27 +56,34 @@ def run(
     )
     if out.json_mode and not execute:
         return out.emit(selection.as_dict())
+
+    def say(text: str) -> None:  # under --json people read stderr; stdout is the document
+        if out.json_mode:
+            out.err.print(text, markup=False, soft_wrap=True)
+        else:
+            out.line(text)
+
     for warning in selection.warnings:
         out.err.print(f"warning: {warning}", markup=False)
     base = base or cfg.focus.base
     if selection.changed or selection.run_all:
-        out.line(f"{len(selection.changed)} file(s) changed since the merge base with {base}")
+        say(f"{len(selection.changed)} file(s) changed since the merge base with {base}")
     else:
-        out.line(
+        say(
             f"nothing changed between {base} (merge base {selection.merge_base[:12]}) and "
             f"HEAD ({selection.head[:12]}), working tree included: nothing selected"
         )
-        return 0
+        return out.emit({**selection.as_dict(), "ran": 0, "skipped": 0}) if out.json_mode else 0
     for link, target in selection.linked.items():
-        out.line(f"  {link} links to {target}, which changed")
+        say(f"  {link} links to {target}, which changed")
     if selection.run_all:
-        out.line(f"running everything ({selection.run_all})")
+        say(f"running everything ({selection.run_all})")
     for test, why in selection.tests.items():
         more = f" (+{len(why) - 3} more)" if len(why) > 3 else ""
-        out.line(f"  {test:<40} ← {'; '.join(why[:3])}{more}")
+        say(f"  {test:<40} ← {'; '.join(why[:3])}{more}")
     if not selection.tests:
-        out.line("nothing selected: only ignored files (docs) changed")
-        return 0
+        say("nothing selected: only ignored files (docs) changed")
+        return out.emit({**selection.as_dict(), "ran": 0, "skipped": 0}) if out.json_mode else 0
     if not execute:
         return 0
     argv = _pytest(selection, cfg, extra)
@@ -89,13 +96,18 @@ def run(
             hint="check the runner's driver, /dev/kfd or /dev/nvidia* permissions and its "
             "environment; run without --require-gpu on a machine that has no GPU",
         )
-    if not has_gpu:
-        out.line(f"no GPU: {_count(argv, checkout)} tests skipped (they run on a machine with one)")
     with tempfile.TemporaryDirectory(prefix="servegate-focus-") as tmp:
         report = Path(tmp) / "junit.xml"
-        code = proc.run([*argv, f"--junitxml={report}"], cwd=checkout, check=False,
-                        capture=False).returncode  # fmt: skip
+        # under --json pytest's own output goes to stderr: stdout is the JSON document
+        done = proc.run([*argv, f"--junitxml={report}"], cwd=checkout, check=False,
+                        capture=out.json_mode)  # fmt: skip
+        if out.json_mode:
+            sys.stderr.write(done.output)
+        code = done.returncode
         ran, skipped = _tally(report)
+    if not has_gpu:
+        say(f"no GPU here: pytest ran {ran} selected test(s), {skipped} of them skipped (the "
+            "GPU tests run on a machine with one)")  # fmt: skip
     if code == 0 and has_gpu and ran and skipped == ran:
         raise GpuTestsSkipped(
             f"this machine has a GPU ({has_gpu}), yet all {ran} selected GPU test(s) were "
@@ -103,6 +115,9 @@ def run(
             hint="the tests do not see the GPU: check the driver, device permissions and the "
             "runner's environment (the skip reasons are printed above)",
         )
+    if out.json_mode:
+        return out.emit({**selection.as_dict(), "ran": ran, "skipped": skipped,
+                         "gpu": has_gpu or None, "pytest_exit_code": code}, code)  # fmt: skip
     return code
 
 
