@@ -150,3 +150,19 @@ def test_trend_window_and_anchor_are_checked_at_load() -> None:
             parse(MINIMAL + f'[trend]\nanchor = "{bad}"\n')
     with pytest.raises(ConfigError, match="did you mean 'window'"):
         parse(MINIMAL + "[trend]\nwindows = 3\n")
+
+
+def test_config_check_runs_the_lint_rules_promote_runs_before_the_switch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config whose first promote would stop at lint (exit 15) is not OK to `config
+    check` either: the same rules, the same exit code."""
+    local = MINIMAL.replace(
+        '"--compilation-config"', '"--model", "/models/qwen", "--compilation-config"'
+    )
+    path = tmp_path / "local.toml"
+    path.write_text(local.replace("/srv/servegate", str(tmp_path / "host")))
+    assert main(["config", "check", "--config", str(path)]) == 15
+    assert "model.local-without-offline" in capsys.readouterr().err
+    path.write_text(path.read_text() + 'HF_HUB_OFFLINE = "1"\n')
+    assert main(["config", "check", "--config", str(path)]) == 0

@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from servegate import envfile, hostpaths
 from servegate.config import Config
+from servegate.engine import lint as lint_mod
 from servegate.engine import managers
 from servegate.engine.launch import ENV_REF, launch_spec
 from servegate.engine.lint import ruleset
@@ -48,6 +51,19 @@ def run(cfg: Config, out: Output) -> int:
         filled = None
     if filled is not None:  # what promote checks before the switch (exit 2)
         managers.refuse(managers.make_manager(cfg), filled)
+    # the lint rules, as promote's lint stage runs them before the switch (exit 15)
+    cache = hostpaths.of(cfg).cache
+    with tempfile.TemporaryDirectory(prefix="servegate-check-") as spare:
+        findings = lint_mod.lint(
+            filled or spec, rules, cache if cache.parent.is_dir() else Path(spare)
+        )
+    if any(f.severity == "fail" for f in findings):
+        raise lint_mod.failure(
+            findings, f"profile {spec.profile}" if spec.profile else "service.command"
+        )
+    warnings += [
+        f"lint {f.severity}: {f.rule}: {f.message}" for f in findings if f.severity == "warn"
+    ]
     if out.json_mode:
         return out.emit({**_plain(cfg), "warnings": warnings})
     out.line(f"{cfg.path}: OK")
