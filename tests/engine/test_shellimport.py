@@ -116,7 +116,9 @@ REFUSED = {
     "conditional": ('if [ -d / ]; then export A=1; fi\nexec "$PY" -m v', "unquoted '['"),
     "declare": ('declare -x FOO=bar\nexec "$PY" -m v', "`declare`"),
     "unset": ('export FOO=1\nunset FOO\nexec "$PY" -m v', "`unset`"),
-    "source": ('source ./env.sh\nexec "$PY" -m v', "`source`"),
+    "source": ('source ./env.sh\nexec "$PY" -m v', "`source ./env.sh`"),
+    "dot": ('. ./env.sh\nexec "$PY" -m v', "`. ./env.sh`"),
+    "conda activate": ("conda activate vllm\nexec python -m v", "`conda activate vllm`"),
     "heredoc": ('cat > /tmp/x <<EOF\nexport FOO=1\nEOF\nexec "$PY" -m v', "redirection"),
     "function": ('start() {\n  exec "$PY" -m v\n}\nstart', "straight-line"),
     "exec options": ('exec -a vllm "$PY" -m v', "exec's own options"),
@@ -176,3 +178,29 @@ def test_what_is_not_modelled_is_refused_with_its_line(body: str, why: str) -> N
     with pytest.raises(ConfigError) as caught:
         _convert_and_write(HEAD + body + "\n")
     assert why in str(caught.value) + str(caught.value.hint or "")
+
+
+@pytest.mark.parametrize("activate", ["source", "."])
+def test_a_virtualenv_activation_gives_the_interpreter_its_path(
+    activate: str, tmp_path: Path
+) -> None:
+    """Teams write `source /opt/venvs/vllm/bin/activate` and then `exec python -m …`:
+    the interpreter is that environment's, by its path."""
+    venv = tmp_path / "venvs" / "vllm"
+    script = (
+        f"#!/usr/bin/env bash\n{activate} {venv}/bin/activate\ncd /srv/stack\n"
+        "exec python -m vllm.entrypoints.openai.api_server --port 8080\n"
+    )
+    conv = shellimport.convert(script, Path(CHECKOUT))
+    assert conv.argv[0] == f"{venv}/bin/python"
+    assert conv.interpreter == f"{venv}/bin/python"
+    assert any("a virtualenv" in line for line in conv.skipped)
+
+
+def test_what_cannot_be_resolved_says_exactly_what_to_write() -> None:
+    with pytest.raises(ConfigError) as conda:
+        shellimport.convert("conda activate vllm\nexec python -m v\n", Path(CHECKOUT))
+    assert "exec /opt/conda/envs/vllm/bin/python -m" in conda.value.hint
+    with pytest.raises(ConfigError) as sourced:
+        shellimport.convert("source ./env.sh\nexec python -m v\n", Path(CHECKOUT))
+    assert "export NAME=value" in sourced.value.hint

@@ -447,6 +447,8 @@ def convert(text: str, checkout: Path) -> Converted:
     command: list[Word] | None = None
     prefix_env: dict[str, Word] = {}
     candidates: list[tuple[int, str, list[Word], dict[str, Word]]] = []
+    #: ``source VENV/bin/activate``: the bin/ a bare interpreter name is taken from
+    activated: Word | None = None
     for n, raw, words in _Stream(sh, text).commands():
         if command is not None:
             result.skipped.append(f"line {n}: {raw[:100]} — after exec: never runs")
@@ -483,6 +485,37 @@ def convert(text: str, checkout: Path) -> Converted:
             if not command or command[0].literal.startswith("-"):
                 raise sh.refuse("exec without a command, or with exec's own options")
             continue
+        if (
+            cmd in ("source", ".")
+            and not assigns
+            and len(words) == 2
+            and (words[1].literal.endswith("/bin/activate") and not words[1].splice)
+        ):
+            cut = len("activate")
+            activated = Word(words[1].literal[:-cut], words[1].template[:-cut])
+            result.skipped.append(
+                f"line {n}: {raw[:100]} — a virtualenv: the server's interpreter is taken from "
+                f"{activated.literal}"
+            )
+            continue
+        if cmd in ("source", "."):
+            raise sh.refuse(
+                f"`{cmd} {words[1].literal if len(words) > 1 else ''}`: servegate init cannot "
+                "tell what a sourced file sets",
+                hint="write the variables it sets as `export NAME=value` lines in the script "
+                "(they become the profile's [env]); a virtualenv's `source VENV/bin/activate` "
+                "is understood: init takes the interpreter from VENV/bin/",
+            )
+        if cmd == "conda" and len(words) >= 2 and words[1].literal == "activate":
+            env_name = words[2].literal if len(words) > 2 else "base"
+            raise sh.refuse(
+                f"`conda activate {env_name}`: which interpreter that is depends on conda's "
+                "own setup, which init does not read",
+                hint="name the environment's interpreter by its path in the exec line — e.g. "
+                f"exec /opt/conda/envs/{env_name}/bin/python -m vllm.entrypoints.openai."
+                f"api_server … (`conda run -n {env_name} which python` prints it) — and drop "
+                "the activate line",
+            )
         if "/" not in cmd:
             raise sh.refuse(
                 f"`{cmd}`: not a command servegate init can tell is harmless (a builtin or a "
@@ -508,6 +541,8 @@ def convert(text: str, checkout: Path) -> Converted:
     argv = _splice(sh, command)
     if not argv or argv[0].literal.startswith("-"):
         raise ConfigError("exec without a command, or with exec's own options (after expansion)")
+    if activated is not None and "/" not in argv[0].literal and argv[0].literal != "env":
+        argv[0] = Word(activated.literal + argv[0].literal, activated.template + argv[0].template)
     env = dict(sh.exported)
     env.update(prefix_env)
     if argv[0].literal == "env":  # exec env A=1 B=2 python …
