@@ -50,13 +50,28 @@ class LogWindow:
         except OSError:
             return 0
 
-    def since(self, mark: int) -> str:
+    def since(self, mark: int) -> str | None:
+        """The log written since ``mark``; across a rotation (supervisord's ``NAME.1``),
+        the rotated file's rest and the new file. None: the window cannot be read (the
+        file is gone, unreadable, or shorter than the mark with nothing rotated): its
+        lines were not checked, and the trials must not pass as if they had been."""
+        cap = 4 * 1024 * 1024
         try:
+            parts = []
+            if self.path.stat().st_size < mark:
+                rotated = self.path.with_name(self.path.name + ".1")
+                if not rotated.is_file() or rotated.stat().st_size < mark:
+                    return None
+                with rotated.open("rb") as f:
+                    f.seek(mark)
+                    parts.append(f.read(cap))
+                mark = 0
             with self.path.open("rb") as f:
                 f.seek(mark)
-                return f.read(4 * 1024 * 1024).decode(errors="replace")
+                parts.append(f.read(cap))
         except OSError:
-            return ""
+            return None
+        return b"".join(parts).decode(errors="replace")
 
 
 #: tokens a server's usage may claim beyond the recount of its streamed text, whatever
@@ -528,8 +543,16 @@ class Bench:
                     t, "prompt_cache_hit",
                     f"{names.prefix_hits[0]} rose by {hits:.0f} tokens during the request",
                 )  # fmt: skip
-        if self.log is not None:
-            window = self.log.since(mark)
+        window = self.log.since(mark) if self.log is not None else ""
+        if self.log is not None and window is None:
+            for t in trials:
+                measure.invalidate(
+                    t, "log_unread",
+                    f"the service log {self.log.path} could not be read for the measured "
+                    "window (gone, unreadable or truncated): its compile/JIT lines and log "
+                    "rules were not checked",
+                )  # fmt: skip
+        elif self.log is not None and window is not None:
             for line in window.splitlines():
                 if any(p.search(line) for p in self._patterns):
                     for t in trials:
