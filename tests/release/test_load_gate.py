@@ -421,3 +421,14 @@ def test_shorter_answers_leave_end_to_end_rows_undecided() -> None:
     stray["short"] = [i == 3 for i in range(400)]
     row = judge(LoadRule("e2el_s.p50", 4.0, tolerance=0.10, required=True), base, stray)
     assert row["verdict"] == "PASS", row
+
+
+def test_a_first_release_whose_point_failed_its_requests_does_not_pass() -> None:
+    """Nothing to compare with is a pass only for a point that served: 10 of 10 failed
+    (or a figure that falls on failed requests) FAILs, whatever no_baseline says."""
+    rule = LoadRule("ttft_s.p50", 4.0, tolerance=0.10, required=True)
+    dead = judge(rule, None, point(4.0, n=10, failed=10), policy="first-release", first=True)
+    assert dead["verdict"] == "FAIL", dead
+    assert "10 of 10 request(s) failed" in dead["why"]
+    served = judge(rule, None, point(4.0, failed=1), policy="first-release", first=True)
+    assert served["verdict"] == "PASS", served

@@ -397,7 +397,18 @@ def judge(
     fc = figure(cand, rule.metric)
     row["candidate"] = _finite(fc)  # JSON has no infinity: a failed request's figure is null
     if base is None:
-        if no_baseline == "first-release" and first_release:
+        failed, asked = int(cand.get("failed") or 0), int(cand.get("requests") or 0)
+        if (
+            no_baseline == "first-release"
+            and first_release
+            and (fc is None or not math.isfinite(fc) or 2 * failed > asked)
+        ):  # nothing to compare with is no pass for a point that failed its own requests
+            row.update(verdict=undecided or FAIL,
+                       why=f"first release, nothing to compare with — but {failed} of {asked} "
+                           f"request(s) failed at {rule.point:g}"
+                           + ("" if fc is not None and math.isfinite(fc) else
+                              f", and its {rule.metric} falls on a failed request"))  # fmt: skip
+        elif no_baseline == "first-release" and first_release:
             row.update(verdict=undecided or PASS, why="first release: nothing to compare with")
         else:
             why = "no comparable baseline sweep (never a pass on missing data)"
