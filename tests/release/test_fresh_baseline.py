@@ -229,3 +229,22 @@ def test_the_old_baseline_value_is_refused_with_what_to_write(tmp_path: Path) ->
 
 def _digest(cfg: config.Config) -> str:
     return str(fingerprint(spec_from_config(cfg.bench, Endpoint(""), "m"))["digest"])
+
+
+def test_a_baseline_the_candidate_could_have_spoiled_is_no_fallback(
+    tmp_path: Path, live_url: str
+) -> None:
+    """A live release that served when the promote began and cannot be measured after
+    the candidate's build: the recorded samples (which a build running as the same user
+    could have touched) are not used; the check is INCONCLUSIVE and says what to do."""
+    cfg = _cfg(tmp_path, max_starts=1)
+    live = _live(cfg, "http://127.0.0.1:9")
+    live.begin()
+    live.forced = True  # what measure_live sets when the live release served before
+    evidence = bench_gate.run(
+        cfg, Endpoint(live_url), "m", "b" * 40, None, None, QuietReporter(), {}, live=live
+    )
+    assert evidence["verdict"] == verdict.INCONCLUSIVE
+    assert evidence["why"].startswith("no fair baseline: the live release's bench failed")
+    assert "gate.baseline = 'recorded'" in evidence["why"]
+    assert "baseline" not in evidence  # nothing was compared

@@ -376,7 +376,11 @@ def run(
         )
     fresh = live is not None and not live.failed
     if live is not None and live.forced:
-        why = f"no fair baseline: {live.failed}"
+        why = (
+            f"no fair baseline: {live.failed} (the candidate's build ran beside it; where the "
+            "live release itself is at fault, gate.baseline = 'recorded' compares with its "
+            "recorded samples instead)"
+        )
         reporter.note(f"bench gate INCONCLUSIVE — {why}")
         return {**evidence, "verdict": verdict.INCONCLUSIVE, "why": why, "rows": []}
     if live is not None and live.failed:

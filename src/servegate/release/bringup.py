@@ -384,8 +384,10 @@ def measure_live(
     except ServegateError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         measured.failed = f"the live service could not be proven as {live.sha[:12]}: {first}"
+        measured.forced = True  # it served when the promote began: the build may have done it
         return measured
     measured.begin()
+    measured.forced = bool(measured.failed)  # the same: no fallback the candidate can force
     return measured
 
 
