@@ -53,3 +53,16 @@ def test_log_path_gets_full_output(tmp_path: Path) -> None:
     log = tmp_path / "logs" / "build.log"
     proc.run([sys.executable, "-c", "for i in range(100): print(i)"], log_path=log)
     assert log.read_text().splitlines()[-1] == "99"
+
+
+def test_what_a_command_leaves_running_is_stopped_and_named_an_ended_orphan_is_not() -> None:
+    from servegate.pipeline import proc
+
+    with proc.stopping_leftovers() as left:
+        # one detached sleeper that keeps running, one orphan that ends at once
+        proc.run(["bash", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & "
+                  "(true &) ; sleep 0.2"])  # fmt: skip
+    assert len(left) == 1, left
+    assert "sleep 1000" in left[0]
+    pid = int(left[0].split()[1].rstrip(":"))
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped

@@ -81,6 +81,14 @@ def _subreaper(on: bool) -> bool:
         return False
 
 
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -118,7 +126,8 @@ def stopping_leftovers() -> Iterator[list[str]]:
             tree |= more
             grew = bool(more)
         for pid in left:
-            found.append(f"pid {pid}: {_cmdline(pid)}")
+            if not _exited(pid):  # an orphan that already ended is reaped, not reported
+                found.append(f"pid {pid}: {_cmdline(pid)}")
         for pid in sorted(tree):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
