@@ -187,3 +187,19 @@ def test_a_build_that_slows_the_live_release_gets_no_fair_baseline(
     assert check["reason"].startswith("no fair baseline: the live service's scheduling changed")
     assert re.search(r"nice -?\d+ → -?\d+", check["reason"]), check["reason"]
     assert benched.live_root() == benched.release_dir(good)
+
+
+def test_bench_noise_measures_the_live_release_over_its_restarts(
+    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from servegate.cli import main
+
+    good = stack.commit("ok")
+    assert promote(host.context(), good).verdict == "released"
+    benched = _with_bench(host, tmp_path)
+    argv = ["bench", "noise", "--restarts", "1", "--repetitions", "2", "--config"]
+    assert main([*argv, str(benched.path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)["result"]
+    assert Path(doc["file"]).is_file()
+    assert "regular-1k:generation_tps" in doc["rows"]
+    assert benched.live_root() == benched.release_dir(good)

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
 from servegate.bench import verdict
-from servegate.commands.bench import served_model
+from servegate.commands.noise import on_live
 from servegate.engine import lint as lint_mod
 from servegate.engine import logscan
 from servegate.errors import ConfigError, PreflightFailed, ServegateError
@@ -70,17 +70,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run(cfg_path: Path, out: Output, runs: int, dest: Path | None) -> int:
     if runs < 1:
         raise ConfigError(f"--runs {runs}: give 1 or more", hint="--runs 10")
-    environ = dict(os.environ)
-    cfg = config_mod.load(cfg_path, environ)
-    reporter = out.reporter()
-    ctx = Context.create(cfg, reporter, environ)
-    live = ctx.state.current
-    if live is None:
-        raise PreflightFailed(
-            "no live release on this host: the A/A runs measure the live release against itself",
-            hint="promote a release first (`release promote SHA`)",
-        )
-    model = cfg.service.model or served_model(ctx.endpoint)
+    cfg, ctx, live, model = on_live(
+        cfg_path, out, "the A/A runs measure the live release against itself"
+    )
+    reporter = ctx.reporter
     where = Path(live.release_dir)
     facts = lint_mod.facts(ctx.spec(where, live.sha))
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
@@ -132,8 +125,8 @@ def _one(
     model: str,
     sha: str,
     record: dict[str, Any] | None,
-    restart: Any,
-    facts: Any,
+    restart: Callable[[], dict[str, Any]],
+    facts: dict[str, Any],
 ) -> dict[str, Any]:
     check = logscan.window_check(ctx.rules, facts)
     live = bench_gate.LiveBench(

@@ -27,6 +27,22 @@ from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import bench_gate
 from servegate.release.context import Context
+from servegate.release.state import Entry
+
+
+def on_live(cfg_path: Path, out: Output, why: str) -> tuple[config_mod.Config, Context, Entry, str]:
+    """(config, context, the live release, its served model) for a command that measures
+    the live release; PreflightFailed (saying ``why`` it needs one) where there is none."""
+    environ = dict(os.environ)
+    cfg = config_mod.load(cfg_path, environ)
+    ctx = Context.create(cfg, out.reporter(), environ)
+    live = ctx.state.current
+    if live is None:
+        raise PreflightFailed(
+            f"no live release on this host: {why}",
+            hint="promote a release first (`release promote SHA`)",
+        )
+    return cfg, ctx, live, cfg.service.model or served_model(ctx.endpoint)
 
 
 def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
@@ -36,17 +52,8 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
             "service starts or more, and the within-start CV two groups a start",
             hint="--restarts 2 (the default) or more, --repetitions 2 or more",
         )
-    environ = dict(os.environ)
-    cfg = config_mod.load(cfg_path, environ)
-    reporter = out.reporter()
-    ctx = Context.create(cfg, reporter, environ)
-    live = ctx.state.current
-    if live is None:
-        raise PreflightFailed(
-            "no live release on this host: the noise is measured on the live release",
-            hint="promote a release first (`release promote SHA`)",
-        )
-    model = cfg.service.model or served_model(ctx.endpoint)
+    cfg, ctx, live, model = on_live(cfg_path, out, "the noise is measured on the live release")
+    reporter, environ = ctx.reporter, ctx.environ
     spec = spec_from_config(cfg.bench, ctx.endpoint, model, "", socket.gethostname())
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     files: list[str] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Protocol
 
 from servegate.config import Config
-from servegate.engine.launch import LaunchSpec, unsafe
+from servegate.engine.launch import LaunchSpec
 from servegate.errors import ConfigError
 
 
@@ -103,7 +103,7 @@ def read_from(path: Path, offset: int, limit: int = 16 * 1024 * 1024, strict: bo
 def refuse(manager: ServiceManager, spec: LaunchSpec) -> None:
     """ConfigError when ``spec`` cannot be written as ``manager``'s unit exactly (before
     the switch in a promote; before anything is written in ``install``)."""
-    problems = unsafe(spec) or manager.render_problems(spec)
+    problems = manager.render_problems(spec)  # each manager's begins with unsafe()
     if problems:
         raise ConfigError(
             f"the launch of {spec.sha[:12] or 'the release'} cannot be written as a "
