@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from servegate.bench import results, verdict
-from servegate.bench.results import Samples
+from servegate.bench.results import CaseSamples, Samples
 from tests.bench.test_stats_verdict import _with_reference, samples
 
 BASE = [63.0, 64.1, 62.7, 63.5, 63.2]
@@ -177,12 +177,68 @@ def test_two_bursts_in_four_are_measured_again_not_failed_at_once() -> None:
     assert d["verdict"] != "FAIL", d["rows"]
 
 
-def test_a_repeating_slow_tail_is_not_set_apart() -> None:
-    """A release that serves a third of its requests at a third of the rate: measured to
-    the cap, its far-slow samples are more than the box explains. They stay in the
-    estimate, and the release is not released."""
-    base = samples({"generation_tps": BASE})
+def test_a_repeating_slow_tail_is_no_pass_and_a_significant_one_fails() -> None:
+    """A release that serves a third of its requests at a third of the rate, against a
+    baseline measured alike (twelve trials, no burst): its far-slow samples are counted,
+    not averaged away, and four of twelve against none keep it from a PASS; half of its
+    samples far slow leave no bulk to set them apart from, and the loss FAILs."""
+    base = samples({"generation_tps": [*BASE, 63.4, 62.9, 63.1, 63.6, 62.8, 63.3, 63.0]})
     tail = [63.3, 21.0, 63.1, 62.8, 21.2, 63.5, 63.0, 20.9, 63.2, 62.7, 21.1, 63.4]
     d = verdict.evaluate(base, samples({"generation_tps": tail}), RULES, QUIET)
-    assert d["verdict"] != "PASS", d["rows"]
-    assert d["rows"][0]["outliers"] is None or d["rows"][0]["outliers"]["set_apart"][1] == 0
+    (row,) = d["rows"]
+    assert d["verdict"] == "INCONCLUSIVE", row
+    assert "4 of 12 candidate samples are far slower" in row["why"]
+    assert row["tail"]
+    assert row["outliers"]["set_apart"] == [0, 4]
+    half = [63.3, 21.0, 63.1, 21.2, 63.5, 20.9, 63.2, 21.1, 63.4, 21.0, 62.9, 21.3]
+    d = verdict.evaluate(base, samples({"generation_tps": half}), RULES, QUIET)
+    assert d["verdict"] == "FAIL", d["rows"]
+    assert d["rows"][0]["outliers"] is None
+
+
+def test_bursts_of_the_box_on_both_sides_are_set_apart_and_pass() -> None:
+    """A box that bursts one trial in ten hits the baseline and the candidate alike: two
+    bursts in twelve on the candidate against one in twelve on its baseline are the box's
+    (Fisher p far above any level), set apart on both sides, and the rest PASS."""
+    base = samples({"generation_tps": [*BASE, 21.3, 63.4, 62.9, 63.1, 63.6, 62.8, 63.0]})
+    cand = [63.3, 63.1, 21.0, 62.8, 63.5, 63.0, 63.2, 62.7, 21.4, 63.4, 63.1, 62.9]
+    d = verdict.evaluate(base, samples({"generation_tps": cand}), RULES, QUIET)
+    (row,) = d["rows"]
+    assert d["verdict"] == "PASS", row
+    assert row["outliers"]["set_apart"] == [1, 2]
+
+
+def test_a_tail_in_every_case_is_counted_over_the_check() -> None:
+    """A tail too thin to show in one case shows over all of them: six cases, each with
+    two of its twelve candidate trials far slow and none of the baseline's, FAIL as the
+    release's tail although no single case's count is significant."""
+    clean = [*BASE, 63.4, 62.9, 63.1, 63.6, 62.8, 63.3, 63.0]
+    thin = [63.3, 21.0, 63.1, 62.8, 63.5, 63.0, 63.2, 20.9, 62.7, 63.4, 63.1, 62.9]
+    ids = tuple(f"{p}-{t}" for p in ("regular", "coding") for t in ("16k", "32k", "64k"))
+    base = Samples("b", "servegate-bench/1", {}, {
+        c: CaseSamples(c, True, True, len(clean), {"generation_tps": clean}) for c in ids
+    })  # fmt: skip
+    cand = Samples("c", "servegate-bench/1", {}, {
+        c: CaseSamples(c, True, True, len(thin), {"generation_tps": thin}) for c in ids
+    })  # fmt: skip
+    one = verdict.evaluate(
+        Samples("b", "servegate-bench/1", {}, {ids[0]: base.cases[ids[0]]}),
+        Samples("c", "servegate-bench/1", {}, {ids[0]: cand.cases[ids[0]]}),
+        RULES, QUIET,
+    )  # fmt: skip
+    assert one["verdict"] != "FAIL", one["rows"]
+    d = verdict.evaluate(base, cand, RULES, QUIET)
+    assert d["verdict"] == "FAIL", d["rows"]
+    assert "over the check's cases 12 of 72 against 0 of 72" in d["rows"][0]["why"]
+
+
+def test_three_bursts_in_four_are_measured_again_before_a_fail() -> None:
+    """Three of the candidate's first four trials hit by bursts make the bursts its bulk
+    and its one ordinary trial a far-fast outlier: before the cap the gate measures again
+    instead of failing on a third of the rate; at the cap the samples are what they are."""
+    base = samples({"generation_tps": [100.0, 102.0, 100.5, 101.0]})
+    cand = samples({"generation_tps": [33.1, 102.0, 34.0, 33.4]})
+    early = verdict.evaluate(base, cand, RULES, QUIET, final=False)
+    assert early["verdict"] == "INCONCLUSIVE", early["rows"]
+    assert "far faster than its bulk: measuring again" in early["rows"][0]["why"]
+    assert verdict.evaluate(base, cand, RULES, QUIET)["verdict"] == "FAIL"

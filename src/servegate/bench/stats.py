@@ -232,24 +232,24 @@ OUTLIER_MIN = 0.12
 OUTLIER_FLOOR = 0.005
 #: a side needs this many samples for its median to mean anything
 OUTLIER_SIDE = 4
-#: at most one sample in this many (and at least one) is set apart on a side
-OUTLIER_SHARE = 5
 
 
 def outliers(base: Sequence[float], cand: Sequence[float]) -> tuple[list[int], list[int]]:
     """Indices of the samples far from their side's bulk: more than :data:`OUTLIER_Z`
-    robust SDs (the median absolute deviation of both sides' log samples from their own
-    side's median, pooled) and more than :data:`OUTLIER_MIN` from the side's median. A
-    side needs three samples for its median to mean anything. Both directions count;
-    :func:`servegate.bench.verdict` tells the slow ones apart."""
+    robust SDs and more than :data:`OUTLIER_MIN` from the bulk's centre. A side's bulk is
+    the tightest strict majority of its log samples (half of them plus one), its centre
+    their median: two bursts in four samples move a side's median to the middle of
+    nowhere, never the tightest three. The robust SD is the median absolute deviation of
+    both sides' samples from their own centres, pooled. A side needs
+    :data:`OUTLIER_SIDE` samples for a bulk to mean anything, and only a minority of a
+    side is ever set apart: a side whose far samples are half of it or more has no bulk
+    and is judged whole. Both directions count; :func:`servegate.bench.verdict` tells
+    the slow ones apart."""
     sides = [_logs_all(base), _logs_all(cand)]
     resid: list[list[float]] = []
     for logs in sides:
-        if len(logs) >= OUTLIER_SIDE:
-            med = statistics.median(x for x in logs if math.isfinite(x))
-            resid.append([x - med for x in logs])
-        else:
-            resid.append([0.0] * len(logs))
+        centre = _bulk_centre(logs)
+        resid.append([0.0] * len(logs) if centre is None else [x - centre for x in logs])
     pooled = [abs(r) for rs in resid for r in rs if math.isfinite(r)]
     if not pooled:
         return [], []
@@ -258,9 +258,19 @@ def outliers(base: Sequence[float], cand: Sequence[float]) -> tuple[list[int], l
     flagged = []
     for rs in resid:
         far = [i for i, r in enumerate(rs) if abs(r) > cut]
-        # a few far samples are outliers; many are the side's own spread, judged whole
-        flagged.append(far if len(far) <= max(1, len(rs) // OUTLIER_SHARE) else [])
+        flagged.append(far if 2 * len(far) < len(rs) else [])
     return flagged[0], flagged[1]
+
+
+def _bulk_centre(logs: Sequence[float]) -> float | None:
+    """The median of the tightest strict majority of a side's finite log samples; None
+    with fewer than :data:`OUTLIER_SIDE` of them."""
+    xs = sorted(x for x in logs if math.isfinite(x))
+    if len(xs) < OUTLIER_SIDE:
+        return None
+    m = len(xs) // 2 + 1
+    start = min(range(len(xs) - m + 1), key=lambda i: (xs[i + m - 1] - xs[i], i))
+    return statistics.median(xs[start : start + m])
 
 
 def _logs_all(values: Sequence[float]) -> list[float]:
