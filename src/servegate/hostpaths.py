@@ -84,6 +84,11 @@ class HostPaths:
     def checkout(self) -> Path:
         return self.root / "checkout"
 
+    def launch(self, sha: str) -> Path:
+        """The launch ``sha`` was last installed with, values in clear and sealed: what a
+        rollback to it installs again."""
+        return self.root / "launches" / f"{sha}.json"
+
     def service_log(self, unit: str) -> Path:
         return self.logs / f"{unit}.log"
 

@@ -7,16 +7,18 @@ service untouched."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
-from servegate import config
+from servegate import config, hostpaths
 from servegate.engine import managers
 from servegate.engine.launch import LaunchSpec, unsafe
 from servegate.engine.managers import supervisor, systemd
 from servegate.errors import ConfigError
 from servegate.pipeline.stages import QuietReporter
+from servegate.release import rollback
 from servegate.release.context import Context
 from servegate.release.promote import promote
 from tests.conftest import Host, Stack, make_host
@@ -130,6 +132,49 @@ def test_a_promote_with_a_newline_in_a_filled_value_stops_before_the_switch(
         assert conf.live_root() == conf.release_dir(good)
         assert _supervisor_of(cfg).program_conf.read_text() == program
         assert not (tmp_path / "pwned").exists()
+        assert Context.create(cfg, QuietReporter(), {}).state.pending is None
+    finally:
+        _supervisor_of(host.cfg).shutdown_daemon()
+
+
+def test_a_rollback_installs_the_launch_its_release_ran(tmp_path: Path, stack: Stack) -> None:
+    """A rollback puts back what the earlier release ran — its kept launch, sealed by
+    this host — never what today's config and environment render: a secret rotated
+    since, or one that now carries an injected program, does not reach it. A kept
+    launch this host did not seal is not used, and today's render, refused, stops the
+    rollback before the live release is touched."""
+    host = make_host(tmp_path, stack)
+    try:
+        text = host.path.read_text().replace(
+            'TINY_SECRET_TOKEN = "hunter2"', 'TINY_SECRET_TOKEN = "${CI_TOKEN}"'
+        )
+        host.path.write_text(text)
+        cfg = config.load(host.path, {})
+        conf = Host(cfg, host.path)
+        good = stack.commit("ok")
+        assert promote(Context.create(cfg, QuietReporter(), {"CI_TOKEN": "hunter2"}), good).verdict == "released"  # fmt: skip
+        ran = _supervisor_of(cfg).program_conf.read_text()
+        assert "hunter2" in ran
+        nxt = stack.commit("ok", "the next release")
+        assert promote(Context.create(cfg, QuietReporter(), {"CI_TOKEN": "rotated"}), nxt).verdict == "released"  # fmt: skip
+        injected = "x\n[program:evil]\ncommand=touch " + str(tmp_path / "pwned")
+
+        result = rollback.rollback(Context.create(cfg, QuietReporter(), {"CI_TOKEN": injected}), good)  # fmt: skip
+        assert result["ok"], result
+        assert result["launch"] == "kept"
+        assert conf.live_root() == conf.release_dir(good)
+        assert _supervisor_of(cfg).program_conf.read_text() == ran
+        assert not (tmp_path / "pwned").exists()
+
+        kept = hostpaths.of(cfg).launch(nxt)
+        doc = json.loads(kept.read_text())
+        doc["launch"]["env"]["TINY_SECRET_TOKEN"] = "forged"
+        kept.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match="TINY_SECRET_TOKEN") as refused:
+            rollback.rollback(Context.create(cfg, QuietReporter(), {"CI_TOKEN": injected}), nxt)
+        assert refused.value.exit_code == 2
+        assert conf.live_root() == conf.release_dir(good)
+        assert _supervisor_of(cfg).program_conf.read_text() == ran
         assert Context.create(cfg, QuietReporter(), {}).state.pending is None
     finally:
         _supervisor_of(host.cfg).shutdown_daemon()

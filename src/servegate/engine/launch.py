@@ -151,6 +151,41 @@ class LaunchSpec:
             out["compile_cache_key"] = self.cache_key
         return out
 
+    def stored(self) -> dict[str, Any]:
+        """The launch whole, values in clear: what a rollback installs again. Kept on the
+        host beside the unit it was installed as (0600), never in a record."""
+        doc = dataclasses.asdict(self)
+        doc.update(
+            cwd=str(self.cwd),
+            filled_names=sorted(self.filled_names),
+            filled_values=sorted(self.filled_values),
+        )
+        return doc
+
+    @classmethod
+    def from_stored(cls, doc: Mapping[str, Any]) -> LaunchSpec:
+        """:meth:`stored` read back (KeyError, TypeError or ValueError when it is not)."""
+
+        def tuples(d: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+        return cls(
+            unit=str(doc["unit"]),
+            argv=tuple(str(a) for a in doc["argv"]),
+            env={str(k): str(v) for k, v in doc["env"].items()},
+            cwd=Path(doc["cwd"]),
+            sha=str(doc["sha"]),
+            limits=UnitSettings(**doc["limits"]),
+            engine=str(doc["engine"]),
+            profile=str(doc["profile"]),
+            expect=Expect(**tuples(doc["expect"])),
+            args=dict(doc["args"]),
+            cache_key=str(doc["cache_key"]),
+            unresolved=tuple(doc["unresolved"]),
+            filled_names=frozenset(doc["filled_names"]),
+            filled_values=frozenset(doc["filled_values"]),
+        )
+
 
 def placeholders(cfg: Config, release_dir: Path, sha: str) -> dict[str, str]:
     return {

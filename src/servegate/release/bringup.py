@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hmac
+import json
 import os
 import stat
 from collections.abc import Callable, Mapping
@@ -10,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servegate import hostpaths
 from servegate.engine import lint as lint_mod
 from servegate.engine import logscan, managers, openai, ports, provenance
 from servegate.engine.health import wait_healthy
+from servegate.engine.launch import LaunchSpec
 from servegate.engine.rules import Finding
 from servegate.errors import (
     GateFailed,
@@ -22,7 +26,7 @@ from servegate.errors import (
     ServegateError,
     ServiceFailed,
 )
-from servegate.pipeline import redact
+from servegate.pipeline import atomic, redact
 from servegate.pipeline.git import dirty_files, worktree_head, worktree_top
 from servegate.release import bench_gate
 from servegate.release import trend as release_trend
@@ -36,7 +40,7 @@ from servegate.release.gate import (
     build_checks,
     run_gate,
 )
-from servegate.release.record import host_records
+from servegate.release.record import host_records, seal
 
 
 @dataclass
@@ -117,14 +121,54 @@ def lint(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> list[
 
 
 def switch(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> None:
-    """Stop the old release and start ``release_dir`` in its place."""
+    """Stop the old release and start ``release_dir`` in its place. A launch no unit can
+    carry exactly is refused before anything stops; the launch installed is kept
+    (:func:`keep_launch`) for a rollback to install again."""
     spec = ctx.spec(release_dir, sha)
     evidence.launch = spec.redacted(ctx.salt)
+    managers.refuse(ctx.manager, spec)
+    keep_launch(ctx, spec)
     ctx.manager.stop()
     ctx.deployer.activate(release_dir)
     ctx.manager.install(spec)
     evidence.log_mark = ctx.manager.log_mark()
     ctx.manager.start()
+
+
+def keep_launch(ctx: Context, spec: LaunchSpec) -> None:
+    """Keep the launch about to be installed, values in clear (0600, like the unit it
+    becomes) and sealed with the host's key, so that a rollback to this release
+    installs what it ran — not what today's config and environment would render (a
+    rotated or newline-carrying secret, a flag the old release does not know)."""
+    doc: dict[str, Any] = {"launch": spec.stored()}
+    doc["seal"] = seal(doc, ctx.salt)
+    atomic.write_json(hostpaths.of(ctx.cfg).launch(spec.sha), doc)
+
+
+def kept_launch(ctx: Context, sha: str, release_dir: Path) -> tuple[LaunchSpec | None, str]:
+    """The launch ``sha`` was last installed with (:func:`keep_launch`), or None and why
+    it cannot be used: none kept (released before servegate kept them), unreadable, not
+    sealed by this host, or for another directory."""
+    path = hostpaths.of(ctx.cfg).launch(sha)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "no launch was kept for it"
+    except (OSError, ValueError) as exc:
+        return None, f"its kept launch {path} cannot be read ({exc})"
+    if not (
+        isinstance(doc, dict)
+        and isinstance(doc.get("seal"), str)
+        and hmac.compare_digest(doc["seal"].encode(), seal(doc, ctx.salt).encode())
+    ):
+        return None, f"its kept launch {path} is not sealed by this host"
+    try:
+        spec = LaunchSpec.from_stored(doc["launch"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return None, f"its kept launch {path} is not a launch ({exc})"
+    if spec.sha != sha or spec.cwd != release_dir:
+        return None, f"its kept launch ran in {spec.cwd}, not {release_dir}"
+    return spec, ""
 
 
 def healthy(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> None:

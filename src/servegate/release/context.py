@@ -135,6 +135,11 @@ class Context:
             self._specs[key] = launch_spec(self.cfg, release_dir, sha).expanded(self.environ)
         return self._specs[key]
 
+    def use_launch(self, release_dir: Path, spec: LaunchSpec) -> None:
+        """``spec`` is the launch of its release in ``release_dir`` from now on (a rollback
+        installs the launch the release was kept with, not today's render)."""
+        self._specs[(str(release_dir), spec.sha)] = spec
+
     def expectation(self, spec: LaunchSpec, artifacts: Mapping[str, str]) -> provenance.Expectation:
         names = self.cfg.provenance.env or tuple(spec.env)
         return provenance.Expectation(

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from servegate.engine import managers
 from servegate.engine.launch import placeholders
 from servegate.errors import (
     Interrupted,
@@ -41,9 +42,16 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
     start = time.monotonic()
     runner = ctx.runner
     evidence = bringup.Evidence()
+    launch = "kept"
     try:
         with runner.stage("rb switch") as st:
             release_dir = ctx.deployer.restore(target.sha)
+            kept, why = bringup.kept_launch(ctx, target.sha, release_dir)
+            if kept is not None:
+                ctx.use_launch(release_dir, kept)
+            else:
+                launch = f"rendered from the current config: {why}"
+                ctx.reporter.note(f"rollback: {target.sha[:12]}'s launch is {launch}")
             artifacts = dict(target.artifacts)
             if ctx.deployer.rebuilds_on_restore:
                 places = placeholders(ctx.cfg, release_dir, target.sha)
@@ -72,11 +80,13 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
             "ok": False,
             "sha": target.sha,
             "reason": str(exc),
+            "launch": launch,
             "seconds": round(time.monotonic() - start, 3),
         }
     return {
         "ok": True,
         "sha": target.sha,
+        "launch": launch,
         "release_dir": str(release_dir),
         "startup_seconds": round(evidence.startup_seconds, 3),
         "seconds": round(time.monotonic() - start, 3),
@@ -292,6 +302,15 @@ def check_restorable(ctx: Context, target: Entry) -> None:
         )
 
 
+def check_launch(ctx: Context, target: Entry) -> None:
+    """The launch a rollback to ``target`` installs — the one it was kept with, else
+    today's render — can be written as a unit exactly: a refusal comes before the live
+    release is stopped (ConfigError)."""
+    where = Path(target.release_dir)
+    kept, _ = bringup.kept_launch(ctx, target.sha, where)
+    managers.refuse(ctx.manager, kept or ctx.spec(where, target.sha))
+
+
 def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
     """``release rollback [--to SHA]``: make an earlier release live again, verified."""
     bringup.check_host_root(ctx)  # before its lock file is made in it
@@ -314,6 +333,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
             bringup.check_host_root(ctx)
             bringup.check_port_free(ctx)
             check_restorable(ctx, target)  # before the healthy live release is stopped
+            check_launch(ctx, target)
         what = f"release rollback to {target.sha[:12]}"
         with gpu_lease(ctx.lease_path, what, ctx.cfg.host.lease_timeout):
             mark_pending(ctx, "rollback", target.sha, Path(target.release_dir))
