@@ -132,6 +132,32 @@ def test_failing_build_leaves_live_service_untouched(host: Host, stack: Stack) -
     assert_serving(host, good)
 
 
+def test_a_tracked_link_out_of_the_release_is_refused_before_the_switch(
+    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A commit that tracks ``hook.py -> /elsewhere/x.py``: git hashes the link's text,
+    never the code behind it, which can change after the release. Refused before the
+    build (exit 8), the live release untouched; a link that stays inside is fine."""
+    good = released(host, stack)
+    pid = host.context().manager.main_pid()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "x.py").write_text("import builtins  # monkeypatches at import\n")
+    (stack.work / "hook.py").symlink_to(outside / "x.py")
+    (stack.work / "inside.txt").symlink_to("mode")
+    bad = stack.commit("ok", "a link out of the release")
+    assert release_main(["promote", bad, "--config", str(host.path), "--json"]) == 8
+    doc = json.loads(capsys.readouterr().out)
+    assert f"hook.py -> {outside / 'x.py'}" in doc["error"]["message"], doc
+    assert "inside.txt" not in doc["error"]["message"]
+    assert host.context().manager.main_pid() == pid
+    assert_serving(host, good)
+    (stack.work / "hook.py").unlink()
+    fine = stack.commit("ok", "the link inside stays")
+    assert release_main(["promote", fine, "--config", str(host.path)]) == 0
+    assert_serving(host, fine)
+
+
 def test_lint_failure_stops_before_the_live_service_is_touched(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

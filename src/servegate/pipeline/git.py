@@ -355,6 +355,29 @@ def tree_changes(path: Path, rev: str = "HEAD") -> list[str]:
     return changes
 
 
+def escaping_links(path: Path, rev: str = "HEAD") -> list[str]:
+    """Symbolic links ``rev`` tracks whose target, followed on this box, lies outside the
+    work tree: ``rel -> target`` each. Git hashes a link's text, never what it points
+    at, so the file behind ``pkg/hook.py -> /tmp/x.py`` is in no commit, no tree hash and
+    no provenance check, and can change after the release; a link that stays inside
+    the tree points at a tracked (or built) file, which they do cover."""
+    repo = open_repo(path)
+    root = os.path.realpath(str(repo.git.rev_parse("--show-toplevel")).strip())
+    listing = str(repo.git.ls_tree("-r", "-z", "--full-tree", rev))
+    out = []
+    for entry in listing.split("\0"):
+        meta, _, rel = entry.partition("\t")
+        if not meta.startswith("120000 "):
+            continue
+        full = os.path.join(root, rel)
+        if not os.path.islink(full):
+            continue  # not a link on disk: tree_changes reports it
+        resolved = os.path.realpath(full)
+        if resolved != root and not resolved.startswith(root + os.sep):
+            out.append(f"{rel} -> {os.readlink(full)}")
+    return out
+
+
 class InPlaceCheckout(StackRepo):
     """A plain clone that the service runs from directly (the seeds' "in-place" way)."""
 

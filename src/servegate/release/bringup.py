@@ -27,7 +27,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.pipeline import atomic, redact
-from servegate.pipeline.git import dirty_files, worktree_head, worktree_top
+from servegate.pipeline.git import dirty_files, escaping_links, worktree_head, worktree_top
 from servegate.release import bench_gate
 from servegate.release import trend as release_trend
 from servegate.release.context import Context
@@ -237,6 +237,12 @@ def check_checkout(release_dir: Path, sha: str, report: provenance.Report) -> No
     if dirty:
         shown = "; ".join(dirty[:5]) + (" …" if len(dirty) > 5 else "")
         report.findings.append(provenance.Finding("tracked tree clean", "no changes", shown))
+    leaving = escaping_links(release_dir, sha)
+    if leaving:
+        shown = "; ".join(leaving[:5]) + (" …" if len(leaving) > 5 else "")
+        report.findings.append(
+            provenance.Finding("tracked links inside the release", "none leaves it", shown)
+        )
 
 
 def live_record(ctx: Context) -> dict[str, Any] | None:

@@ -19,13 +19,14 @@ from servegate.errors import (
     BuildFailed,
     GitRefusal,
     Interrupted,
+    ProvenanceMismatch,
     RollbackFailed,
     ServegateError,
     ServiceFailed,
 )
 from servegate.kernels.build import BuildResult, run_build
 from servegate.pipeline import interrupts, redact
-from servegate.pipeline.git import dirty_files, worktree_head
+from servegate.pipeline.git import dirty_files, escaping_links, worktree_head
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import bench_gate, bringup
@@ -106,6 +107,21 @@ def require_clean_after_build(release_dir: Path, sha: str) -> None:
         )
 
 
+def require_links_inside(release_dir: Path, sha: str) -> None:
+    """Every symbolic link the release tracks stays inside it: code behind a link that
+    leaves it is in no commit and no hash, and can change after the release."""
+    leaving = escaping_links(release_dir, sha)
+    if leaving:
+        raise ProvenanceMismatch(
+            f"{sha[:12]} tracks {len(leaving)} symbolic link(s) that leave the release: "
+            + "; ".join(leaving[:10])
+            + " (what they point at is in no commit and no hash, and can change after the "
+            "release)",
+            hint="commit the file itself instead of a link to it, or point the link inside "
+            "the repository; the live service was not touched",
+        )
+
+
 def require_live_intact(ctx: Context, sha: str) -> None:
     """The build of a new release must leave the live one as it was built: the
     automatic rollback after the switch starts it again from its files."""
@@ -153,6 +169,7 @@ def _promote(ctx: Context, requested: str, allow_non_ff: bool, start: float) -> 
         before = bringup.serving(ctx)  # before the candidate's build can touch it
     with runner.stage("fetch") as st:
         release_dir = ctx.deployer.prepare(sha)
+        require_links_inside(release_dir, sha)
         st.detail = str(release_dir)
     with runner.stage("build") as st:
         built = run_build(
