@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import json
+import socket
+import sys
 from pathlib import Path
 
+import git
 import pytest
 
 from servegate import config
@@ -81,9 +85,33 @@ def test_environment_expansion_uses_the_given_mapping() -> None:
         parse(MINIMAL.replace('"/srv/servegate"', '"$BOX/servegate"'))
 
 
+def on_this_box(tmp_path: Path, text: str = MINIMAL) -> str:
+    """``text`` made true of this box: a host root of its own, this Python as the
+    launch's interpreter, a vllm it can import (a stand-in package on the launch's
+    PYTHONPATH) and a remote that holds ``main``."""
+    engine = tmp_path / "engine"
+    (engine / "vllm").mkdir(parents=True, exist_ok=True)
+    (engine / "vllm" / "__init__.py").write_text("")
+    origin = tmp_path / "origin.git"
+    if not origin.exists():
+        work = tmp_path / "seed"
+        repo = git.Repo.init(work, initial_branch="main")
+        (work / "README").write_text("stack\n")
+        repo.git.add("-A")
+        repo.git.commit("-m", "seed", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})  # fmt: skip
+        git.Repo.clone_from(str(work), str(origin), bare=True)
+    return (
+        text.replace("/srv/servegate", str(tmp_path / "host"))
+        .replace('remote = "/srv/stack.git"', f'remote = "{origin}"')
+        .replace('command = ["python",', f'command = ["{sys.executable}",')
+        .replace('PYTHONPATH = "{release}"', f'PYTHONPATH = "{{release}}:{engine}"')
+    )
+
+
 def test_config_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "good.toml"
-    good.write_text(MINIMAL)
+    good.write_text(on_this_box(tmp_path))
     assert main(["config", "check", "--config", str(good)]) == 0
     assert "OK" in capsys.readouterr().out
     bad = tmp_path / "bad.toml"
@@ -161,8 +189,58 @@ def test_config_check_runs_the_lint_rules_promote_runs_before_the_switch(
         '"--compilation-config"', '"--model", "/models/qwen", "--compilation-config"'
     )
     path = tmp_path / "local.toml"
-    path.write_text(local.replace("/srv/servegate", str(tmp_path / "host")))
+    path.write_text(on_this_box(tmp_path, local).replace("/models/qwen", str(tmp_path / "qwen")))
+    (tmp_path / "qwen").mkdir()
     assert main(["config", "check", "--config", str(path)]) == 15
     assert "model.local-without-offline" in capsys.readouterr().err
     path.write_text(path.read_text() + 'HF_HUB_OFFLINE = "1"\n')
     assert main(["config", "check", "--config", str(path)]) == 0
+
+
+def test_config_check_sees_on_this_box_what_a_first_promote_would_stop_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each cause a first promote would stop on that this box already shows, with
+    promote's exit code for it: a stranger on the port (6), a remote that does not
+    answer (11) or lacks the branch (3), a build program not installed (5), a launch
+    program missing, an engine its interpreter cannot import or a model directory that
+    is not there (7: the service could not start). ``--offline`` skips the remote."""
+    text = on_this_box(tmp_path, MINIMAL.replace(
+        '"--compilation-config"', '"--model", "/models/qwen", "--compilation-config"'
+    ) + 'HF_HUB_OFFLINE = "1"\n')  # fmt: skip
+    (tmp_path / "qwen").mkdir()
+    text = text.replace("/models/qwen", str(tmp_path / "qwen"))
+    path = tmp_path / "box.toml"
+
+    def check(body: str, *extra: str) -> int:
+        path.write_text(body)
+        capsys.readouterr()
+        return main(["config", "check", "--config", str(path), *extra])
+
+    assert check(text, "--json") == 0
+    box = json.loads(capsys.readouterr().out)["result"]["box"]
+    assert any(line.startswith("engine: ") and "imports vllm" in line for line in box), box
+    assert any(line.startswith("remote: ") and "has main" in line for line in box), box
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        assert check(text.replace("port = 8080", f"port = {port}")) == 6
+        assert f"port {port} is already taken" in capsys.readouterr().err
+    assert check(text.replace(str(tmp_path / "origin.git"), str(tmp_path / "nowhere.git"))) == 11
+    assert check(text.replace(str(tmp_path / "origin.git"), str(tmp_path / "nowhere.git")),
+                 "--offline") == 0  # fmt: skip
+    assert check(text.replace("[stack]\n", '[stack]\nbranch = "release"\n', 1)) == 3
+    assert "has no branch 'release'" in capsys.readouterr().err
+    assert check(text + '[build]\ncommand = ["no-such-builder", "all"]\n') == 5
+    assert "no-such-builder" in capsys.readouterr().err
+    assert check(text + '[build]\ncommand = ["bash", "build.sh"]\n') == 0
+    missing = text.replace(
+        f'command = ["{sys.executable}",', 'command = ["/opt/venvs/nope/bin/python",'
+    )
+    assert check(missing) == 7
+    assert "/opt/venvs/nope/bin/python" in capsys.readouterr().err
+    assert check(text.replace(f":{tmp_path / 'engine'}", "")) == 7
+    assert "cannot import vllm" in capsys.readouterr().err
+    assert check(text.replace(str(tmp_path / "qwen"), str(tmp_path / "gone"))) == 7
+    assert "is not a directory on this box" in capsys.readouterr().err

@@ -315,7 +315,11 @@ def servegate_parser() -> argparse.ArgumentParser:
     _release_commands(rsub)
     cfg = sub.add_parser("config", help="config file tools")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
-    _common(csub.add_parser("check", help="validate a config file"))
+    chk = csub.add_parser("check", help="validate a config file, and what this box shows")
+    _common(chk)
+    chk.add_argument(
+        "--offline", action="store_true", help="skip what needs the network (the remote)"
+    )
     bld = sub.add_parser("build", help="build the stack's GPU extensions for build.archs (cached)")
     bld.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
     bld.add_argument(
@@ -546,7 +550,7 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     if args.command == "config":
         from servegate.commands import config_check
 
-        return config_check.run(cfg, out)
+        return config_check.run(cfg, out, args.offline)
     if cfg.remote_hosts:
         return _remote(cfg, args, out)
     from servegate.commands import history, promote, recover, rollback, status, verify

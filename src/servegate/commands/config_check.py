@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import envfile, hostpaths
+from servegate.commands import config_box
 from servegate.config import Config
 from servegate.engine import lint as lint_mod
 from servegate.engine import managers
@@ -28,7 +29,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def run(cfg: Config, out: Output) -> int:
+def run(cfg: Config, out: Output, offline: bool = False) -> int:
     checks = [c.name for c in build_checks(cfg)]
     # the launch resolves (profile, includes, parameters, placeholders) and the rules load
     spec = launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
@@ -64,8 +65,10 @@ def run(cfg: Config, out: Output) -> int:
     warnings += [
         f"lint {f.severity}: {f.rule}: {f.message}" for f in findings if f.severity == "warn"
     ]
+    # what this box shows before any promote: port, remote, build, program, engine, model
+    box = config_box.check(cfg, filled or spec, offline)
     if out.json_mode:
-        return out.emit({**_plain(cfg), "warnings": warnings})
+        return out.emit({**_plain(cfg), "warnings": warnings, "box": box})
     out.line(f"{cfg.path}: OK")
     out.line(f"  stack    {cfg.stack.remote} ({cfg.stack.branch})")
     out.line(f"  host     {cfg.host.root} ({cfg.host.strategy}, keep {cfg.host.keep_releases})")
@@ -74,6 +77,8 @@ def run(cfg: Config, out: Output) -> int:
     out.line(f"  launch   {launch}: {spec.argv[0]} … ({len(spec.argv)} words, {len(spec.env)} env)")
     out.line(f"  rules    {len(rules.of('lint'))} lint, {len(rules.of('log'))} log")
     out.line(f"  gate     {', '.join(checks)}")
+    for line in box:
+        out.line(f"  box      {line}")
     for warning in warnings:
         out.err.print(f"warning: {warning}", markup=False)
     return 0
