@@ -197,6 +197,36 @@ def test_a_virtualenv_activation_gives_the_interpreter_its_path(
     assert any("a virtualenv" in line for line in conv.skipped)
 
 
+def test_literal_paths_of_the_box_become_parameters_named_by_their_option(
+    tmp_path: Path,
+) -> None:
+    """Paths written out in the exec line (the model, a download directory, a file in
+    the checkout) are the box's, not the release's: each other box sets its own. They
+    become parameters named by their option with the script's value as the default, a
+    path in the checkout becomes {release}/…, and the profile renders what bash execs."""
+    script = HEAD + (
+        'exec "$PY" -m vllm.entrypoints.openai.api_server --model /models/qwen3 '
+        "--download-dir=/data/hf --chat-template /srv/stack/tmpl/chat.jinja "
+        "--served-model-name qwen --tokenizer /models/qwen3\n"
+    )
+    conv = shellimport.convert(script, Path(CHECKOUT))
+    assert conv.params == {"PY": "/opt/venv/bin/python", "model": "/models/qwen3",
+                           "download_dir": "/data/hf", "tokenizer": "/models/qwen3"}  # fmt: skip
+    text = shellimport.profile_toml(conv, "launch.sh")
+    assert '"{model}"' in text
+    assert '"--download-dir={download_dir}"' in text
+    assert '"{release}/tmpl/chat.jinja"' in text
+    if shutil.which("bash") is not None:
+        assert rendered(conv, tmp_path) == bash_exec(script, tmp_path)
+    path = tmp_path / "launch.toml"
+    path.write_text(text)
+    other = profiles.resolve(profiles.load(str(path)), {"model": "/big/disk/qwen3"},
+                             {"release": "/r", "port": "1", "sha": "0" * 40, "short": "0",
+                              "host_root": "/h"})  # fmt: skip
+    assert "/big/disk/qwen3" in other.argv
+    assert "/r/tmpl/chat.jinja" in other.argv
+
+
 def test_what_cannot_be_resolved_says_exactly_what_to_write() -> None:
     with pytest.raises(ConfigError) as conda:
         shellimport.convert("conda activate vllm\nexec python -m v\n", Path(CHECKOUT))

@@ -141,17 +141,22 @@ class _Shell:
                 slash = "/" if value.literal.endswith("/") and value.literal != "/" else ""
                 value = Word(value.literal, "{release}" + slash)
             else:  # a path of this box: a parameter, the script's value its default
-                param = base = f"{name}_path" if name in BUILTIN else name
-                k = 1
-                while self.params.get(param, value.literal) != value.literal:
-                    k += 1  # set again to another path: the earlier uses keep theirs
-                    param = f"{base}_{k}"
-                self.params[param] = value.literal
-                value = Word(value.literal, "{" + param + "}")
+                value = Word(value.literal, "{" + self.param(name, value.literal) + "}")
         self.vars[name] = Word(value.literal, value.template)
         self.arrays.pop(name, None)
         if name in self.exported:
             self.exported[name] = self.vars[name]
+
+    def param(self, name: str, path: str) -> str:
+        """The parameter a path of this box becomes, named ``name`` (``NAME_2``… when
+        that name already holds another path: the earlier uses keep theirs)."""
+        param = base = f"{name}_path" if name in BUILTIN else name
+        k = 1
+        while self.params.get(param, path) != path:
+            k += 1
+            param = f"{base}_{k}"
+        self.params[param] = path
+        return param
 
     def ref(self, name: str, quoted: bool) -> Word:
         if name not in self.vars:
@@ -556,6 +561,7 @@ def convert(text: str, checkout: Path) -> Converted:
         if not argv or argv[0].literal.startswith("-"):
             raise ConfigError("`exec env` with options or without a command is not converted")
     argv = _port(result, argv)
+    argv = argv[:1] + [_path_word(sh, argv[i - 1], w) for i, w in enumerate(argv[1:], 1)]
     if result.port is not None:
         env = {
             k: Word(v.literal, "{port}") if "PORT" in k and v.literal == str(result.port) else v
@@ -568,6 +574,30 @@ def convert(text: str, checkout: Path) -> Converted:
     result.params = {k: v for k, v in sh.params.items() if "{" + k + "}" in used}
     _launch(result, [w.template for w in argv])
     return result
+
+
+def _path_word(sh: _Shell, before: Word, word: Word) -> Word:
+    """An argument written as a literal path of this box (``--model /models/qwen``,
+    ``--download-dir=/data/hf``): a parameter named by its option (``model``,
+    ``download_dir``; ``path`` without one), the script's value its default; a path in
+    the checkout becomes ``{release}/…``. A word from a variable is the variable's."""
+    if word.template != word.literal or word.splice:
+        return word
+    prefix, value = "", word.literal
+    if value.startswith("--") and "=" in value:
+        option, _, value = value.partition("=")
+        prefix = option + "="
+    else:
+        option = before.literal if before.literal.startswith("--") else ""
+    if not value.startswith("/") or "\n" in value:
+        return word
+    checkout = os.path.realpath(sh.checkout)
+    if os.path.realpath(value) == checkout:
+        return Word(word.literal, prefix + "{release}" + ("/" if value.endswith("/") else ""))
+    if value.startswith(sh.checkout.rstrip("/") + "/"):
+        return Word(word.literal, prefix + "{release}" + value[len(sh.checkout.rstrip("/")) :])
+    name = re.sub(r"[^A-Za-z0-9_]", "_", option.lstrip("-")) or "path"
+    return Word(word.literal, prefix + "{" + sh.param(name, value) + "}")
 
 
 def _value(word: Word) -> Word:
