@@ -52,6 +52,23 @@ def test_stage_details_and_tables_are_text() -> None:
     assert "python -m x [/bad] [a]" in text
 
 
+def test_a_table_in_a_log_cuts_nothing_that_names_a_case_a_verdict_or_an_error() -> None:
+    """In CI (no terminal) a table wider than the log's 120 columns keeps every cell
+    whole on its row: the tier of a case, a verdict, a history reason, an SSH error."""
+    buffer = io.StringIO()
+    out = Output(json_mode=False, command="x", console=Console(file=buffer, width=120))
+    reason = ("regular-128k prefill_tps: ratio 0.941 (lower bound 0.902 < 0.950): at the cap the "
+              "interval still holds a loss of 5% (these samples resolve 9%): not a pass")  # fmt: skip
+    ssh = "ssh: connect to host gpu-box-07.example.internal port 22: Connection timed out"
+    out.table("history", ["sha", "case", "verdict", "reason", "host"],
+              [["0123456789ab", "regular-128k", "INCONCLUSIVE", reason, ssh]])  # fmt: skip
+    lines = buffer.getvalue().splitlines()
+    row = next(line for line in lines if "0123456789ab" in line)
+    for cell in ("regular-128k", "INCONCLUSIVE", reason, ssh):
+        assert cell in row, row
+    assert "…" not in buffer.getvalue()
+
+
 def test_a_failure_reported_as_a_result_still_carries_an_error_object(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -20,7 +21,7 @@ SCHEMA = 1
 
 
 def _console(stream: TextIO) -> Console:
-    """Tables keep their shape in logs and CI: 120 columns where there is no terminal."""
+    """120 columns where there is no terminal (tables grow past it: :meth:`Output.table`)."""
     width = None if stream.isatty() else 120
     return Console(file=stream, highlight=False, width=width)
 
@@ -73,10 +74,21 @@ class Output:
     def table(self, title: str, columns: list[str], rows: list[list[str]]) -> None:
         table = Table(title=Text(self._clean(title)), title_justify="left")
         for col in columns:
-            table.add_column(Text(col))
+            table.add_column(Text(col), overflow="fold")  # wrapped or folded, never cut
         for row in rows:
             table.add_row(*(Text(self._clean(cell)) for cell in row))
-        self.console.print(table)
+        if self.console.is_terminal:
+            self.console.print(table)
+            return
+        # a log (CI, a pipe) keeps every cell on its row, whole and greppable: the table as
+        # wide as its widest row needs ("regular-128k", "INCONCLUSIVE", an SSH error)
+        need = Measurement.get(self.console, self.console.options.update_width(10**5), table)
+        width = self.console.width
+        self.console.width = max(need.maximum, width)
+        try:
+            self.console.print(table)
+        finally:
+            self.console.width = width
 
     def stages(self, title: str, stages: list[dict[str, Any]]) -> None:
         """The stage table of a promote or rollback."""

@@ -42,7 +42,7 @@ def _bench_summary(outcome: Outcome) -> str:
 
 def _row(step: str, outcome: Outcome, subject: str) -> list[str]:
     back = outcome.rollback.get("sha") if outcome.rollback else None
-    what = outcome.tag if outcome.verdict == "released" else outcome.reason[:70]
+    what = outcome.tag if outcome.verdict == "released" else outcome.reason
     if back:
         what += f" → back on {str(back)[:12]}"
     startup = next((s["seconds"] for s in outcome.stages if s["name"] == "healthy"), 0.0)

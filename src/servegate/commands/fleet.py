@@ -22,7 +22,7 @@ def promote(cfg: Config, out: Output, sha: str, allow_non_ff: bool) -> int:
             str(r.get("verdict", "not reached")),
             str(r.get("live") or "")[:12],
             str(r.get("rollback") or r.get("recovery") or ""),
-            str(r.get("reason") or "")[:70],
+            str(r.get("reason") or ""),
         ]
         for r in summary["hosts"]
     ]
@@ -72,7 +72,7 @@ def status(cfg: Config, out: Output) -> int:
                 str(r["live"] or "(none)")[:12],
                 "yes" if r["matches"] else "NO",
                 "yes" if r["healthy"] else "NO",
-                r["error"][:60] or ("INTERRUPTED release pending" if r["pending"] else ""),
+                r["error"] or ("INTERRUPTED release pending" if r["pending"] else ""),
             ]
             for r in rows
         ],

@@ -51,7 +51,7 @@ def list_rules(out: Output, ruleset: RuleSet) -> int:
                 for r in ruleset.rules
             ]
         )
-    rows = [[r.kind, r.id, r.severity, r.message[:90]] for r in ruleset.rules]
+    rows = [[r.kind, r.id, r.severity, r.message] for r in ruleset.rules]
     out.table("rules", ["kind", "id", "severity", "message"], rows)
     out.line("files: " + ", ".join(ruleset.files))
     return 0
