@@ -2,7 +2,7 @@
 and its rolling playbook run by ansible-core against real sshd hosts in network
 namespaces (tests/sshlab.py), each running servegate itself: a good release across four
 hosts in batches, a failing canary, a failing second batch rolled back, an unreachable
-host. ansible-lint checks the collection."""
+host. ansible-lint, ansible-doc and the offline ansible-test sanity tests check the collection."""
 
 from __future__ import annotations
 
@@ -53,14 +53,59 @@ def collections(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+def _ansible_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+            "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "ansible"),
+            "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}  # fmt: skip
+
+
 def test_ansible_lint_reports_nothing(tmp_path: Path) -> None:
+    """ansible-lint exits 0 while it prints ``[ERROR]`` (a module whose documentation
+    does not parse): what it prints counts too."""
     run = subprocess.run(
         [tool("ansible-lint"), "--offline", "--nocolor", "-q", str(COLLECTION)],
-        cwd=COLLECTION, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
-             "ANSIBLE_COLLECTIONS_PATH": str(ROOT / "ansible")},
+        cwd=COLLECTION, capture_output=True, text=True, timeout=600, env=_ansible_env(tmp_path),
     )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said[-6000:]
+    assert "[ERROR]" not in said, said[-6000:]
+
+
+def test_ansible_doc_reads_the_module_documentation(tmp_path: Path) -> None:
+    """``ansible-doc`` parses DOCUMENTATION, EXAMPLES and RETURN as YAML (a ``: `` in a
+    description made it invalid) and shows every option."""
+    run = subprocess.run(
+        [tool("ansible-doc"), "--json", "servegate.release.release"],
+        capture_output=True, text=True, timeout=300, env=_ansible_env(tmp_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    doc = json.loads(run.stdout)["servegate.release.release"]
+    assert set(doc["doc"]["options"]) == {"action", "sha", "to", "config", "servegate",
+                                          "timeout", "interrupt_grace"}  # fmt: skip
+    assert doc["examples"]
+    assert "servegate" in doc["return"]
+
+
+#: ansible-test's sanity tests that install their own requirements from the network into a
+#: venv of their own: left out (the rest run offline, in the interpreter at hand)
+NEEDS_NETWORK = ("ansible-doc", "validate-modules", "yamllint", "pep8", "pylint", "import",
+                  "runtime-metadata", "pslint", "shellcheck")  # fmt: skip
+
+
+def test_ansible_test_sanity_passes_offline(tmp_path: Path) -> None:
+    """``ansible-test sanity`` on a copy of the collection (it writes tests/output),
+    every test that needs no download: compile, shebang, line endings, argspec types…"""
+    copy = tmp_path / "ansible_collections" / "servegate" / "release"
+    shutil.copytree(COLLECTION, copy, ignore=shutil.ignore_patterns("output", "__pycache__"))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    skips = [a for t in NEEDS_NETWORK for a in ("--skip-test", t)]
+    run = subprocess.run(
+        [tool("ansible-test"), "sanity", "--local", "--python", version, *skips],
+        cwd=copy, capture_output=True, text=True, timeout=600, env=_ansible_env(tmp_path),
+    )  # fmt: skip
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said[-6000:]
+    assert 'Running sanity test "compile"' in said, said[-3000:]
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ description:
   - C(changed) is true only when a release happened (a promote that released, a
     rollback that ran); any other outcome fails with servegate's exit code and reason,
     after servegate has rolled the host back on its own where the gate failed.
-  - A command past O(timeout) fails with exit code 124 as C(changed): the host may be
-    half switched, and the role's rescue recovers a changed host.
+  - A command past O(timeout) fails with exit code 124 as C(changed), since the host may
+    be half switched, and the role's rescue recovers a changed host.
 options:
   action:
     description: What to run.
@@ -47,8 +47,8 @@ options:
       - Seconds the command may take (a promote builds, restarts and gates).
       - Past it servegate is interrupted as Ctrl-C would (after its switch it puts the
         previous release back, verified), then killed after O(interrupt_grace). The task
-        fails as C(changed) with exit code 124: a killed promote can leave the host half
-        switched, and the role's rescue recovers a changed host.
+        fails as C(changed) with exit code 124, since a killed promote can leave the host
+        half switched, and the role's rescue recovers a changed host.
     type: int
     default: 7200
   interrupt_grace:
@@ -258,7 +258,6 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    p["config"] = os.path.expanduser(p["config"])
     action = p["action"]
     if module.check_mode and action in ("promote", "rollback"):
         module.exit_json(changed=True, verdict="check mode", exit_code=0, servegate={})
