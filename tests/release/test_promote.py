@@ -158,6 +158,30 @@ def test_a_tracked_link_out_of_the_release_is_refused_before_the_switch(
     assert_serving(host, fine)
 
 
+def test_a_huge_note_pushed_to_origin_is_not_merged(host: Host, stack: Stack) -> None:
+    """Anyone who may push to origin writes its notes ref: a 2 MB note there (a record is a
+    few kB) is not merged into the box's notes, which every command that reads records
+    reads. The promote goes on and says so; origin's notes are left as they are."""
+    first = released(host, stack)
+    work = git.Repo(stack.work)
+    work.git.fetch("origin", "+refs/notes/servegate:refs/notes/servegate")
+    blob = stack.work.parent / "big.txt"
+    blob.write_text(("x" * 1023 + "\n") * 2048)
+    who = {"GIT_AUTHOR_NAME": "o", "GIT_AUTHOR_EMAIL": "o@o", "GIT_COMMITTER_NAME": "o",
+           "GIT_COMMITTER_EMAIL": "o@o"}  # fmt: skip
+    with work.git.custom_environment(**who):
+        work.git.notes("--ref", "refs/notes/servegate", "append", "-F", str(blob), first)
+    work.git.push("origin", "refs/notes/servegate:refs/notes/servegate")
+    sha = stack.commit("ok", "after the big note")
+    outcome = promote(host.context(), sha)
+    assert outcome.verdict == "released", outcome.reason
+    warned = " ".join(outcome.record.get("warnings") or [])
+    assert "origin's release notes were not merged" in warned
+    assert f"the note on {first[:12]} holds 2,1" in warned  # the record and the 2 MiB
+    mine = git.Repo(host.cfg.host_root / "repo.git")
+    assert len(mine.git.notes("--ref", "refs/notes/servegate", "show", first)) < 100_000
+
+
 def test_lint_failure_stops_before_the_live_service_is_touched(
     host: Host, stack: Stack, capsys: pytest.CaptureFixture[str]
 ) -> None:

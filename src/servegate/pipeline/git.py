@@ -28,6 +28,10 @@ NOTES_REF = "refs/notes/servegate"
 ORIGIN_NOTES_REF = "refs/notes/servegate-origin"
 #: seconds a git command that talks to the remote may take (the host lock is held)
 NETWORK_TIMEOUT = 300.0
+#: the largest release note merged from origin (one commit's records, a few kB each)
+MAX_NOTE = 1024 * 1024
+#: all of origin's release notes together, at most
+MAX_NOTES = 64 * 1024 * 1024
 #: who merges notes (the merge commit needs a committer; the records keep their authors)
 NOTES_MERGER = ("servegate", "servegate@localhost")
 SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
@@ -129,6 +133,8 @@ class StackRepo:
         self.path = path
         self.remote_url = remote_url
         self.branch = branch
+        #: why origin's notes were left unmerged at the last fetch ("" when they were not)
+        self.notes_warning = ""
 
     @property
     def branch_ref(self) -> str:
@@ -156,6 +162,9 @@ class StackRepo:
                 return
             self.repo.git.fetch("origin", f"+{NOTES_REF}:{ORIGIN_NOTES_REF}",
                                 kill_after_timeout=NETWORK_TIMEOUT)  # fmt: skip
+        self.notes_warning = self._oversized_notes()
+        if self.notes_warning:
+            return  # origin's notes stay unmerged: ours, and the records in them, unchanged
         if not self._ref_exists(NOTES_REF):
             self.repo.git.update_ref(NOTES_REF, ORIGIN_NOTES_REF)
             return
@@ -164,6 +173,30 @@ class StackRepo:
             # one JSON record a line: the union of both sides' lines loses none
             self.repo.git.notes("--ref", NOTES_REF, "merge", "-q", "-s", "cat_sort_uniq",
                                 ORIGIN_NOTES_REF)  # fmt: skip
+
+    def _oversized_notes(self) -> str:
+        """Why origin's notes are not merged ("" when they are fit to be): a note larger
+        than :data:`MAX_NOTE` or all of them beyond :data:`MAX_NOTES` — anyone who may push
+        to origin writes that ref, and every command that reads records would read it."""
+        with _git_errors("notes size"):
+            listing = str(self.repo.git.ls_tree("-r", "-l", "-z", ORIGIN_NOTES_REF))
+        total, biggest, where = 0, 0, ""
+        for entry in listing.split("\0"):
+            meta, _, path = entry.partition("\t")
+            parts = meta.split()
+            if len(parts) != 4 or not parts[3].isdigit():
+                continue
+            size = int(parts[3])
+            total += size
+            if size > biggest:
+                biggest, where = size, path.replace("/", "")
+        if biggest > MAX_NOTE:
+            return (f"origin's release notes were not merged: the note on {where[:12]} holds "
+                    f"{biggest:,} bytes (a record is a few kB; at most {MAX_NOTE:,} are read)")  # fmt: skip
+        if total > MAX_NOTES:
+            return (f"origin's release notes were not merged: they hold {total:,} bytes (at "
+                    f"most {MAX_NOTES:,} are read)")  # fmt: skip
+        return ""
 
     def _ref_exists(self, ref: str) -> bool:
         try:

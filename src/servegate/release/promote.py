@@ -76,6 +76,9 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
     ctx.deployer.preflight()
     repo = ctx.deployer.repo
     repo.fetch()
+    if repo.notes_warning:
+        ctx.reporter.note(f"warning: {repo.notes_warning}")
+        ctx.warnings.append(repo.notes_warning)
     if ctx.cfg.release.push and rec.unpushed(ctx.cfg):  # an earlier run's records first
         left = rec.push_pending(ctx.cfg, repo)
         for line in left["warnings"]:
