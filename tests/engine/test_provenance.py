@@ -276,3 +276,27 @@ def test_interpreter_flags_and_the_first_path_entry() -> None:
     assert interpreter_flags(["python", "-E", "--", "-x.py"], "/r") == (["-E"], "/r")
     assert interpreter_flags(["python", "--check-hash-based-pycs", "never", "-S", "-"], "/r") == (
         ["-S"], "-")  # fmt: skip
+
+
+def test_what_proc_will_not_show_is_said_never_skipped_in_silence(
+    release: Path, running: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where /proc will not show a process's root, mount namespace or start time (another
+    user's process, a hardened /proc), the checks that need them cannot run: the report
+    names each as weaker evidence instead of passing without them."""
+    from servegate.engine import codeorigin
+
+    real_readlink = os.readlink
+
+    def no_ns(path: str | os.PathLike[str]) -> str:
+        if str(path).startswith("/proc/") and not str(path).startswith("/proc/self/"):
+            if str(path).endswith(("/root", "/ns/mnt")):
+                raise PermissionError(13, "Permission denied", str(path))
+        return real_readlink(path)
+
+    monkeypatch.setattr(codeorigin.os, "readlink", no_ns)
+    monkeypatch.setattr(codeorigin, "started_at", lambda pid: None)
+    report = verify(running.pid, expect(release))
+    weaker = " ".join(report.weaker)
+    assert "its root and mount namespace (/proc/PID/root, ns/mnt) cannot be read" in weaker
+    assert "its start time (/proc/PID/stat) cannot be read" in weaker

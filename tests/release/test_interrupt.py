@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from servegate.cli import release_main
+from servegate.errors import CommandFailed
+from servegate.pipeline.git import StackRepo
 from servegate.release.promote import promote
 from tests.conftest import Host, Stack
 
@@ -208,12 +210,15 @@ release_main(["promote", sys.argv[1], "--config", sys.argv[2]])
 """
 
 
+@pytest.mark.parametrize("note", ["readable", "unreadable"])
 def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
-    host: Host, stack: Stack
+    host: Host, stack: Stack, note: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The worst moment: the record and tag are pushed, then the process dies before the
     host state says "released". The next run rolls it back; the tag on origin must not
-    stand alone: the release's note says it was rolled back and supersedes the tag."""
+    stand alone: the release's note says it was rolled back and supersedes the tag. A
+    note the recover cannot read does not drop that: the host's own copy of its records
+    still shows the release, and the record says the note went unread."""
     good = stack.commit()
     assert promote(host.context(), good).verdict == "released"
     nxt = stack.commit()
@@ -224,14 +229,26 @@ def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     assert len(tags) == 1  # the tag reached origin before the crash
 
+    if note == "unreadable":
+        real = StackRepo.notes
+
+        def unreadable(self: StackRepo, sha: str) -> str:
+            if sha == nxt:
+                raise CommandFailed("git notes show failed: fatal: bad object")
+            return real(self, sha)
+
+        monkeypatch.setattr(StackRepo, "notes", unreadable)
     assert release_main(["recover", "--config", str(host.path)]) == 0
-    note = subprocess.run(
+    monkeypatch.undo()
+    text = subprocess.run(
         ["git", "-C", str(stack.origin), "notes", "--ref", "refs/notes/servegate", "show", nxt],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    records = sorted((json.loads(x) for x in note.splitlines() if x.startswith("{")),
+    records = sorted((json.loads(x) for x in text.splitlines() if x.startswith("{")),
                      key=lambda r: r["at"])  # fmt: skip
     assert [r["verdict"] for r in records] == ["released", "rolled_back"]
+    unread = any("could not be read" in w for w in records[-1].get("warnings") or [])
+    assert unread == (note == "unreadable")
     assert records[-1]["supersedes"] == {"verdict": "released", "tag": tags[0],
                                          "at": records[0]["at"]}  # fmt: skip
     assert tags[0] in records[-1]["reason"]

@@ -285,7 +285,17 @@ def check_mapped(info: ProcInfo, exp: Expectation, where: Where, report: Report)
     others = os.path.realpath(exp.releases_root) + os.sep if exp.releases_root else None
     mine = os.path.realpath(exp.release_dir)
     started = started_at(info.pid)
+    if started is None:
+        report.weaker.append(
+            f"pid {info.pid}: its start time (/proc/PID/stat) cannot be read: runtime code "
+            "written after it started is not looked for"
+        )
     own_view = _own_view(info.pid)
+    if own_view is None:
+        report.weaker.append(
+            f"pid {info.pid}: its root and mount namespace (/proc/PID/root, ns/mnt) cannot be "
+            "read: the files it maps are not compared in its own view"
+        )
     for m in info.mapped:
         real = where.real(m.path)
         if others and real.startswith(others) and not (real == mine or real.startswith(mine + "/")):
@@ -341,6 +351,13 @@ def _judge_mapping(
     elif kind == "release" and detail in exp.artifact_hashes and detail not in where.extensions:
         want = exp.artifact_hashes[detail]
         got, method = mapped_sha256(info.pid, m)
+        if method == "path":
+            note = (
+                f"artifact {detail} (pid {info.pid}) hashed by path, not by the mapped inode "
+                "(/proc/PID/map_files needs root): a library replaced after loading is unseen"
+            )
+            if note not in report.weaker:
+                report.weaker.append(note)
         if got != want:
             report.findings.append(
                 Finding(
@@ -395,16 +412,16 @@ def _judge_mapping(
         )
 
 
-def _own_view(pid: int) -> bool:
+def _own_view(pid: int) -> bool | None:
     """The process sees files through a mount namespace or root of its own (``unshare``,
     a chroot, systemd's ``PrivateTmp``): a path in its maps may then name another file
-    than the same path here."""
+    than the same path here. None: its links are not ours to read (or it ended)."""
     try:
         if os.readlink(f"/proc/{pid}/root") != "/":
             return True
         return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     except OSError:
-        return False  # it ended, or its links are not ours to read: nothing more to see
+        return None
 
 
 def _check_same_file(info: ProcInfo, path: str, report: Report) -> None:

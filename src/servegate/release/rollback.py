@@ -180,6 +180,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         )
         ctx.reporter.note(f"the release record and tag {tagged['tag']} of {sha[:12]} are "
                           f"superseded by its {verdict} record")  # fmt: skip
+    record.warnings = list(ctx.warnings) or None
     written = rec.publish(ctx.cfg, ctx.deployer.repo, record, None, ctx.scrubber)
     warn_unpushed(ctx, written)
     when = rec.stamp()
@@ -217,11 +218,19 @@ def warn_unpushed(ctx: Context, written: dict[str, Any]) -> None:
 
 def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | None:
     """This host's ``released`` record of ``sha`` made by the interrupted run (at or after
-    ``since``), with its tag; None when the run died before recording."""
+    ``since``), with its tag; None when the run died before recording. A note that cannot
+    be read is looked past (the host's own copy of its records still counts) and said."""
     try:
-        records = rec.host_records(ctx.cfg, ctx.deployer.repo.notes(sha), sha)
-    except ServegateError:
-        return None
+        text = ctx.deployer.repo.notes(sha)
+    except ServegateError as exc:
+        line = (
+            f"the release note of {sha[:12]} could not be read ({exc}): whether the "
+            "interrupted run had recorded it released is judged from this host's own copy"
+        )
+        ctx.reporter.note(f"warning: {line}")
+        ctx.warnings.append(line)
+        text = ""
+    records = rec.host_records(ctx.cfg, text, sha)
     for r in reversed(records):
         if r.get("verdict") == "released" and str(r.get("at", "")) >= since:
             return {"verdict": "released", "tag": str(r.get("tag", "")), "at": str(r.get("at"))}
