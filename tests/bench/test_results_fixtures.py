@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from pathlib import Path
@@ -29,8 +30,10 @@ def lcb_trial(prefill: float, gen: float, valid: bool = True) -> dict[str, objec
 def lcb_doc(schema: int) -> dict[str, object]:
     """The shape llm-context-bench 0.3 (schema 7) / 0.4 (schema 8) writes."""
     perf: dict[str, object] = {
+        "max_tokens": 1024,
+        "input_sha256": "ab" * 32,
         "trials": [lcb_trial(1957.8, 69.7), lcb_trial(1950.0, 68.9)],
-        "summary": {},
+        "summary": {"required_output_tokens": 1024},
     }
     if schema == 8:
         perf["concurrency"] = 1
@@ -40,13 +43,15 @@ def lcb_doc(schema: int) -> dict[str, object]:
         "status": "complete",
         "suites": {
             "regular": {
+                "suite_sha256": "cd" * 32,
+                "performance_sampling": {"temperature": 1.0, "top_p": 0.95, "seed": 3407},
                 "cases": [
                     {
                         "id": "regular-05-context-16k",
                         "nominal_input_tokens": 16384,
                         "performance": perf,
                     }
-                ]
+                ],
             },
             "coding": {
                 "cases": [
@@ -71,6 +76,46 @@ def test_llm_context_bench_files_become_samples(tmp_path: Path, schema: int) -> 
     assert s.cases["regular-16k"].metrics["generation_tps"] == [69.7, 68.9]
     assert not s.cases["coding-32k"].valid
     assert s.cases["coding-32k"].reasons == {"dominant_repeated_token": 1}
+
+
+def test_an_llm_context_bench_file_is_read_as_it_was_written(tmp_path: Path) -> None:
+    """Its output length is read (never assumed): a file that records none, or another
+    than ours, is no baseline; at concurrency above 1 its streams are grouped by their
+    group_id, one sample a group (streams of one group are not independent); fixtures
+    and sampling are kept, and what differs is said when compared leniently."""
+    doc = lcb_doc(8)
+    s = results.load(_write(tmp_path / "a.json", doc))
+    assert s.fingerprint["max_tokens"] == 1024
+    assert s.fingerprint["fixtures"]["regular-16k"] == "ab" * 32
+    assert s.fingerprint["sampling"]["regular"]["seed"] == 3407
+    ours = results.Samples("ours", "servegate-bench/1", {"max_tokens": 512, "digest": "x"},
+                           {"regular-16k": results.CaseSamples("regular-16k")})  # fmt: skip
+    assert results.check_comparable(s, ours, lenient=True) == ["max_tokens 1024 vs 512"]
+    unsaid = json.loads(json.dumps(doc))
+    for suite in unsaid["suites"].values():
+        for case in suite["cases"]:
+            case["performance"].pop("max_tokens", None)
+            case["performance"].pop("summary", None)
+    blind = results.load(_write(tmp_path / "b.json", unsaid))
+    (problem,) = results.check_comparable(blind, s, lenient=True)
+    assert "does not record one output length" in problem
+    assert "fixtures differ" in " ".join(
+        results.lenient_differences(s, dataclasses.replace(ours, fingerprint={"max_tokens": 1024}))
+    )
+    grouped = json.loads(json.dumps(doc))
+    perf = grouped["suites"]["regular"]["cases"][0]["performance"]
+    perf["concurrency"] = 2
+    perf["trials"] = [
+        {**lcb_trial(1900.0 + 10 * i, 60.0 + i), "group_id": f"g{i // 2}"} for i in range(6)
+    ]
+    g = results.load(_write(tmp_path / "c.json", grouped)).cases["regular-16k-c2"]
+    assert len(g.metrics["generation_tps"]) == 3  # three groups of two streams
+    assert g.trials == 6
+
+
+def _write(path: Path, doc: object) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
 
 
 def test_bad_result_files_say_what_is_wrong(tmp_path: Path) -> None:

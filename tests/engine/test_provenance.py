@@ -289,9 +289,13 @@ def test_what_proc_will_not_show_is_said_never_skipped_in_silence(
     real_readlink = os.readlink
 
     def no_ns(path: str | os.PathLike[str]) -> str:
-        if str(path).startswith("/proc/") and not str(path).startswith("/proc/self/"):
-            if str(path).endswith(("/root", "/ns/mnt")):
-                raise PermissionError(13, "Permission denied", str(path))
+        where = str(path)
+        if (
+            where.startswith("/proc/")
+            and not where.startswith("/proc/self/")
+            and where.endswith(("/root", "/ns/mnt"))
+        ):
+            raise PermissionError(13, "Permission denied", where)
         return real_readlink(path)
 
     monkeypatch.setattr(codeorigin.os, "readlink", no_ns)

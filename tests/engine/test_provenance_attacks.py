@@ -358,3 +358,36 @@ def test_bytecode_differing_only_in_a_qualified_name_is_found(
     s = serve(services, release)
     report = verify(s.pid, expect(release))
     assert "bytecode of stackpkg/server.py" in checks(report)
+
+
+SETUPTOOLS_PTH = (
+    "import os; var = 'SETUPTOOLS_USE_DISTUTILS'; enabled = os.environ.get(var, 'local') == "
+    "'local'; enabled and __import__('_distutils_hack').add_shim(); "
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (SETUPTOOLS_PTH, ""),  # setuptools' own .pth, in nearly every venv
+        ("import os", ""),
+        ("import coverage; coverage.process_startup()", ""),
+        ("import sys; a = getattr(sys, 'orig_' + 'ar' + 'gv')", "computes the name"),
+        ("import sys; a = sys.__dict__['orig_' + 'ar' + 'gv']", "uses __dict__"),
+        ("import sys; a = vars(sys)['x']", "reads a namespace as a dict"),
+        ("__import__('ru' + 'npy')", "computes the name it passes to __import__"),
+        ("import importlib.machinery as m; m.SourceFileLoader('x', '/tmp/x.py')", "uses Source"),
+        ("import sys; sys.path.insert(0, '/tmp'); import x", "changes sys.path in code"),
+        ("import sys; sys.path[:0] = ['/tmp']", "changes sys.path in code"),
+        ("import sys, x; sys.modules['vllm'] = x", "changes sys.modules in code"),
+        ("import builtins; builtins.print = None", "uses builtins"),
+        ("import sys; sys.meta_path.insert(0, object())", "meta_path"),
+        ("def (", "is not Python"),
+    ],
+)
+def test_a_hook_that_hides_what_it_does_is_named_however_it_is_spelled(code: str, why: str) -> None:
+    """A start-up hook is judged by its text; text built to say nothing (a computed name,
+    a namespace read as a dict, a file loaded as a module, the import system changed in
+    code) is itself the finding, whatever words it avoids."""
+    found = hooks.hidden(code)
+    assert (why in found) if why else found == "", found

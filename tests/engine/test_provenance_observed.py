@@ -288,6 +288,12 @@ def test_hooks_are_judged_without_py_spy(
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "named.pth").write_text("import stackpkg_helper_is_not_it; import stackpkg\n")
     (site / "plain.pth").write_text("import os\n")
+    # the command-line check and the load from /tmp spelled so that no word gives them away
+    (site / "obscure.pth").write_text(
+        "import sys; a = sys.__dict__['orig_' + 'ar' + 'gv']; a[-1:] == ['x'] and "
+        "__import__('importlib.machinery').machinery.SourceFileLoader('p', '/tmp/p.py')"
+        ".load_module()\n"
+    )
     payload = tmp_path / "payload.py"
     payload.write_text("")
     reader = site / "zz_reader.pth"
@@ -301,6 +307,8 @@ def test_hooks_are_judged_without_py_spy(
     assert verdicts["sitecustomize.py"][0] == "fail"
     assert verdicts["named.pth"] == ("fail", "names the checked package stackpkg")
     assert verdicts["plain.pth"][0] == "warn"
+    assert verdicts["obscure.pth"][0] == "fail"
+    assert "what it does cannot be read from its text" in verdicts["obscure.pth"][1]
     assert verdicts["zz_reader.pth"] == (
         "fail",
         "runs code it reads or decodes (exec, open, marshal, …)",

@@ -211,13 +211,27 @@ def _tier_of(nominal: Any) -> str | None:
 
 
 def from_llm_context_bench(doc: Mapping[str, Any], source: str = "") -> Samples:
-    """An llm-context-bench result (``benchmark_schema_version`` 7 or 8)."""
+    """An llm-context-bench result (``benchmark_schema_version`` 7 or 8).
+
+    Read as it writes them: the requested output length per case
+    (``performance.max_tokens``), at concurrency above 1 the groups its trials belong to
+    (``group_id``: one sample a group, as for servegate's own files), and what the
+    fixtures and sampling were (``suite_sha256``, each case's ``performance.input_sha256``,
+    ``performance_sampling`` per suite) — never assumed."""
     cases: dict[str, CaseSamples] = {}
     suites = doc.get("suites")
     if not isinstance(suites, dict):
         raise ResultFileError(f"{source}: llm-context-bench result without 'suites'")
+    lengths: set[int] = set()
+    fixtures: dict[str, str] = {}
+    sampling: dict[str, Any] = {}
     for suite, body in suites.items():
-        for case in (body or {}).get("cases") or []:
+        body = body or {}
+        if body.get("suite_sha256"):
+            fixtures[f"suite:{suite}"] = str(body["suite_sha256"])
+        if body.get("performance_sampling") is not None:
+            sampling[suite] = body["performance_sampling"]
+        for case in body.get("cases") or []:
             perf = case.get("performance")
             if not isinstance(perf, dict):
                 continue
@@ -226,13 +240,28 @@ def from_llm_context_bench(doc: Mapping[str, Any], source: str = "") -> Samples:
                 continue
             conc = int(perf.get("concurrency") or 1)
             cid = f"{suite}-{tier}" + (f"-c{conc}" if conc > 1 else "")
-            cases[cid] = _case(cid, True, list(perf.get("trials") or []))
-    run = doc.get("run_parameters") or {}
+            trials = list(perf.get("trials") or [])
+            cs = _case(cid, True, trials)
+            if conc > 1:  # the streams of a group share the box: one sample a group
+                groups: dict[str, list[Mapping[str, Any]]] = {}
+                for i, t in enumerate(trials):
+                    groups.setdefault(str(t.get("group_id", f"trial-{i}")), []).append(t)
+                grouped = list(groups.values())
+                cs.metrics, cs.blocks = _per_group(grouped, [0] * len(grouped))
+            cases[cid] = cs
+            wanted = perf.get("max_tokens") or (perf.get("summary") or {}).get(
+                "required_output_tokens"
+            )
+            if isinstance(wanted, int) and not isinstance(wanted, bool):
+                lengths.add(wanted)
+            if perf.get("input_sha256"):
+                fixtures[cid] = str(perf["input_sha256"])
     fp = {
         "harness": f"llm-context-bench/{doc.get('benchmark_schema_version')}",
-        "fixtures": doc.get("fixture_hashes") or doc.get("fixtures") or {},
-        "sampling": run.get("sampling") or doc.get("sampling") or {},
-        "max_tokens": 1024,
+        "fixtures": fixtures,
+        "sampling": sampling,
+        # one output length for the whole file, or none known (never assumed)
+        "max_tokens": lengths.pop() if len(lengths) == 1 else None,
         "cases": sorted(cases),
         "digest": "",
     }
@@ -291,6 +320,22 @@ def _parse(path: Path, doc: dict[str, Any]) -> Samples:
     )
 
 
+def lenient_differences(base: Samples, cand: Samples) -> list[str]:
+    """What a lenient comparison allows and must say: the harnesses, the fixtures and the
+    sampling that differ (each side's as recorded)."""
+    fb, fc = base.fingerprint, cand.fingerprint
+    out = []
+    if base.harness != cand.harness:
+        out.append(f"harness {base.harness} vs {cand.harness}")
+    for key in ("fixtures", "sampling"):
+        if fb.get(key) != fc.get(key):
+            known = [s.source or s.harness for s, f in ((base, fb), (cand, fc)) if not f.get(key)]
+            out.append(
+                f"{key} differ" + (f" (not recorded by {', '.join(known)})" if known else "")
+            )
+    return out
+
+
 def check_comparable(base: Samples, cand: Samples, lenient: bool = False) -> list[str]:
     """Why two sample sets may not be compared ([] if they may).
 
@@ -305,7 +350,13 @@ def check_comparable(base: Samples, cand: Samples, lenient: bool = False) -> lis
         diffs = [k for k in sorted(set(fb) | set(fc)) if k != "digest" and fb.get(k) != fc.get(k)]
         return [f"fingerprints differ in: {', '.join(diffs) or 'digest'}"]
     problems = []
-    if fb.get("max_tokens") != fc.get("max_tokens"):
+    for samples, fp in ((base, fb), (cand, fc)):
+        if fp.get("max_tokens") is None:
+            problems.append(
+                f"{samples.source or samples.harness} does not record one output length "
+                "(max_tokens): rates at different lengths are not comparable"
+            )
+    if not problems and fb.get("max_tokens") != fc.get("max_tokens"):
         problems.append(f"max_tokens {fb.get('max_tokens')} vs {fc.get('max_tokens')}")
     if not set(base.cases) & set(cand.cases):
         problems.append(

@@ -186,6 +186,9 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
                 hint="measure with the baseline's settings (or --lenient for another harness); "
                 "nothing was measured",
             )
+        if lenient:
+            for line in results.lenient_differences(base, mine):
+                out.err.print(f"warning: baseline compared leniently although {line}", markup=False)
     reporter = out.reporter()
     out.err.print(
         f"bench: {len(spec.cases)} case(s) x {spec.repetitions} at {endpoint.shown_url} "
@@ -351,8 +354,11 @@ def print_gate(out: Output, decision: Mapping[str, Any]) -> None:
     out.line(f"gate verdict: {decision['verdict']} — {decision['why']}")
 
 
-def load_pair(a: Path, b: Path, lenient: bool) -> tuple[results.Samples, results.Samples]:
-    """Two result files that may be compared (another harness on either side: lenient)."""
+def load_pair(
+    out: Output, a: Path, b: Path, lenient: bool
+) -> tuple[results.Samples, results.Samples]:
+    """Two result files that may be compared (another harness on either side: lenient,
+    and what differs between them is said, never dropped)."""
     sa, sb = results.load(a), results.load(b)
     foreign = not (sa.harness.startswith("servegate") and sb.harness.startswith("servegate"))
     problems = results.check_comparable(sa, sb, lenient or foreign)
@@ -361,6 +367,9 @@ def load_pair(a: Path, b: Path, lenient: bool) -> tuple[results.Samples, results
             f"{a} and {b} cannot be compared: {'; '.join(problems)}",
             hint="measure both with the same settings (or --lenient across harnesses)",
         )
+    if lenient or foreign:
+        for line in results.lenient_differences(sa, sb):
+            out.err.print(f"warning: compared leniently although {line}", markup=False)
     return sa, sb
 
 
@@ -378,7 +387,7 @@ def judge(cfg: Config | None, base: results.Samples, cand: results.Samples) -> d
 def gate_files(cfg_path: Path, out: Output, baseline: Path, candidate: Path, lenient: bool) -> int:
     """Judge a candidate result file against a baseline file with the config's gate rules."""
     cfg = load_config(cfg_path, os.environ, need=False)
-    base, cand = load_pair(baseline, candidate, lenient)
+    base, cand = load_pair(out, baseline, candidate, lenient)
     decision = judge(cfg, base, cand)
     code = 0 if decision["verdict"] == verdict.PASS else GateFailed.exit_code
     if out.json_mode:
@@ -388,7 +397,7 @@ def gate_files(cfg_path: Path, out: Output, baseline: Path, candidate: Path, len
 
 
 def compare_files(out: Output, a: Path, b: Path, lenient: bool, confidence: float) -> int:
-    sa, sb = load_pair(a, b, lenient)
+    sa, sb = load_pair(out, a, b, lenient)
     rows = verdict.compare_table(sa, sb, METRICS, confidence)
     return _print_compare(out, rows, str(a), str(b), confidence, {})
 

@@ -9,6 +9,7 @@ reads show the effect of any hook that slips past the text.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pwd
@@ -63,6 +64,68 @@ RUNS_WHAT_IT_READS = re.compile(
     r"\b(?:exec|eval|compile|open|getattr)\s*\(|\bmarshal\b|\bbase64\b|\bzlib\b|\bcodecs\b"
     r"|\brunpy\b|spec_from_file_location|\bimport_module\b"
 )
+
+
+#: calls that take a name as an argument (its position): computed, it hides what the
+#: hook imports, reads or patches — ``getattr(sys, "orig_" + "argv")``
+NAMED_BY_ARG = {"__import__": 0, "import_module": 0, "getattr": 1, "setattr": 1, "hasattr": 1,
+                "delattr": 1}  # fmt: skip
+#: what no hook whose text says what it does needs: a namespace as a dict, a file loaded
+#: as a module, the import system's hooks
+HIDING = {"__dict__", "__builtins__", "builtins", "SourceFileLoader", "SourcelessFileLoader",
+          "ExtensionFileLoader", "load_module", "exec_module", "module_from_spec", "meta_path",
+          "path_hooks", "path_importer_cache", "zipimporter"}  # fmt: skip
+#: setuptools' editable-install finders: they map the installed packages to their source
+#: through the import system by design; where those packages load from is the module
+#: check's to judge
+EDITABLE_FINDER = re.compile(r"__editable___.*_finder\.py$")
+
+
+def hidden(code: str, path: Path | None = None) -> str:
+    """What in a hook's ``code`` keeps its text from saying what it does, however it is
+    spelled ("" when nothing): a name computed for ``__import__``, ``getattr`` and the
+    like, a namespace read as a dict (``vars()``, ``globals()``, ``__dict__``), a file
+    loaded as a module, the import system's hooks changed, ``sys.path`` or
+    ``sys.modules`` changed in code. Read with :mod:`ast`, never run."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return "is not Python this check can read"
+    finder = path is not None and EDITABLE_FINDER.search(path.name) is not None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = (func.id if isinstance(func, ast.Name)
+                    else func.attr if isinstance(func, ast.Attribute) else "")  # fmt: skip
+            at = NAMED_BY_ARG.get(name)
+            if at is not None and (
+                len(node.args) <= at or not isinstance(node.args[at], ast.Constant)
+            ):
+                return f"computes the name it passes to {name}()"
+            if name in ("vars", "globals", "locals"):
+                return f"reads a namespace as a dict ({name}())"
+            changed = _sys_attr(func.value) if isinstance(func, ast.Attribute) else ""
+            mutates = name in ("insert", "append", "extend", "update", "setdefault", "__setitem__")
+            if mutates and changed in ("path", "modules") and not finder:
+                return f"changes sys.{changed} in code"
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                base = target.value if isinstance(target, ast.Subscript) else target
+                if _sys_attr(base) in ("path", "modules"):
+                    return f"changes sys.{_sys_attr(base)} in code"
+        word = (node.attr if isinstance(node, ast.Attribute)
+                else node.id if isinstance(node, ast.Name) else "")  # fmt: skip
+        if word in HIDING and not (finder and word in ("meta_path", "path_importer_cache")):
+            return f"uses {word}"
+    return ""
+
+
+def _sys_attr(node: ast.expr) -> str:
+    """``path`` for ``sys.path`` (and the like); "" for anything else."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        return node.attr if node.value.id == "sys" else ""
+    return ""
 
 
 def check_hooks(infos: list[ProcInfo], exp: Expectation, report: Report, roots: list[Path]) -> None:
@@ -223,6 +286,8 @@ def _judge_hook(
         why, verdict = "reads the command line: it may act only for the server", "fail"
     elif RUNS_WHAT_IT_READS.search(code):
         why, verdict = "runs code it reads or decodes (exec, open, marshal, …)", "fail"
+    elif hides := hidden(code, path):
+        why, verdict = f"{hides}: what it does cannot be read from its text", "fail"
     _record(report, path, kind, verdict, why, main, exp.allowed_hooks)
 
 

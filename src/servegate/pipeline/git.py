@@ -191,11 +191,15 @@ class StackRepo:
             if size > biggest:
                 biggest, where = size, path.replace("/", "")
         if biggest > MAX_NOTE:
-            return (f"origin's release notes were not merged: the note on {where[:12]} holds "
-                    f"{biggest:,} bytes (a record is a few kB; at most {MAX_NOTE:,} are read)")  # fmt: skip
+            return (
+                f"origin's release notes were not merged: the note on {where[:12]} holds "
+                f"{biggest:,} bytes (a record is a few kB; at most {MAX_NOTE:,} are read)"
+            )
         if total > MAX_NOTES:
-            return (f"origin's release notes were not merged: they hold {total:,} bytes (at "
-                    f"most {MAX_NOTES:,} are read)")  # fmt: skip
+            return (
+                f"origin's release notes were not merged: they hold {total:,} bytes (at most "
+                f"{MAX_NOTES:,} are read)"
+            )
         return ""
 
     def _ref_exists(self, ref: str) -> bool:

@@ -170,15 +170,16 @@ def baseline(
         base = results.load(Path(cfg.gate.baseline))
         lenient = not base.harness.startswith("servegate")
         planned = {str(c): results.CaseSamples(str(c)) for c in fingerprint.get("cases") or []}
-        problems = results.check_comparable(
-            base, results.Samples("", "", dict(fingerprint), planned), lenient
-        )
+        ours = results.Samples("this bench", "servegate-bench", dict(fingerprint), planned)
+        problems = results.check_comparable(base, ours, lenient)
         if problems:
             raise ResultFileError(
                 f"baseline {cfg.gate.baseline} cannot be compared: {'; '.join(problems)}",
                 hint="re-measure the baseline with the same [bench] settings, or fix gate.baseline",
             )
-        return base, f"result file {cfg.gate.baseline}"
+        differs = results.lenient_differences(base, ours) if lenient else []
+        said = f" (compared leniently although {'; '.join(differs)})" if differs else ""
+        return base, f"result file {cfg.gate.baseline}{said}"
     if previous_record is None:
         return None, "no live release recorded"
     sha = str(previous_record.get("sha", ""))[:12]
