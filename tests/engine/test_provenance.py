@@ -298,7 +298,7 @@ def test_what_proc_will_not_show_is_said_never_skipped_in_silence(
             raise PermissionError(13, "Permission denied", where)
         return real_readlink(path)
 
-    monkeypatch.setattr(codeorigin.os, "readlink", no_ns)
+    monkeypatch.setattr(os, "readlink", no_ns)
     monkeypatch.setattr(codeorigin, "started_at", lambda pid: None)
     report = verify(running.pid, expect(release))
     weaker = " ".join(report.weaker)
