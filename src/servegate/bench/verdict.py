@@ -86,7 +86,7 @@ class Settings:
     inconclusive: Literal["inconclusive", "fail", "pass"] = "inconclusive"
     #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
     #: host has no released record; floors and validity decide), or "fail"
-    no_baseline: Literal["first-release", "fail"] = "first-release"
+    no_baseline: Literal["first-release", "fail"] = "fail"
     first_release: bool = False
     #: a significant change of the reference workload beyond this fraction is a change
     #: of the box (judged both as measured and credited)

@@ -413,7 +413,8 @@ def _print_compare(
     if out.json_mode:
         return out.emit({"a": a, "b": b, "confidence": confidence, "rows": rows, **extra})
     out.table(
-        f"A/B — A: {a}  B: {b}  (B vs A, median ratio, {confidence:.0%} bootstrap interval)",
+        f"A/B — A: {a}  B: {b}  (B vs A, geometric-mean ratio, {confidence:.0%} Welch "
+        "interval on log rates)",
         ["case", "metric", "A median", "B median", "delta %", "interval %", "n A", "n B"],
         [
             [

@@ -1,4 +1,5 @@
-"""State and records are written whole or not at all: temp file, fsync, ``os.replace``."""
+"""State and records are written whole or not at all: temp file, fsync, ``os.replace``,
+then the directory fsynced, so that the rename itself survives a power loss."""
 
 from __future__ import annotations
 
@@ -21,6 +22,22 @@ def write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    sync_dir(path.parent)
+
+
+def sync_dir(directory: Path) -> None:
+    """fsync ``directory``: a rename or a new entry in it is on disk, not only in cache.
+    A filesystem that cannot (some network mounts) is left as it is."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -33,3 +50,4 @@ def replace_symlink(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(target)
     os.replace(tmp, link)
+    sync_dir(link.parent)
