@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import logging
 import os
@@ -553,15 +554,15 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
         return config_check.run(cfg, out, args.offline)
     if cfg.remote_hosts:
         return _remote(cfg, args, out)
-    from servegate.commands import history, promote, recover, rollback, status, verify
-
+    # each command's module alone: `release status` does not load what a promote needs
+    command = importlib.import_module(f"servegate.commands.{args.release_command}")
     handlers: dict[str, Callable[[], int]] = {
-        "recover": lambda: recover.run(cfg, out, args.rebuild_state, args.wait),
-        "promote": lambda: promote.run(cfg, out, args.sha, args.allow_non_ff),
-        "rollback": lambda: rollback.run(cfg, out, args.to),
-        "status": lambda: status.run(cfg, out),
-        "history": lambda: history.run(cfg, out, args.n),
-        "verify": lambda: verify.run(cfg, out),
+        "recover": lambda: command.run(cfg, out, args.rebuild_state, args.wait),
+        "promote": lambda: command.run(cfg, out, args.sha, args.allow_non_ff),
+        "rollback": lambda: command.run(cfg, out, args.to),
+        "status": lambda: command.run(cfg, out),
+        "history": lambda: command.run(cfg, out, args.n),
+        "verify": lambda: command.run(cfg, out),
     }
     if args.release_command in SWITCHING:
         with interrupts.handled(f"release {args.release_command}"):

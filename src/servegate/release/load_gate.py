@@ -37,7 +37,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from scipy.stats import fisher_exact, poisson  # type: ignore[import-untyped]
 
 from servegate.bench import load, stats
 from servegate.bench.cases import spec_from_config
@@ -122,7 +121,7 @@ def check_config(cfg: Config) -> None:
                 hint="a larger gate.miss, or a lower percentile",
             )
         if rule.required and least and spec.mode == "rate" and (
-            poisson.ppf(0.01, expected) < least
+            _poisson_low(expected) < least
         ):  # fmt: skip
             enough = _rate_for(least)
             raise ConfigError(
@@ -152,9 +151,17 @@ def _rate_for(least: int) -> float:
     """The expected arrivals at which a Poisson count falls under ``least`` only 1 time
     in 100."""
     expected = float(least)
-    while poisson.ppf(0.01, expected) < least:
+    while _poisson_low(expected) < least:
         expected *= 1.02
     return expected
+
+
+def _poisson_low(expected: float) -> float:
+    """The 1 % quantile of a Poisson count with this mean. scipy.stats is imported here,
+    not with the module: it takes about a second, and `release status` needs none of it."""
+    from scipy.stats import poisson  # type: ignore[import-untyped]
+
+    return float(poisson.ppf(0.01, expected))
 
 
 def fingerprint(cfg: Config, bench_digest: str) -> str:
@@ -520,8 +527,7 @@ def more_often(cand: tuple[int, int], base: tuple[int, int], alpha: float) -> bo
     (ck, cn), (bk, bn) = cand, base
     if not ck or ck / max(1, cn) <= bk / max(1, bn):
         return False
-    table = [[ck, cn - ck], [bk, bn - bk]]
-    return bool(fisher_exact(table, alternative="greater").pvalue < alpha)
+    return stats.tail_p(ck, cn, bk, bn) < alpha  # Fisher's exact test, one-sided
 
 
 def _short(p: Mapping[str, Any]) -> tuple[int, int]:
