@@ -207,3 +207,22 @@ def test_prometheus_sums_labels_and_deltas() -> None:
     assert prom.histogram_mean_delta(before, after, names.ttft) == (1.5, 2.0)
     assert prom.delta(before, after, names.spec_accepted) is None
     assert adapters.OPENAI.metrics.prefix_hits == ()  # a generic server: nothing assumed
+
+
+def test_prometheus_text_is_read_by_the_format_s_own_rules() -> None:
+    """A label value may hold ``}``, a quote or a newline escape (a model named
+    ``org/m{v2}``): its sample counts. One malformed line costs that line, not the page."""
+    page = (
+        "# HELP vllm:prefix_cache_hits_total hits\n# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{model_name="org/m{v2}",engine="0"} 7\n'
+        'vllm:prefix_cache_hits_total{model_name="say \\"hi\\"\\n"} 3\n'
+        'vllm:ttft_bucket{le="0.5",model_name="a}b"} 2\n'
+        'vllm:ttft_bucket{le="+Inf",model_name="a}b"} 5\n'
+        "this line is not a sample\n"
+        "vllm:num_requests_running 1\n"
+    )
+    got = prom.parse(page)
+    assert got["vllm:prefix_cache_hits_total"] == 10.0
+    assert got["vllm:ttft_bucket|le=0.5"] == 2.0
+    assert got["vllm:ttft_bucket|le=+Inf"] == 5.0
+    assert got["vllm:num_requests_running"] == 1.0

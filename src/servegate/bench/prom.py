@@ -1,36 +1,52 @@
-"""Prometheus text → sums per metric name, and the deltas the bench reads across a window."""
+"""Prometheus text → sums per metric name, and the deltas the bench reads across a window.
+
+The text is read by the Prometheus client library's own parser (``prometheus_client``:
+label values with ``}``, ``"`` or escapes, comments and types as the format defines
+them); a page it refuses as a whole (one malformed line, an engine's own extension) is
+read line by line with the same parser, and the lines it refuses are left out.
+"""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LE = re.compile(r'le="([^"]*)"')
+from prometheus_client.parser import text_string_to_metric_families
+
 #: a histogram bucket's key in :func:`parse`'s answer: the series name, then its bound
 BUCKET = "{name}_bucket|le={le}"
 
 # the series' names come from the engine's adapter (servegate.engine.adapters)
 
 
+def _samples(text: str) -> Iterable[tuple[str, Mapping[str, str], float]]:
+    try:
+        return [
+            (s.name, s.labels, float(s.value))
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        ]
+    except ValueError:  # read what can be read: one bad line costs that line only
+        found = []
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            try:
+                for family in text_string_to_metric_families(line + "\n"):
+                    found += [(s.name, s.labels, float(s.value)) for s in family.samples]
+            except ValueError:
+                continue
+        return found
+
+
 def parse(text: str) -> dict[str, float]:
     """Every sample summed over its labels (``name`` → value); a histogram's buckets
     also per bound (``BUCKET``: ``name_bucket|le=0.5``), summed over the other labels."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out[m.group(1)] = out.get(m.group(1), 0.0) + value
-        le = _LE.search(m.group(2) or "") if m.group(1).endswith("_bucket") else None
-        if le:
-            key = f"{m.group(1)}|le={le.group(1)}"
+    for name, labels, value in _samples(text):
+        out[name] = out.get(name, 0.0) + value
+        le = labels.get("le") if name.endswith("_bucket") else None
+        if le is not None:
+            key = f"{name}|le={le}"
             out[key] = out.get(key, 0.0) + value
     return out
 
