@@ -148,3 +148,24 @@ def test_init_outside_a_clone_with_an_origin_says_how(
 ) -> None:
     assert main(["init", "--dir", str(tmp_path), "--model", "/m"]) == 6
     assert "not a Git checkout" in capsys.readouterr().err
+
+
+def test_init_writes_what_the_lint_needs_or_says_what_to_add(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A local model must never send the service to the Hub (lint
+    model.local-without-offline, exit 15 at a promote): `init --model /path` writes
+    HF_HUB_OFFLINE itself; a script that starts with a local model and no HF_HUB_OFFLINE
+    is not rewritten behind the team's back — init names the rule and its fix."""
+    args = ["init", "--dir", str(stack.work), "--host-root", str(tmp_path / "host"), "--json"]
+    assert main([*args, "--model", "/models/qwen3", "--python", sys.executable]) == 0
+    capsys.readouterr()
+    cfg = config_mod.load(stack.work / "servegate.toml", {})
+    assert cfg.service.env.get("HF_HUB_OFFLINE") == "1"
+    script = tmp_path / "launch.sh"
+    script.write_text(f"exec {sys.executable} -m vllm.entrypoints.openai.api_server "
+                      "--model /models/qwen3 --port 8000\n")  # fmt: skip
+    assert main([*args, "--force", "--from-command", str(script)]) == 0
+    notes = json.loads(capsys.readouterr().out)["result"]["notes"]
+    assert any("model.local-without-offline would stop the first promote (exit 15)" in n
+               for n in notes), notes  # fmt: skip

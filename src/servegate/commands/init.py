@@ -21,11 +21,13 @@ import json
 import re
 import shlex
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
 from servegate import hostpaths
+from servegate.engine import lint as lint_mod
 from servegate.engine import shellimport
 from servegate.engine.launch import launch_spec
 from servegate.engine.lint import ruleset
@@ -138,6 +140,9 @@ def _config_text(
             lines += [f"{k} = {_toml(v)}" for k, v in launch["params"].items()]
     else:
         lines.append(f"command = {_toml(launch['command'])}")
+        if launch.get("env"):
+            lines += ["", "[service.env]"]
+            lines += [f"{k} = {_toml(v)}" for k, v in launch["env"].items()]
     lines += ["", "[provenance]"]
     lines.append(f"modules = {_toml(packages)}")
     if artifacts:
@@ -280,6 +285,10 @@ def run(
             )
         launch = {"command": [python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                               model, "--served-model-name", name, "--port", "{port}"]}  # fmt: skip
+        if model.startswith(("/", "~", "./", "../")):
+            # a local model: a missing file must never send the service to the Hub
+            # (the lint rule model.local-without-offline)
+            launch["env"] = {"HF_HUB_OFFLINE": "1"}
     build_argv = shlex.split(build) if build else []
     if build_argv and not artifacts:
         artifacts = ["build/*.so"]
@@ -289,9 +298,18 @@ def run(
     _write(cfg_path, text, force, written)
     # what config check checks: the file, the launch it resolves, the rules, the gate
     cfg = config_mod.load(cfg_path, {})
-    launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
-    ruleset(cfg)
+    spec = launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
+    rules = ruleset(cfg)
     build_checks(cfg)
+    # the lint rules a promote runs before its switch: what they would stop on is asked
+    # of the user now, with the rule's own remedy (the script is not rewritten behind them)
+    with tempfile.TemporaryDirectory(prefix="servegate-init-") as spare:
+        for f in lint_mod.lint(spec, rules, Path(spare)):
+            if f.severity == "fail":
+                notes.append(
+                    f"lint {f.rule} would stop the first promote (exit 15): {f.message}"
+                    + (f" — {f.remedy}" if f.remedy else "")
+                )
     ignored = _ignore_build_output(checkout, artifacts, written)
     if not (checkout / "noxfile.py").exists():
         _write(checkout / "noxfile.py", NOXFILE.format(packages=_packages(checkout) or ["."]),
