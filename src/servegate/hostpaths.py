@@ -84,6 +84,11 @@ class HostPaths:
     def checkout(self) -> Path:
         return self.root / "checkout"
 
+    @property
+    def reserve(self) -> Path:
+        """Space held back for a rollback on a full disk (:mod:`servegate.pipeline.reserve`)."""
+        return self.root / "reserve"
+
     def launch(self, sha: str) -> Path:
         """The launch ``sha`` was last installed with, values in clear and sealed: what a
         rollback to it installs again."""

@@ -346,7 +346,8 @@ def dirty_files(path: Path, rev: str = "HEAD") -> list[str]:
     (``update-index --skip-worktree`` or ``--assume-unchanged`` hide an edit from
     ``status``), every file of ``rev``'s tree hashed from disk as a Git blob, with no
     filters and no index (:func:`tree_changes`)."""
-    out = open_repo(path).git.status("--porcelain", "--untracked-files=no")
+    with _git_errors("status"):
+        out = open_repo(path).git.status("--porcelain", "--untracked-files=no")
     lines = [line for line in str(out).splitlines() if line.strip()]
     seen = {line[3:] for line in lines}
     return lines + [line for line in tree_changes(path, rev) if line[3:] not in seen]

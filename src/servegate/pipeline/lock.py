@@ -186,8 +186,17 @@ class HostLock:
             "command": self.command,
             "since": time.time(),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(record).encode(), 0)
+        except OSError as exc:  # a full disk (or quota): nothing has been changed yet
+            os.close(fd)  # the flock goes with it
+            raise PreflightFailed(
+                f"cannot write the lock {self.path} ({exc.strerror}): the filesystem of "
+                f"{self.path.parent} is full or read-only; nothing was changed and the live "
+                "service was not touched",
+                hint=f"free space there (df -h {self.path.parent}) and run the command again",
+            ) from None
         self._fd = fd
         return self
 

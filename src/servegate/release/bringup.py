@@ -26,7 +26,7 @@ from servegate.errors import (
     ServegateError,
     ServiceFailed,
 )
-from servegate.pipeline import atomic, redact
+from servegate.pipeline import atomic, redact, reserve
 from servegate.pipeline.git import dirty_files, escaping_links, worktree_head, worktree_top
 from servegate.release import bench_gate
 from servegate.release import trend as release_trend
@@ -85,6 +85,7 @@ def check_host_root(ctx: Context) -> None:
     # the salt records hash secrets with: one that cannot be read stops the run here,
     # before anything changed (StateInvalid says how to fix it)
     _ = ctx.salt
+    reserve.ensure(hostpaths.of(ctx.cfg).reserve)  # room for a rollback on a full disk
 
 
 def check_port_free(ctx: Context) -> None:
@@ -142,7 +143,15 @@ def keep_launch(ctx: Context, spec: LaunchSpec) -> None:
     rotated or newline-carrying secret, a flag the old release does not know)."""
     doc: dict[str, Any] = {"launch": spec.stored()}
     doc["seal"] = seal(doc, ctx.salt)
-    atomic.write_json(hostpaths.of(ctx.cfg).launch(spec.sha), doc)
+    try:
+        atomic.write_json(hostpaths.of(ctx.cfg).launch(spec.sha), doc)
+    except OSError as exc:  # a full disk must not stop a switch (or a rollback's)
+        line = (
+            f"the launch of {spec.sha[:12]} could not be kept ({exc.strerror}): a rollback to "
+            "it will render it from the config of the day"
+        )
+        ctx.reporter.note(f"warning: {line}")
+        ctx.warnings.append(line)
 
 
 def kept_launch(ctx: Context, sha: str, release_dir: Path) -> tuple[LaunchSpec | None, str]:

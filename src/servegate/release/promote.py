@@ -457,23 +457,34 @@ def _roll_back(
         reason = f"{reason}; the rollback failed too: no verified release is serving"
     typed.rollback = rollback
     typed.stages = ctx.runner.as_list()
-    record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
-    warn_unpushed(ctx, record)
-    when = rec.stamp()
-    ctx.state.pending = None
-    ctx.state.history.append(
-        Entry(
-            sha=sha,
-            release_dir=str(release_dir),
-            verdict=verdict,
-            at=when,
-            tag="",
-            reason=reason,
-            startup_seconds=evidence.startup_seconds,
-            artifacts=dict(built.artifacts),
+    try:
+        record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
+        warn_unpushed(ctx, record)
+        when = rec.stamp()
+        ctx.state.pending = None
+        ctx.state.history.append(
+            Entry(
+                sha=sha,
+                release_dir=str(release_dir),
+                verdict=verdict,
+                at=when,
+                tag="",
+                reason=reason,
+                startup_seconds=evidence.startup_seconds,
+                artifacts=dict(built.artifacts),
+            )
         )
-    )
-    ctx.state.save()
+        ctx.state.save()
+    except OSError as full:  # a full disk: what serves is settled, its record is not
+        unwritten = (
+            f"the record of this attempt and the host state could not be written "
+            f"({full.strerror}); the state still says a promote of {sha[:12]} is pending: "
+            "free space on the host root, then `release recover` records it"
+        )
+        ctx.reporter.note(f"warning: {unwritten}")
+        reason = f"{reason}; {unwritten}"
+        record = typed.as_dict()
+        ctx.scrubber.inplace(record)  # what --json shows: the secrets replaced, as a record
     outcome = Outcome(
         sha,
         verdict,

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from servegate import hostpaths
 from servegate.engine import managers
 from servegate.engine.launch import placeholders
 from servegate.errors import (
@@ -18,7 +19,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.kernels.build import run_build
-from servegate.pipeline import interrupts
+from servegate.pipeline import interrupts, reserve
 from servegate.pipeline.hashing import sha256_file
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
@@ -37,8 +38,22 @@ WHAT_TO_DO = (
 def restore(ctx: Context, target: Entry) -> dict[str, Any]:
     """Switch the service to ``target``, wait until healthy, verify provenance, smoke probe.
 
-    Returns the evidence; ``ok`` is False (with ``reason``) when any step failed.
+    Returns the evidence; ``ok`` is False (with ``reason``) when any step failed. A restore
+    that failed for want of space gives up the host root's reserve
+    (:mod:`servegate.pipeline.reserve`) and tries once more.
     """
+    result = _restore(ctx, target)
+    where = hostpaths.of(ctx.cfg).reserve
+    if not result["ok"] and reserve.is_full(result["reason"]) and reserve.release(where):
+        ctx.reporter.note(
+            "the disk is full: the space held back for this gave way, and the rollback is "
+            "tried again"
+        )
+        result = {**_restore(ctx, target), "reserve_used": True}
+    return result
+
+
+def _restore(ctx: Context, target: Entry) -> dict[str, Any]:
     start = time.monotonic()
     runner = ctx.runner
     evidence = bringup.Evidence()
@@ -75,7 +90,7 @@ def restore(ctx: Context, target: Entry) -> dict[str, Any]:
             bringup.gate(ctx, target.sha, release_dir, evidence, smoke_only=True)
             # the process the record will say was proven, as it runs now
             bringup.proven_after_gate(ctx, target.sha, release_dir, artifacts, evidence)
-    except ServegateError as exc:
+    except (ServegateError, OSError) as exc:  # a full disk too: said, never a crash
         return {
             "ok": False,
             "sha": target.sha,
