@@ -195,13 +195,16 @@ def test_ctrl_c_before_the_switch_changes_nothing(host: Host, stack: Stack) -> N
 
 
 CRASH_AT_THE_LAST_SAVE = """
-import os, signal, sys
-from servegate.release import state
+import datetime, os, signal, sys
+from servegate.release import record, state
 save = state.HostState.save
 def save_or_die(self):
     if self.current is not None and self.current.sha == sys.argv[1]:
         os.kill(os.getpid(), signal.SIGKILL)  # recorded and tagged, the state not yet saved
     save(self)
+    if self.pending is not None and len(sys.argv) > 3:  # the clock jumps back an hour
+        now = record.now
+        record.now = lambda: now() - datetime.timedelta(hours=1)
 state.HostState.save = save_or_die
 import pytest
 
@@ -210,7 +213,7 @@ release_main(["promote", sys.argv[1], "--config", sys.argv[2]])
 """
 
 
-@pytest.mark.parametrize("note", ["readable", "unreadable"])
+@pytest.mark.parametrize("note", ["readable", "unreadable", "clock jumped back"])
 def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
     host: Host, stack: Stack, note: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,8 +225,9 @@ def test_a_promote_killed_after_its_tag_is_superseded_in_its_note_by_recover(
     good = stack.commit()
     assert promote(host.context(), good).verdict == "released"
     nxt = stack.commit()
-    died = subprocess.run([sys.executable, "-c", CRASH_AT_THE_LAST_SAVE, nxt, str(host.path)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    jump = ["jump"] if note == "clock jumped back" else []  # after its pending marker
+    died = subprocess.run([sys.executable, "-c", CRASH_AT_THE_LAST_SAVE, nxt, str(host.path),
+                           *jump], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     tags = subprocess.run(["git", "-C", str(stack.origin), "tag", "--points-at", nxt],
                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ class Context:
     _scrubber: tuple[int, redact.Scrubber] | None = field(default=None, repr=False)
     #: what went wrong on the way without stopping the run: kept in its record
     warnings: list[str] = field(default_factory=list)
+    #: this run's name: its pending marker and its records carry it
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @classmethod
     def create(cls, cfg: Config, reporter: Reporter, environ: Mapping[str, str]) -> Context:

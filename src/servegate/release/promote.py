@@ -403,6 +403,7 @@ def _record(
     start: float,
 ) -> rec.ReleaseRecord:
     record = rec.ReleaseRecord.new(ctx.cfg, sha, previous, verdict)
+    record.run = ctx.run_id
     record.stages = ctx.runner.as_list()
     record.total_seconds = round(time.monotonic() - start, 3)
     record.startup_seconds = round(evidence.startup_seconds, 3)

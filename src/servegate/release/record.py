@@ -63,7 +63,7 @@ def host_id(cfg: Config) -> str:
 OPTIONAL = frozenset(
     ["tag", "total_seconds", "startup_seconds", "artifacts", "code_objects", "build_targets",
      "build_log", "launch", "lint", "startup_log", "service_manager", "service_pid",
-     "provenance", "gate", "reason", "rollback", "supersedes", "warnings"]
+     "provenance", "gate", "reason", "rollback", "supersedes", "warnings", "run"]
 )  # fmt: skip
 
 
@@ -108,6 +108,9 @@ class ReleaseRecord:
     #: what went wrong after the release was proven and did not undo it (old releases
     #: that could not be pruned)
     warnings: list[str] | None = None
+    #: the run (promote, rollback, recover) that wrote it, as its pending marker names it:
+    #: a recover finds what an interrupted run recorded by this, not by the clock
+    run: str | None = None
 
     @classmethod
     def new(cls, cfg: Config, sha: str, previous: str | None, verdict: str) -> ReleaseRecord:

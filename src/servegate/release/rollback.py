@@ -147,6 +147,7 @@ def mark_pending(ctx: Context, kind: str, sha: str, release_dir: Path) -> None:
         "release_dir": str(release_dir),
         "at": rec.stamp(),
         "pid": os.getpid(),
+        "run": ctx.run_id,
     }
     ctx.state.save()
 
@@ -184,7 +185,8 @@ def recover(ctx: Context) -> dict[str, Any] | None:
         reason = f"{reason}; the rollback failed too: no verified release is serving"
     record = rec.ReleaseRecord.new(ctx.cfg, sha, live.sha if live else None, verdict)
     record.reason, record.rollback, record.stages = reason, result, ctx.runner.as_list()
-    tagged = _released_before(ctx, sha, str(pending.get("at", "")))
+    record.run = ctx.run_id
+    tagged = _released_before(ctx, sha, str(pending.get("at", "")), str(pending.get("run", "")))
     if tagged is not None:
         # the promote got as far as its record and tag, then died before the host state
         # said so: the tag stays on origin, and this release's note says it is superseded
@@ -231,10 +233,12 @@ def warn_unpushed(ctx: Context, written: dict[str, Any]) -> None:
         )
 
 
-def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | None:
-    """This host's ``released`` record of ``sha`` made by the interrupted run (at or after
-    ``since``), with its tag; None when the run died before recording. A note that cannot
-    be read is looked past (the host's own copy of its records still counts) and said."""
+def _released_before(ctx: Context, sha: str, since: str, run: str = "") -> dict[str, str] | None:
+    """This host's ``released`` record of ``sha`` made by the interrupted run — the run
+    its pending marker names (``run``); for a marker from before runs were named, one at
+    or after ``since``: a clock that jumped back during the run misses it — with its tag;
+    None when the run died before recording. A note that cannot be read is looked past
+    (the host's own copy of its records still counts) and said."""
     try:
         text = ctx.deployer.repo.notes(sha)
     except ServegateError as exc:
@@ -247,7 +251,8 @@ def _released_before(ctx: Context, sha: str, since: str) -> dict[str, str] | Non
         text = ""
     records = rec.host_records(ctx.cfg, text, sha)
     for r in reversed(records):
-        if r.get("verdict") == "released" and str(r.get("at", "")) >= since:
+        mine = r.get("run") == run if run else str(r.get("at", "")) >= since
+        if r.get("verdict") == "released" and mine:
             return {"verdict": "released", "tag": str(r.get("tag", "")), "at": str(r.get("at"))}
     return None
 
@@ -388,6 +393,7 @@ def rollback(ctx: Context, to: str | None) -> dict[str, Any]:
                 ctx.cfg, target.sha, current.sha if current else None, "rollback"
             )
             typed.stages, typed.rollback = ctx.runner.as_list(), dict(result)
+            typed.run = ctx.run_id
             record = rec.publish(ctx.cfg, ctx.deployer.repo, typed, None, ctx.scrubber)
             warn_unpushed(ctx, record)
             when = rec.stamp()

@@ -68,6 +68,7 @@ ENTRY_TYPES: dict[str, tuple[type, ...]] = {
 }  # fmt: skip
 PENDING_TYPES: dict[str, tuple[type, ...]] = {
     "sha": (str,), "kind": (str,), "release_dir": (str,), "at": (str,), "pid": (int,),
+    "run": (str,),
 }  # fmt: skip
 
 
