@@ -96,6 +96,12 @@ def test_summary_renders_gate_and_verdict(
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     assert main(["summary", str(bad)]) == 2
+    # another command's --json (a bench result) is refused, never "release : unknown"
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"schema": 1, "command": "bench", "ok": True, "exit_code": 0,
+                                 "result": {"cases": []}}))  # fmt: skip
+    assert main(["summary", str(bench)]) == 2
+    assert "it is `bench --json`" in capsys.readouterr().err
     # a reason quoting a crafted log line stays text in the job summary, never markup
     doc = json.loads(result.read_text())
     doc["result"]["verdict"] = "rolled_back"
@@ -174,8 +180,19 @@ def test_report_without_its_extra_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
     with pytest.raises(errors.ConfigError, match="optional extra 'report'") as caught:
         history.render([], tmp_path, "t")
-    assert "pip install 'servegate[report]'" in caught.value.hint
+    # never a bare `pip install 'servegate[report]'`: a public index could answer it
+    assert "pip install 'servegate[report]'" not in caught.value.hint
+    assert "from the checkout servegate was installed from" in caught.value.hint
     assert not (tmp_path / "bench-history.png").exists()
+
+
+def test_lease_with_a_config_that_does_not_exist_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --config must not take the lease in the default directory while the
+    team's jobs wait on the one the real config names."""
+    assert main(["lease", "--config", str(tmp_path / "typo.toml"), "--", "true"]) == 2
+    assert "not found" in capsys.readouterr().err
 
 
 def test_bench_load_refuses_the_single_stream_benchs_group_options(

@@ -357,8 +357,9 @@ def servegate_parser() -> argparse.ArgumentParser:
     lease.add_argument(
         "--config",
         type=Path,
-        default=Path("servegate.toml"),
-        help="the config whose host.state_dir holds the lease (used when the file exists)",
+        default=None,
+        help="the config whose host.state_dir holds the lease (default: ./servegate.toml "
+        "where it exists; a --config that does not exist is an error)",
     )
     lease.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     lease.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)

@@ -70,8 +70,9 @@ def _pyplot() -> Any:
         raise ConfigError(
             "servegate report draws its charts with matplotlib, which is not installed "
             "(it is the optional extra 'report')",
-            hint="install it beside servegate: pip install 'servegate[report]' (or "
-            "`pipx inject servegate matplotlib`); the gate and the records need no charts",
+            hint="install it into servegate's own environment from the checkout servegate was "
+            "installed from: pip install -e 'PATH/TO/servegate[report]' (or pip install "
+            "matplotlib there); the gate and the records need no charts",
         ) from None
 
     matplotlib.use("Agg")

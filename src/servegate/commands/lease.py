@@ -18,7 +18,14 @@ def run(
     if not argv:
         raise ConfigError("no command to run", hint="servegate lease [--timeout S] -- COMMAND ...")
     state = ""
-    if config is not None and config.exists():
+    if config is not None and not config.exists():
+        raise ConfigError(
+            f"config {config} not found: the lease would be taken in the default directory, "
+            "not the one a config names (two users, two leases)",
+            hint="pass the config that names host.state_dir, or leave --config out",
+        )
+    config = config or (Path("servegate.toml") if Path("servegate.toml").exists() else None)
+    if config is not None:
         state = config_mod.load(config, os.environ, build_only=True).host.state_dir
     path = lease_path(os.environ, state)
     return run_holding(path, what or shlex.join(argv), timeout, argv, os.environ)

@@ -146,5 +146,16 @@ def run(out: Output, path: Path) -> int:
             f"{path} is not the output of `release promote --json` ({shown})",
             hint="pass the file `release promote SHA --json > promote.json` wrote",
         )
+    command = doc.get("command")
+    verdict = _obj(doc.get("result")).get("verdict")
+    if (isinstance(command, str) and not command.startswith("release ")) or (
+        "error" not in doc and verdict not in ICON
+    ):
+        what = f"`{command} --json`" if isinstance(command, str) else "no release's outcome"
+        raise ConfigError(
+            f"{path} is not the output of `release promote --json`: it is {what}"
+            + (f" (verdict {verdict!r})" if verdict is not None else ""),
+            hint="pass the file `release promote SHA --json > promote.json` wrote",
+        )
     out.line(markdown(doc))
     return 0
