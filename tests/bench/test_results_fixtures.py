@@ -226,3 +226,14 @@ def test_prometheus_text_is_read_by_the_format_s_own_rules() -> None:
     assert got["vllm:ttft_bucket|le=0.5"] == 2.0
     assert got["vllm:ttft_bucket|le=+Inf"] == 5.0
     assert got["vllm:num_requests_running"] == 1.0
+
+
+def test_a_damaged_trial_field_is_a_damaged_file_not_a_loss(tmp_path: Path) -> None:
+    """A rate that is a string (a hand edit, another tool) is a result file of the wrong
+    shape (exit 14), never judged as a measurement (a gate FAIL, exit 9)."""
+    doc = {"schema": 1, "kind": "servegate.bench", "harness": {"name": "servegate-bench/1"},
+           "cases": [{"id": "regular-16k", "groups": [{"start": 0, "trials": [
+               {"performance_valid": True, "prefill_tps": "fast", "generation_tps": 60.0}]}]}]}  # fmt: skip
+    with pytest.raises(ResultFileError, match="prefill_tps is a str") as caught:
+        results.load(_write(tmp_path / "damaged.json", doc))
+    assert caught.value.exit_code == 14

@@ -163,8 +163,10 @@ def _case(
                 cs.metrics.setdefault(m, []).append(float(v))
                 if starts is not None:
                     cs.blocks.setdefault(m, []).append(starts[i])
-            else:
+            elif v is None:
                 cs.missing[m] = cs.missing.get(m, 0) + 1
+            else:  # a damaged file (ResultFileError, exit 14), never a measurement of 0
+                raise TypeError(f"case {cid} trial {i + 1}: {m} is a {type(v).__name__}")
     # a metric no valid trial has is not measured here (no engine clock): nothing missing
     cs.missing = {m: k for m, k in cs.missing.items() if m in cs.metrics}
     return cs
