@@ -112,3 +112,27 @@ def test_environment_keeps_a_dollar_as_written(tmp_path: Path) -> None:
     assert 'Environment="VLLM_TEST_NOTE=costs $5 at 100%%"' in lines
     exec_line = next(line for line in lines if line.startswith("ExecStart="))
     assert '"50%% off $$HOME"' in exec_line
+
+
+def test_no_user_bus_says_what_to_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without this user's systemd (no user bus: a login without linger, a container)
+    `systemctl --user` answers "Failed to connect to bus": said with what to enable
+    (exit 6), never a raw command failure. The real systemctl is asked."""
+    if shutil.which("systemctl") is None:
+        pytest.skip("systemctl is not installed")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "no-runtime-dir"))
+    monkeypatch.delenv("DBUS_SESSION_BUS_ADDRESS", raising=False)
+    probe = subprocess.run(["systemctl", "--user", "show", "x"], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    if "Failed to connect to bus" not in probe.stdout + probe.stderr:
+        pytest.skip("this box has a user bus even without XDG_RUNTIME_DIR")
+    from servegate.engine.managers.systemd import SystemdUser
+    from servegate.errors import PreflightFailed
+
+    manager = SystemdUser(config.parse(CONFIG, environ={}))
+    with pytest.raises(PreflightFailed, match="cannot reach this user's systemd") as caught:
+        manager.state()
+    assert "enable-linger" in (caught.value.hint or "")
+    assert caught.value.exit_code == 6

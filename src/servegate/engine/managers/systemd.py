@@ -8,6 +8,7 @@ from pathlib import Path
 from servegate.config import Config
 from servegate.engine.launch import LaunchSpec, unsafe
 from servegate.engine.managers import ServiceState, refuse
+from servegate.errors import CommandFailed, PreflightFailed
 from servegate.pipeline import atomic, proc
 
 
@@ -85,7 +86,22 @@ class SystemdUser:
         self.log_file: Path | None = None  # journald
 
     def _ctl(self, *args: str) -> proc.Result:
-        return proc.run(["systemctl", "--user", *args], timeout=self.cfg.service.stop_timeout + 30)
+        done = proc.run(["systemctl", "--user", *args], check=False,
+                        timeout=self.cfg.service.stop_timeout + 30)  # fmt: skip
+        if not done.ok and "Failed to connect to bus" in done.output:
+            raise PreflightFailed(
+                "systemctl --user cannot reach this user's systemd (no user bus: "
+                f'{proc.tail(done.output, 1)}); service.manager = "systemd-user" needs it',
+                hint="enable the user's own systemd for this user (sudo loginctl enable-linger "
+                "$USER) and run servegate in a session that has it (XDG_RUNTIME_DIR="
+                '/run/user/$(id -u)); or set service.manager = "supervisor"',
+            )
+        if not done.ok:
+            raise CommandFailed(
+                f"systemctl --user {' '.join(args)} failed (exit {done.returncode}): "
+                f"{proc.tail(done.output, 5)}"
+            )
+        return done
 
     def render_problems(self, spec: LaunchSpec) -> list[str]:
         return unsafe(spec) or render_problems(spec, render_unit(spec))
