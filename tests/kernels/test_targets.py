@@ -177,3 +177,19 @@ def test_libraries_go_after_the_sources_and_a_flags_argument_stays_with_it() -> 
         ["-O2", "-Xlinker", "-lsc", "-L", "lib.a"],
         ["-lm", "/x/libz.a", "-Wl,-lfoo"],
     )
+
+
+def test_an_arch_of_the_other_vendor_is_refused_by_name() -> None:
+    """`build --arch sm_90` on a hipcc target used to fail the compile and say "fix the
+    sources": the sources are fine, the arch is another vendor's."""
+    from servegate.config import KernelTarget
+    from servegate.errors import ConfigError
+    from servegate.kernels.recipes import compiler
+
+    hip = KernelTarget(name="k", kind="hipcc", sources=("k.hip",), output="k.so")
+    with pytest.raises(ConfigError, match="target k is built with hipcc .* sm_90"):
+        compiler(hip, ("sm_90",))
+    assert compiler(hip, ("gfx1030",)) == "hipcc"
+    cuda = KernelTarget(name="c", kind="nvcc", sources=("c.cu",), output="c.so")
+    with pytest.raises(ConfigError, match="built with nvcc"):
+        compiler(cuda, ("gfx1030",))

@@ -179,8 +179,11 @@ def labels_from(environ: Mapping[str, str], given: list[str]) -> set[str]:
 
 
 def check_map(focus: Focus, checkout: Path) -> list[str]:
-    """Warnings for focus-map entries that match no file of the checkout."""
-    files = open_repo(checkout).git.ls_files().splitlines()
+    """Warnings for focus-map entries that match no file of the checkout: tracked, or
+    untracked and not ignored (the changes focus selects on include those)."""
+    files = (
+        open_repo(checkout).git.ls_files("--cached", "--others", "--exclude-standard").splitlines()
+    )
     warnings = []
     for n, rule in enumerate(focus.rules, 1):
         for glob in rule.sources:

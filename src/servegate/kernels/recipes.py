@@ -61,10 +61,22 @@ def expand(checkout: Path, globs: tuple[str, ...]) -> list[Path]:
     return sorted(files)
 
 
+#: how each vendor's archs are named, for a hint
+ARCH_EXAMPLE = {"amd": "gfx… (--arch gfx1030)", "nvidia": "sm_… (--arch sm_90)"}
+
+
 def compiler(target: KernelTarget, archs: tuple[str, ...]) -> str:
     """The recipe that builds ``target``: a portable target follows the archs' vendor."""
     if target.kind == "portable":
         return "hipcc" if vendor(archs) == "amd" else "nvcc"
+    wants = {"hipcc": "amd", "nvcc": "nvidia"}.get(target.kind)
+    if wants and archs and vendor(archs) != wants:
+        raise ConfigError(
+            f"target {target.name} is built with {target.kind} ({wants.upper()} GPUs), but the "
+            f"archs asked for are {', '.join(archs)}: {target.kind} cannot build them",
+            hint=f"build it for {ARCH_EXAMPLE[wants]}, or make the target portable "
+            '(kind = "portable") to follow the archs',
+        )
     return target.kind
 
 
