@@ -318,3 +318,22 @@ def test_require_gpu_fails_a_run_with_no_gpu_visible(
     assert main(argv) == 0
     assert "no GPU here: pytest ran 7 selected test(s), 7 of them skipped" in capfd.readouterr().out
     assert main([*argv[:-1], "--require-gpu"]) == 2
+
+
+def test_the_map_check_sees_the_untracked_files_focus_selects_on(tmp_path: Path) -> None:
+    """A new kernel not yet committed (csrc/new.cu) is a change focus selects on; the map
+    check must not call its glob one that "matches no file"."""
+    from servegate.config import Focus, FocusRule
+    from servegate.kernels.focus import check_map
+
+    repo = git.Repo.init(tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_k.py").write_text("def test_k() -> None: ...\n")
+    repo.git.add("-A")
+    repo.git.commit("-m", "t", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})  # fmt: skip
+    focus = Focus(rules=(FocusRule(("csrc/**",), ("tests/test_k.py",)),))
+    assert check_map(focus, tmp_path) == ["focus rule 1: source glob 'csrc/**' matches no file"]
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "new.cu").write_text("__global__ void k() {}\n")
+    assert check_map(focus, tmp_path) == []
