@@ -127,3 +127,33 @@ def test_a_disk_that_fills_after_the_switch_still_gets_the_live_release_back(
     assert release_main(["verify", "--config", str(host.path)]) == 0
     assert release_main(["promote", nxt, "--config", str(host.path)]) == 0
     assert (root / "reserve").stat().st_size == 8 * 1024 * 1024  # held back again
+
+
+def test_a_disk_that_fills_during_the_build_stops_before_the_switch(
+    small_disk_host: Host, stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build (the release's own, in the host root) meets a full disk: the promote
+    stops with an error that names it, before the switch, and the live release serves."""
+    from servegate.release import promote as promote_mod
+
+    host = small_disk_host
+    good = stack.commit("ok")
+    assert promote(host.context(), good).verdict == "released"
+    root = host.cfg.host_root
+    build = promote_mod.run_build
+    fillers: list[Path] = []
+
+    def fill_then_build(*args: object, **kw: object) -> object:
+        fillers.append(_fill(root))
+        return build(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(promote_mod, "run_build", fill_then_build)
+    nxt = stack.commit("ok", "the next release")
+    code = release_main(["promote", nxt, "--config", str(host.path)])
+    monkeypatch.undo()
+    assert fillers
+    assert code not in (0, 70)
+    assert host.live_root() == host.release_dir(good)
+    fillers[0].unlink()
+    assert release_main(["verify", "--config", str(host.path)]) == 0
+    assert release_main(["promote", nxt, "--config", str(host.path)]) == 0

@@ -66,7 +66,26 @@ def run_build(
     cache_root: Path | None = None,
 ) -> BuildResult:
     """Build the GPU extension targets (through the cache), then run ``build.command`` in
-    ``release_dir``; hash every artifact and check it holds code for ``build.archs``."""
+    ``release_dir``; hash every artifact and check it holds code for ``build.archs``. A
+    disk that fills (or a directory servegate cannot write) is a failed build, said."""
+    try:
+        return _run_build(cfg, release_dir, places, log, cache_root)
+    except OSError as exc:
+        raise BuildFailed(
+            f"the build could not write ({exc.strerror}: {exc.filename or release_dir}): a "
+            "full disk or a directory servegate cannot write",
+            hint=f"free space where the releases and logs live (df -h {release_dir.parent}) "
+            "and promote again; the live service was not touched",
+        ) from None
+
+
+def _run_build(
+    cfg: Config,
+    release_dir: Path,
+    places: Mapping[str, str],
+    log: Path,
+    cache_root: Path | None = None,
+) -> BuildResult:
     start = time.monotonic()
     env = environ_without_git()
     env.update({k: fill(v, **places) for k, v in cfg.build.env.items()})
