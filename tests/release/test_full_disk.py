@@ -145,7 +145,7 @@ def test_a_disk_that_fills_during_the_build_stops_before_the_switch(
 
     def fill_then_build(*args: object, **kw: object) -> object:
         fillers.append(_fill(root))
-        return build(*args, **kw)  # type: ignore[arg-type]
+        return build(*args, **kw)
 
     monkeypatch.setattr(promote_mod, "run_build", fill_then_build)
     nxt = stack.commit("ok", "the next release")
