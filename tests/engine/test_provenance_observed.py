@@ -6,6 +6,8 @@ library and hook here is real."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
@@ -287,7 +289,15 @@ def test_hooks_are_judged_without_py_spy(
     python = str(venv / "bin" / "python")
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "named.pth").write_text("import stackpkg_helper_is_not_it; import stackpkg\n")
-    (site / "plain.pth").write_text("import os\n")
+    (site / "plain.pth").write_text("import os\n")  # written here, by no package
+    # one a package installed (its RECORD lists it, with its hash), and one edited since
+    for name, text, listed in (("kept.pth", "import os\n", "import os\n"),
+                               ("edited.pth", "import os, sys\n", "import os\n")):  # fmt: skip
+        (site / name).write_text(text)
+        info = site / f"{name.split('.')[0]}-1.0.dist-info"
+        info.mkdir()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(listed.encode()).digest())
+        (info / "RECORD").write_text(f"{name},sha256={digest.decode().rstrip('=')},{len(listed)}\n")
     # the command-line check and the load from /tmp spelled so that no word gives them away
     (site / "obscure.pth").write_text(
         "import sys; a = sys.__dict__['orig_' + 'ar' + 'gv']; a[-1:] == ['x'] and "
@@ -306,7 +316,14 @@ def test_hooks_are_judged_without_py_spy(
     verdicts = {Path(h["path"]).name: (h["verdict"], h["why"]) for h in report.hooks}
     assert verdicts["sitecustomize.py"][0] == "fail"
     assert verdicts["named.pth"] == ("fail", "names the checked package stackpkg")
-    assert verdicts["plain.pth"][0] == "warn"
+    assert verdicts["plain.pth"] == (
+        "fail",
+        "no installed package lists it (no .dist-info/RECORD in its directory): code put "
+        "there, not installed",
+    )
+    assert verdicts["kept.pth"] == ("warn", "runs code at every start of the interpreter")
+    assert verdicts["edited.pth"][0] == "fail"
+    assert "differs from what its package installed" in verdicts["edited.pth"][1]
     assert verdicts["obscure.pth"][0] == "fail"
     assert "what it does cannot be read from its text" in verdicts["obscure.pth"][1]
     assert verdicts["zz_reader.pth"] == (

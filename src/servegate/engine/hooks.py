@@ -10,6 +10,10 @@ reads show the effect of any hook that slips past the text.
 from __future__ import annotations
 
 import ast
+import base64
+import csv
+import functools
+import hashlib
 import json
 import os
 import pwd
@@ -118,6 +122,45 @@ def hidden(code: str, path: Path | None = None) -> str:
                 else node.id if isinstance(node, ast.Name) else "")  # fmt: skip
         if word in HIDING and not (finder and word in ("meta_path", "path_importer_cache")):
             return f"uses {word}"
+    return ""
+
+
+@functools.cache
+def _records(site: str) -> dict[str, str]:
+    """What the packages of a site directory installed: each file any ``*.dist-info/RECORD``
+    there lists (resolved) → its ``sha256=`` digest as RECORD writes it."""
+    out: dict[str, str] = {}
+    for record in Path(site).glob("*.dist-info/RECORD"):
+        try:
+            rows = list(csv.reader(record.read_text(errors="replace").splitlines()))
+        except (OSError, csv.Error):
+            continue
+        for row in rows:
+            if len(row) >= 2 and row[1].startswith("sha256="):
+                out[os.path.normpath(os.path.join(site, row[0]))] = row[1][len("sha256=") :]
+    return out
+
+
+def not_installed(path: Path) -> str:
+    """Why the start-up hook ``path`` was put there by no package ("" when its package's
+    RECORD lists it with this content): pip, uv and their kin list every file they
+    install, with its hash, in the distribution's ``.dist-info/RECORD``. A ``.pth`` or a
+    module a build or a neighbour writes into the venv is in none of them, however it is
+    spelled — and a listed one edited since no longer has its hash. A directory no
+    package manager of that kind keeps (no RECORD at all there: a distribution's own
+    ``dist-packages`` under apt) is not judged this way."""
+    records = _records(str(path.parent))
+    if not records:
+        return ""
+    listed = records.get(os.path.normpath(str(path)))
+    if listed is None:
+        return "no installed package lists it (no .dist-info/RECORD in its directory)"
+    try:
+        digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest())
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if digest.decode().rstrip("=") != listed.rstrip("="):
+        return "it differs from what its package installed (its RECORD hash)"
     return ""
 
 
@@ -280,6 +323,7 @@ def _judge_hook(
 ) -> None:
     named = sorted(p for p in packages if re.search(rf"\b{re.escape(p)}\b", code))
     why, verdict = "runs code at every start of the interpreter", "warn"
+    planted = "" if inside(str(path), exp.release_dir) else not_installed(path)
     if named:
         why, verdict = f"names the checked package {', '.join(named)}", "fail"
     elif READS_ARGV.search(code):
@@ -288,6 +332,8 @@ def _judge_hook(
         why, verdict = "runs code it reads or decodes (exec, open, marshal, …)", "fail"
     elif hides := hidden(code, path):
         why, verdict = f"{hides}: what it does cannot be read from its text", "fail"
+    elif planted:
+        why, verdict = f"{planted}: code put there, not installed", "fail"
     _record(report, path, kind, verdict, why, main, exp.allowed_hooks)
 
 
