@@ -110,11 +110,7 @@ def test_a_promote_with_a_newline_in_a_filled_value_stops_before_the_switch(
 ) -> None:
     host = make_host(tmp_path, stack)
     try:
-        text = host.path.read_text().replace(
-            'TINY_SECRET_TOKEN = "hunter2"', 'TINY_SECRET_TOKEN = "${CI_TOKEN}"'
-        )
-        host.path.write_text(text)
-        cfg = config.load(host.path, {})
+        cfg = _secret_from_environment(host)
         good = stack.commit("ok")
         fine = Context.create(cfg, QuietReporter(), {"CI_TOKEN": "hunter2"})
         assert promote(fine, good).verdict == "released"
@@ -145,11 +141,7 @@ def test_a_rollback_installs_the_launch_its_release_ran(tmp_path: Path, stack: S
     rollback before the live release is touched."""
     host = make_host(tmp_path, stack)
     try:
-        text = host.path.read_text().replace(
-            'TINY_SECRET_TOKEN = "hunter2"', 'TINY_SECRET_TOKEN = "${CI_TOKEN}"'
-        )
-        host.path.write_text(text)
-        cfg = config.load(host.path, {})
+        cfg = _secret_from_environment(host)
         conf = Host(cfg, host.path)
         good = stack.commit("ok")
         assert promote(Context.create(cfg, QuietReporter(), {"CI_TOKEN": "hunter2"}), good).verdict == "released"  # fmt: skip
@@ -178,6 +170,14 @@ def test_a_rollback_installs_the_launch_its_release_ran(tmp_path: Path, stack: S
         assert Context.create(cfg, QuietReporter(), {}).state.pending is None
     finally:
         _supervisor_of(host.cfg).shutdown_daemon()
+
+
+def _secret_from_environment(host: Host) -> config.Config:
+    """The host's config with its secret filled from ``${CI_TOKEN}`` (a CI secret)."""
+    host.path.write_text(host.path.read_text().replace(
+        'TINY_SECRET_TOKEN = "hunter2"', 'TINY_SECRET_TOKEN = "${CI_TOKEN}"'
+    ))  # fmt: skip
+    return config.load(host.path, {})
 
 
 def _supervisor_of(cfg: config.Config) -> supervisor.Supervisor:
