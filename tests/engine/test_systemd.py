@@ -56,6 +56,9 @@ def test_unit_has_the_seed_settings(tmp_path: Path) -> None:
     ):
         assert line in text.splitlines()
     assert "Restart=always" not in text
+    # the whole SHA: `systemctl status` then names the exact release serving
+    (desc,) = [x for x in text.splitlines() if x.startswith("Description=")]
+    assert "532ed3f930f4" + "0" * 28 in desc
 
 
 def test_execstart_round_trips_json_percent_and_dollar(tmp_path: Path) -> None:
