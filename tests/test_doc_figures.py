@@ -63,6 +63,26 @@ def _gpu_slow() -> str:
     return f"FAILed {s['slow_caught']} of {s['slow_gates']} times"
 
 
+def _gpu_fresh() -> dict[str, Any]:
+    doc = _load("benchmarks/h100/gate-power-fresh.json")
+    rounds = [v for c in doc["calls"] for k, v in c["seconds"].items() if k.startswith("round_")]
+    passes = [g for g in doc["gates"] if g["release"] == "A'" and g["verdict"] == "PASS"]
+    lows = [r["interval"][0] for g in passes for r in g["rows"] if r["metric"] == "prefill_tps"]
+    slow = [r["ratio"] for g in doc["gates"] if g["release"] == "B" for r in g["rows"]
+            if r["metric"] == "prefill_tps"]  # fmt: skip
+    return {"calls": len(doc["calls"]), "rounds": f"{min(rounds):.0f}-{max(rounds):.0f} s",
+            "passes": len(passes), "lows": f"{min(lows):.3f}-{max(lows):.3f}",
+            "slow": f"{min(slow):.2f}-{max(slow):.2f}\u00d7", "left": 10 - len(passes) - 1}  # fmt: skip
+
+
+def _gpu_fresh_text() -> str:
+    f = _gpu_fresh()
+    return (f"{f['calls'] - 1} calls of one round each after the setup, `--resume`): the "
+            f"identical release was rolled back 1 of {f['passes'] + 1} times (INCONCLUSIVE, "
+            f"[0.925, 1.019]); its {f['passes']} PASSes each excluded the 5 % loss (prefill "
+            f"lower bounds {f['lows']}). The slower release (prefill {f['slow']}) was")  # fmt: skip
+
+
 def _cpu_aa() -> str:
     aa = _load("benchmarks/cpu/demo-aa-busy-3.json")["aa"]["summary"]
     return f"{aa['verdicts']['PASS']} of {aa['runs']} A/A gates PASSed"
@@ -950,6 +970,15 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("docs/bench.md", lambda: f"({_load('benchmarks/sim/gate-sim-400.json')['seconds']} s on 2 CPUs)"),
     ("docs/bench.md", _gpu_power),
     ("docs/bench.md", _gpu_slow),
+    ("docs/bench.md", _gpu_fresh_text),
+    ("docs/bench.md", lambda: f"a round is one device call of {_gpu_fresh()['rounds']}"),
+    ("docs/bench.md", lambda: f"two candidates' gates took {_gpu_fresh()['rounds']}"),
+    ("README.md", lambda: f"{['', 'one', 'two', 'three', 'four', 'five', 'six', 'seven', 'eight', 'nine', 'ten', 'eleven', 'twelve'][_gpu_fresh()['calls']]} calls: the setup took 226 s, a round {_gpu_fresh()['rounds']}"),
+    ("README.md", lambda: f"the identical A' PASSed {_gpu_fresh()['passes']} of "
+        f"{_gpu_fresh()['passes'] + 1} gates"),
+    ("README.md", lambda: f"B (prefill {_gpu_fresh()['slow']}) FAILed "
+        f"{_load('benchmarks/h100/gate-power-fresh.json')['summary']['slow_caught']} of "
+        f"{_load('benchmarks/h100/gate-power-fresh.json')['summary']['slow_gates']}"),
     ("docs/bench.md", _cpu_aa),
     ("README.md", _cpu_aa),
     # the gate's simulated error rates (benchmarks/sim/gate-sim-400.json)
