@@ -967,7 +967,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("docs/bench.md", lambda: "| 30 % of the release's trials at a third of the rate | caught "
         + _pct(_cell("30 % of the release's requests at a third of the rate noise known")
                ["rolled_back"])),
-    ("docs/bench.md", lambda: f"({_load('benchmarks/sim/gate-sim-400.json')['seconds']} s on 2 CPUs)"),
+    ("docs/bench.md", lambda: f"({_load('benchmarks/sim/gate-sim-400.json')['seconds']} s on 2 CPUs"),
     ("docs/bench.md", _gpu_power),
     ("docs/bench.md", _gpu_slow),
     ("docs/bench.md", _gpu_fresh_text),
@@ -997,7 +997,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         + _pct(_cell("10 % of the release's requests at a third of the rate noise measured")["rolled_back"]) + " |"),
     ("docs/bench.md", _sim_prose),
     ("docs/bench.md", lambda: f"({100 * _cell('unchanged cv 2.0% offset 1.0% noise measured')['rolled_back']:.0f}"
-        f" % with four rows, {100 * _cell('unchanged (16 rows) noise measured')['rolled_back']:.0f} % with sixteen)"),
+        f" % with four rows, {100 * _cell('unchanged (16 rows) noise measured')['rolled_back']:.0f} % with sixteen;"),
     ("docs/bench.md", lambda: "is rolled back "
         + _pct(_cell("unchanged, 1 trial in 10 at a third of the rate noise known")["rolled_back"]) + " (more when"),
     ("docs/bench.md", lambda: "caught "

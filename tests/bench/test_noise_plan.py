@@ -104,14 +104,16 @@ def test_the_gate_holds_its_error_rates_on_a_box_whose_offset_three_starts_under
     """The attack: the box's restarts move it by 1-2.5 % (what one H200 showed, where an
     identical release FAILed one gate in ten). The noise is measured as `bench noise`
     does (3 starts x 4), the baseline is one start of 5, the candidate 10 repetitions
-    over 3 starts. With the point estimate a release 5 % slower PASSes more often than
-    `gate.miss` allows at one look, and an identical release FAILs twice as often; with
-    the bound neither happens."""
+    over 3 starts. With the point estimate taken at its word a release 5 % slower PASSes
+    more often than `gate.miss` allows at one look, and an identical release FAILs twice
+    as often; with the bound neither happens, and neither with what the gate does: the
+    record's starts pooled with the candidate's own, the estimate's few degrees of
+    freedom paid in the t quantile."""
     rng = random.Random(5)
     levels = stats.Levels.split(0.05, 0.01, 2, 8)
     cv, runs = 0.018, 3000
-    alarms = {"point": 0, "bound": 0}
-    misses = {"point": 0, "bound": 0}
+    alarms = {"point": 0, "bound": 0, "pooled": 0}
+    misses = {"point": 0, "bound": 0, "pooled": 0}
     for _ in range(runs):
         est = noise.estimate(_starts(rng, 3, 4, cv, offset))
         assert est is not None
@@ -126,11 +128,23 @@ def test_the_gate_holds_its_error_rates_on_a_box_whose_offset_three_starts_under
             c = stats.compare(base, slower, False, off, (1, 3))
             assert c is not None
             misses[name] += stats.decide(c, 0.05, levels) == "PASS"
+        blocks = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+        for cand, tally in ((same, alarms), (slower, misses)):
+            own = stats.SideStats.of([math.log(x) for x in cand], blocks).own_offset
+            assert own is not None
+            point, between, df = stats.offset_point([est.evidence(), own])
+            c = stats.compare(base, cand, False, point, (1, 3), (None, blocks),
+                              offset_evidence=(between, df))  # fmt: skip
+            assert c is not None
+            want = "FAIL" if tally is alarms else "PASS"
+            tally["pooled"] += stats.decide(c, 0.05, levels) == want
     # at the last look alone: within the check's budgets (5 % over two rows, 1 % a row)
     # with room for the other looks
     assert alarms["bound"] / runs < 0.01
     assert misses["bound"] / runs < 0.005
     assert alarms["bound"] <= alarms["point"]
+    assert alarms["pooled"] / runs < 0.01
+    assert misses["pooled"] / runs < 0.005
     if offset >= 0.02:  # the point estimate spends the gate's whole miss budget at one look
         assert misses["point"] / runs > 0.01
         assert alarms["bound"] < alarms["point"] / 2

@@ -389,3 +389,26 @@ def test_a_candidate_spread_over_starts_may_scatter_by_the_restart_offset() -> N
     spread = stats.compare(quiet, starts, offset=0.03, starts=(1, 3))
     assert spread is not None
     assert stats.more_scattered(spread, 0.01) is None
+
+
+def test_an_offset_estimated_from_few_starts_widens_the_interval_by_its_freedom() -> None:
+    """A measured restart offset is an estimate: from two service starts' worth of
+    freedom the t quantile is wide, from two hundred it is nearly the normal one, and an
+    estimate of 0 from a few starts is no certainty that restarts cost nothing."""
+    base = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8, 100.1]
+    cand = [99.0, 100.2, 98.8, 99.9, 99.1, 99.6, 99.3, 100.0]
+    between = 0.01**2 + 0.01**2 / 4
+    given = stats.compare(base, cand, offset=0.01, starts=(2, 2))
+    few = stats.compare(base, cand, offset=0.01, starts=(2, 2), offset_evidence=(between, 2))
+    many = stats.compare(base, cand, offset=0.01, starts=(2, 2), offset_evidence=(between, 200))
+    assert given is not None
+    assert few is not None
+    assert many is not None
+    assert few.se == many.se == given.se  # the same estimate ...
+    assert 1 <= few.df < many.df <= given.df  # ... known less well
+    assert few.lower(0.01) < many.lower(0.01) <= given.lower(0.01)
+    zero_few = stats.compare(base, cand, offset=0.0, starts=(2, 2), offset_evidence=(between, 2))
+    zero_given = stats.compare(base, cand, offset=0.0, starts=(2, 2))
+    assert zero_few is not None
+    assert zero_given is not None
+    assert zero_few.lower(0.01) < zero_given.lower(0.01)

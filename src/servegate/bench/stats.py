@@ -4,7 +4,8 @@ A gate row compares the candidate's samples of one metric with the baseline's. O
 rates (a rate's noise is multiplicative) the estimate is the difference of the means,
 ``d = mean(log c) - mean(log b)``, i.e. the log of the geometric-mean ratio, turned so
 that ``d > 0`` is better. Its standard error is Welch's (unequal variances), plus the
-box's restart-to-restart offset when one was measured (``servegate bench noise``): the
+box's restart-to-restart offset (``servegate bench noise`` and the gate's own starts;
+the degrees of freedom of its estimate enter the t quantile, Welch-Satterthwaite): the
 baseline and the candidate always run in different service starts, and no number of
 trials inside one start averages that offset away; spreading a side's repetitions over
 ``k`` starts divides its share of the offset's variance by ``k`` (:func:`plan_starts`).
@@ -147,20 +148,18 @@ class SideStats:
         return self.starts - 1, self.between, self.within * self.factor * self.starts
 
 
-def offset_bound(sources: Sequence[tuple[int, float, float]], confidence: float = 0.80) -> float:
-    """The restart offset's upper confidence bound (a log SD) from independent sets of
-    service starts, each ``(df, variance of a start's mean, the within-start part of
-    it)``: the starts' variances pooled by their degrees of freedom, bounded by the chi²
-    interval of a variance as ``servegate bench noise`` bounds its own."""
-    from scipy.special import chdtri
-
+def offset_point(sources: Sequence[tuple[int, float, float]]) -> tuple[float, float, float]:
+    """The restart offset's point estimate (a log SD) from independent sets of service
+    starts, each ``(df, variance of a start's mean, the within-start part of it)``: the
+    pooled between-start variance less its within-start part (at least 0); with the
+    pooled variance of a start's mean and its degrees of freedom, which say how well it
+    is known (:func:`compare`'s ``offset_evidence``)."""
     df = sum(s[0] for s in sources)
     if df < 1:
-        raise ValueError("no two starts: nothing bounds the offset")
+        raise ValueError("no two starts: nothing estimates the offset")
     between = math.fsum(d * b for d, b, _ in sources) / df
     within = math.fsum(d * w for d, _, w in sources) / df
-    upper = df * between / float(chdtri(df, confidence))
-    return math.sqrt(max(0.0, upper - within))
+    return math.sqrt(max(0.0, between - within)), between, float(df)
 
 
 def compare(
@@ -171,6 +170,7 @@ def compare(
     starts: tuple[int, int] = (1, 1),
     blocks: tuple[Sequence[int] | None, Sequence[int] | None] = (None, None),
     prior: tuple[int, float] | None = None,
+    offset_evidence: tuple[float, float] | None = None,
 ) -> Comparison | None:
     """Welch on log rates; None when either side has fewer than two positive samples.
 
@@ -180,7 +180,11 @@ def compare(
     is then the mean of its starts' means and its within variance is pooled within the
     starts. Without them ``starts`` says how many starts a side's samples came from.
     ``prior``: the box's within-start log variance from ``bench noise`` (degrees of
-    freedom, variance), pooled with both sides'."""
+    freedom, variance), pooled with both sides'.
+    ``offset_evidence`` (variance of a start's mean, its degrees of freedom): ``offset``
+    is a point estimate from that many service starts' worth of freedom, and the t test's
+    degrees of freedom are Welch-Satterthwaite's over the within-start part and it (the
+    uncertainty of a measured offset is paid in the t quantile, not by inflating it)."""
     lb, lc = _logs(base), _logs(cand)
     if len(lb) < 2 or len(lc) < 2:
         return None
@@ -201,7 +205,15 @@ def compare(
     df = float(df_w) if within > 0 and df_w > 0 else math.inf
     kb = sb.starts if bb else max(starts[0], 1)
     kc = sc.starts if bc else max(starts[1], 1)
-    se = math.sqrt(within + offset**2 * (1 / kb + 1 / kc))
+    g = 1 / kb + 1 / kc
+    se = math.sqrt(within + offset**2 * g)
+    if offset_evidence is not None and offset_evidence[1] > 0 and se > 0:
+        spread_var = offset_evidence[0] * g
+        parts = (within**2 / df if df > 0 and not math.isinf(df) else 0.0) + (
+            spread_var**2 / offset_evidence[1]
+        )
+        if parts > 0:
+            df = max(1.0, min(df, se**4 / parts))
     if se == 0:
         se = 1e-12  # two exactly repeated sample sets: any loss at all is decisive
     spread = offset**2 if kc > 1 else 0.0

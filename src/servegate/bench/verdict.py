@@ -13,9 +13,11 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
   that keeps the row from a PASS at the cap (:data:`TAIL_OPEN`);
 - otherwise the geometric-mean ratio of the rest decides, with a Welch interval on log
   rates (:mod:`servegate.bench.stats`) whose standard error always carries the box's
-  restart-to-restart offset: from ``servegate bench noise`` and the gate's own service
-  starts pooled, or the stated prior ``restart_offset`` where neither measured it —
-  never zero;
+  restart-to-restart offset: estimated from ``servegate bench noise``'s starts and the
+  gate's own pooled, its uncertainty paid in the t test's degrees of freedom
+  (Welch-Satterthwaite; an estimate of 0 from a few starts still widens the interval),
+  or the stated prior ``restart_offset`` where neither measured it — never assumed
+  zero;
 - **PASS** only when the interval excludes the loss the rule names (its lower bound is
   at or above ``1 - tolerance``); **FAIL** when it excludes no loss at all; each look
   of a sequential gate is held to a group-sequential boundary
@@ -305,10 +307,12 @@ def _measured(
         [bblocks[i] for i in keep_b] if bblocks else None,
         [cblocks[i] for i in keep_c] if cblocks else None,
     )
-    offset, source = _offset(cid, rule.metric, bulk_b, bulk_c, blocks, bcs, cs, st)
+    offset, source, known = _offset(cid, rule.metric, bulk_b, bulk_c, blocks, bcs, cs, st)
     row["offset"] = {"log_sd": round(offset, 5), "from": source}
+    if known is not None:
+        row["offset"]["df"] = round(known[1], 1)
     c = stats.compare(bulk_b, bulk_c, lower, offset, (bcs.starts, cs.starts), blocks,
-                      _within(st, f"{cid}:{rule.metric}"))  # fmt: skip
+                      _within(st, f"{cid}:{rule.metric}"), known)  # fmt: skip
     if c is None:
         why = "fewer than two samples on a side: nothing to compare yet"
         if not final:
@@ -324,7 +328,7 @@ def _measured(
     lo, hi = c.d - _t(bound_b, c.df) * c.se, c.d + _t(bound_a, c.df) * c.se
     row.update(
         ratio=round(c.ratio, 4),
-        interval=[round(math.exp(lo), 4), round(math.exp(hi), 4)],
+        interval=[round(_exp(lo), 4), round(_exp(hi), 4)],
         threshold=round(math.exp(t), 4),
         tolerance=rule.tolerance,
     )
@@ -390,13 +394,14 @@ def _offset(
     bcs: CaseSamples,
     cs: CaseSamples,
     st: Settings,
-) -> tuple[float, str]:
-    """The restart offset (log SD) this row's error carries, and where it came from:
+) -> tuple[float, str, tuple[float, float] | None]:
+    """The restart offset (log SD) this row's error carries, where it came from, and
+    (variance of a start's mean, degrees of freedom) where it was estimated:
     ``bench noise``'s record and the gate's own service starts pooled; else the prior.
     Never zero by default: the two sides always ran in different service starts."""
     key = f"{cid}:{metric}"
     if key in st.offsets:
-        return st.offsets[key], "given"
+        return st.offsets[key], "given", None
     sources: list[tuple[int, float, float]] = []
     about: list[str] = []
     if key in st.noise:
@@ -412,8 +417,13 @@ def _offset(
     if own_starts:
         about.append(f"the gate's own {own_starts} starts")
     if sources:
-        return stats.offset_bound(sources), " + ".join(about)
-    return st.restart_offset, "prior gate.restart_offset (not measured: `servegate bench noise`)"
+        point, between, df = stats.offset_point(sources)
+        return point, " + ".join(about), (between, df)
+    return (
+        st.restart_offset,
+        "prior gate.restart_offset (not measured: `servegate bench noise`)",
+        None,
+    )
 
 
 def _within(st: Settings, key: str) -> tuple[int, float] | None:
@@ -448,6 +458,11 @@ def _bounds(
     return sequential.nominal(fa), sequential.nominal(fb)
 
 
+def _exp(x: float) -> float:
+    """exp that saturates (a bound from a handful of starts may be astronomically wide)."""
+    return math.exp(min(max(x, -700.0), 700.0))
+
+
 def _t(level: float, df: float) -> float:
     return math.inf if level <= 0 else stats.t_quantile(1 - level, df)
 
@@ -466,7 +481,7 @@ def _judge(
             f"a loss of {tol} is excluded ({n})"
         )
     return INCONCLUSIVE, (
-        f"ratio {c.ratio:.3f} in [{math.exp(lo):.3f}, {math.exp(hi):.3f}]: a loss of {tol} "
+        f"ratio {c.ratio:.3f} in [{_exp(lo):.3f}, {_exp(hi):.3f}]: a loss of {tol} "
         f"is not excluded yet ({n})"
     )
 
