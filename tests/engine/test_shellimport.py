@@ -234,3 +234,15 @@ def test_what_cannot_be_resolved_says_exactly_what_to_write() -> None:
     with pytest.raises(ConfigError) as sourced:
         shellimport.convert("source ./env.sh\nexec python -m v\n", Path(CHECKOUT))
     assert "export NAME=value" in sourced.value.hint
+
+
+@pytest.mark.parametrize(
+    "value", ["a\x7fb", 'say "hi"', "it's", "two\nlines", "tab\there", "é\u2028", "C:\\x", ""]
+)
+def test_every_string_is_written_as_the_toml_that_reads_it_back(value: str) -> None:
+    """A value of a script (or of init's answers) becomes TOML that reads back as
+    itself, a control character such as DEL included (raw, it is invalid TOML)."""
+    import tomllib
+
+    text = f"{shellimport.toml_key(value or 'k')} = {shellimport.toml_value([value, value])}"
+    assert tomllib.loads(text) == {value or "k": [value, value]}

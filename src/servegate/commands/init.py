@@ -17,7 +17,6 @@ then checks the config as ``config check`` would and prints the next three comma
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import subprocess
@@ -100,7 +99,7 @@ def _packages(checkout: Path) -> list[str]:
 
 
 def _toml(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+    return shellimport.toml_value(value)
 
 
 def _config_text(
@@ -137,12 +136,13 @@ def _config_text(
         lines.append(f"profile = {_toml(launch['profile'])}  # `servegate render` shows it")
         if launch["params"]:
             lines += ["", "[service.params]"]
-            lines += [f"{k} = {_toml(v)}" for k, v in launch["params"].items()]
+            key = shellimport.toml_key
+            lines += [f"{key(k)} = {_toml(v)}" for k, v in launch["params"].items()]
     else:
         lines.append(f"command = {_toml(launch['command'])}")
         if launch.get("env"):
             lines += ["", "[service.env]"]
-            lines += [f"{k} = {_toml(v)}" for k, v in launch["env"].items()]
+            lines += [f"{shellimport.toml_key(k)} = {_toml(v)}" for k, v in launch["env"].items()]
     lines += ["", "[provenance]"]
     lines.append(f"modules = {_toml(packages)}")
     if artifacts:

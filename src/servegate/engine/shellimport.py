@@ -33,7 +33,6 @@ decision above to this module; the subset is small and its edges are refused.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -41,6 +40,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomlkit
 
 from servegate.errors import ConfigError
 
@@ -681,20 +682,26 @@ def _structured(rest: list[str]) -> tuple[list[str], dict[str, Any]] | None:
 
 
 def _toml_str(value: str) -> str:
-    if '"' in value and "'" not in value and "\n" not in value:
-        return f"'{value}'"
-    return json.dumps(value, ensure_ascii=False)
+    """A TOML string, escaped by tomlkit (a control character such as DEL is not valid
+    raw in TOML); a value with double quotes and no single ones is written literal, as
+    a person would."""
+    literal = '"' in value and "'" not in value and value.isprintable()
+    return str(tomlkit.string(value, literal=literal).as_string())
 
 
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+def toml_key(key: str) -> str:
+    """A TOML key: bare where it may be, quoted and escaped where not."""
+    return str(tomlkit.key(key).as_string())
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+def toml_value(value: Any) -> str:
+    """A string, bool, number or list of them as TOML (strings as :func:`_toml_str`)."""
+    if isinstance(value, str):
+        return _toml_str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, bool | int | float):
+        return str(tomlkit.item(value).as_string())
     return _toml_str(str(value))
 
 
@@ -732,7 +739,7 @@ def _render(c: Converted, source: str, engine: str) -> str:
               f"engine = {_toml_str(engine)}", ""]  # fmt: skip
     if c.params:
         lines.append("[params]")
-        lines += [f"{_toml_key(k)} = {_toml_str(v)}" for k, v in c.params.items()]
+        lines += [f"{toml_key(k)} = {_toml_str(v)}" for k, v in c.params.items()]
         lines.append("")
     lines.append("[launch]")
     if c.module:
@@ -740,15 +747,15 @@ def _render(c: Converted, source: str, engine: str) -> str:
     else:
         lines.append(f"executable = {_toml_str(c.executable)}")
     if c.positional:
-        lines.append(f"positional = {_toml_value(c.positional)}")
+        lines.append(f"positional = {toml_value(c.positional)}")
     lines += ['cwd = "{release}"', ""]
     if c.env:
         lines.append("[env]")
-        lines += [f"{_toml_key(k)} = {_toml_str(v)}" for k, v in c.env.items()]
+        lines += [f"{toml_key(k)} = {_toml_str(v)}" for k, v in c.env.items()]
         lines.append("")
     if c.args:
         lines.append("[args]")
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in c.args.items()]
+        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in c.args.items()]
         lines.append("")
     return "\n".join(lines)
 
