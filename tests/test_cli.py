@@ -195,6 +195,18 @@ def test_lease_with_a_config_that_does_not_exist_is_refused(
     assert "not found" in capsys.readouterr().err
 
 
+def test_report_with_a_config_that_does_not_exist_is_refused_and_no_records_say_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in --config is a config error (2), not "nothing to do"; a stack that has
+    bench in its gate but no release yet is told to promote, not to add bench."""
+    assert main(["report", "--config", str(tmp_path / "typo.toml")]) == 2
+    assert "typo.toml not found" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["report"]) == 12
+    assert "no servegate.toml here" in capsys.readouterr().err
+
+
 def test_bench_load_refuses_the_single_stream_benchs_group_options(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -228,6 +228,7 @@ def test_config_check_sees_on_this_box_what_a_first_promote_would_stop_on(
         assert check(text.replace("port = 8080", f"port = {port}")) == 6
         assert f"port {port} is already taken" in capsys.readouterr().err
     assert check(text.replace(str(tmp_path / "origin.git"), str(tmp_path / "nowhere.git"))) == 11
+    assert "does not appear to be a git repository" in capsys.readouterr().err  # git's reason
     assert check(text.replace(str(tmp_path / "origin.git"), str(tmp_path / "nowhere.git")),
                  "--offline") == 0  # fmt: skip
     assert check(text.replace("[stack]\n", '[stack]\nbranch = "release"\n', 1)) == 3
@@ -235,6 +236,12 @@ def test_config_check_sees_on_this_box_what_a_first_promote_would_stop_on(
     assert check(text + '[build]\ncommand = ["no-such-builder", "all"]\n') == 5
     assert "no-such-builder" in capsys.readouterr().err
     assert check(text + '[build]\ncommand = ["bash", "build.sh"]\n') == 0
+    target = '[[build.targets]]\nname = "k"\nkind = "hipcc"\nsources = ["k.hip"]\noutput = "k.so"\n'
+    assert check(text + '[build]\narchs = ["sm_90"]\n' + target) == 2
+    assert "hipcc cannot build them" in capsys.readouterr().err
+    no_tools = '[build]\narchs = ["gfx1030"]\nenv = { PATH = "/nonexistent" }\n'
+    assert check(text + no_tools + target) == 5
+    assert "hipcc is not installed" in capsys.readouterr().err
     missing = text.replace(
         f'command = ["{sys.executable}",', 'command = ["/opt/venvs/nope/bin/python",'
     )

@@ -41,8 +41,16 @@ class Output:
     def reporter(self) -> Reporter:
         return QuietReporter() if self.json_mode else ConsoleReporter(self.err)
 
-    def emit(self, result: Any, exit_code: int = 0, error: ServegateError | None = None) -> int:
-        """In JSON mode print the envelope; people get their tables from the command."""
+    def emit(
+        self,
+        result: Any,
+        exit_code: int = 0,
+        error: ServegateError | None = None,
+        error_doc: dict[str, str] | None = None,
+    ) -> int:
+        """In JSON mode print the envelope; people get their tables from the command.
+        ``error_doc``: the error object of a code that is not servegate's own (``focus
+        --run`` exits with pytest's)."""
         if self.json_mode:
             doc: dict[str, Any] = {
                 "schema": SCHEMA,
@@ -57,6 +65,8 @@ class Output:
                     "message": str(error),
                     "hint": error.hint,
                 }
+            elif error_doc is not None:
+                doc["error"] = dict(error_doc)
             elif exit_code != 0:  # a failure always says what failed, never "error": null
                 doc["error"] = _error_of(exit_code, result)
             if self.scrub is not None:

@@ -246,3 +246,30 @@ def test_every_string_is_written_as_the_toml_that_reads_it_back(value: str) -> N
 
     text = f"{shellimport.toml_key(value or 'k')} = {shellimport.toml_value([value, value])}"
     assert tomllib.loads(text) == {value or "k": [value, value]}
+
+
+def test_a_relative_path_after_a_cd_elsewhere_is_refused_with_its_absolute_form(
+    tmp_path: Path,
+) -> None:
+    """`cd /srv/sb; source venvs/x/bin/activate; exec python … --model models/tiny`: the
+    service starts in the release checkout, where those words name something else."""
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    venv = f"cd {tmp_path}\nsource venvs/x/bin/activate\nexec python -m vllm --port 8000\n"
+    with pytest.raises(ConfigError, match="venvs/x/bin/") as err:
+        shellimport.convert("#!/usr/bin/env bash\n" + venv, Path(CHECKOUT))
+    assert f"{tmp_path}/venvs/x/bin/" in err.value.hint
+    assert "line 2:" in str(err.value)
+    model = f'cd {tmp_path}\nexec /opt/py/bin/python -m vllm --model models/tiny\n'
+    with pytest.raises(ConfigError, match="models/tiny"):
+        shellimport.convert("#!/usr/bin/env bash\n" + model, Path(CHECKOUT))
+    dotted = f'cd {tmp_path}\nexec /opt/py/bin/python -m vllm --chat-template=./t.jinja\n'
+    with pytest.raises(ConfigError, match=r"\./t\.jinja"):
+        shellimport.convert("#!/usr/bin/env bash\n" + dotted, Path(CHECKOUT))
+    # a Hub id that names nothing there stays a word; a cd into the checkout changes nothing
+    hub = f"cd {tmp_path}\nexec /opt/py/bin/python -m vllm --model Qwen/Qwen3-8B\n"
+    assert shellimport.convert("#!/usr/bin/env bash\n" + hub, Path(CHECKOUT)).argv[-1] == (
+        "Qwen/Qwen3-8B"
+    )
+    home = f"cd {CHECKOUT}\nsource venvs/x/bin/activate\nexec python -m vllm\n"
+    conv = shellimport.convert("#!/usr/bin/env bash\n" + home, Path(CHECKOUT))
+    assert conv.argv[0] == "venvs/x/bin/python"

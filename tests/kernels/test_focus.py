@@ -337,3 +337,18 @@ def test_the_map_check_sees_the_untracked_files_focus_selects_on(tmp_path: Path)
     (tmp_path / "csrc").mkdir()
     (tmp_path / "csrc" / "new.cu").write_text("__global__ void k() {}\n")
     assert check_map(focus, tmp_path) == []
+
+
+def test_run_json_names_a_pytest_failure_as_pytest_s_not_by_a_servegate_class(
+    cfg: config.Config, checkout: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """focus --run exits with pytest's own code, which overlaps servegate's (4 is
+    LockHeld's): the error object says it is pytest's and what it means."""
+    edit(checkout, "kernels/demo_kernels.hip")
+    (checkout / "tests" / "test_scale_add_gpu.py").unlink()  # selected, but not there
+    argv = ["focus", "--config", str(cfg.path), "--dir", str(checkout), "--run", "--json"]
+    code = main(argv)
+    doc = json.loads(capfd.readouterr().out)
+    assert code == doc["exit_code"] == doc["result"]["pytest_exit_code"] == 4
+    assert doc["error"]["class"] == "PytestFailed"
+    assert "usage error" in doc["error"]["message"]

@@ -5,6 +5,8 @@ would otherwise stop on, each with the exit code promote gives for the same caus
 - the remote: ``git ls-remote`` answers and holds ``stack.branch`` → 11 (the fetch
   failed) or 3 (no such branch), as promote's fetch; skipped with ``--offline``;
 - the build command's program: on this box's PATH, or a path in the repository → 5;
+- each ``[[build.targets]]``: its compiler builds ``build.archs`` → 2 (as ``servegate
+  build`` says), its tools are on the build's PATH → 5;
 - the launch's program, the engine it runs and a local model: the program exists and
   is executable, the interpreter imports the engine the launch names (``vllm serve``,
   ``python -m vllm…``, ``transformers serve``), the model directory exists → 7, the
@@ -53,6 +55,7 @@ def check(cfg: Config, spec: LaunchSpec, offline: bool) -> list[str]:
     done.append(_port(cfg))
     done.append("remote: not checked (--offline)" if offline else _remote(cfg))
     done.append(_build(cfg))
+    done += _targets(cfg)
     done += _launch(cfg, spec)
     return done
 
@@ -88,7 +91,7 @@ def _remote(cfg: Config) -> str:
     )
     if not done.ok:
         raise CommandFailed(
-            f"git ls-remote {remote} failed: {proc.tail(done.output, 3)}; a promote's fetch "
+            f"git ls-remote {remote} failed: {_cause(done.output)}; a promote's fetch "
             "would fail the same way (exit 11)",
             hint="check stack.remote, the network and the credentials git uses here "
             "(`--offline` skips this check)",
@@ -99,6 +102,14 @@ def _remote(cfg: Config) -> str:
             hint="push the branch, or set stack.branch",
         )
     return f"remote: {remote} has {branch}"
+
+
+def _cause(output: str) -> str:
+    """git's own reason (its ``fatal:``/``error:`` lines and ssh's), not the advice it
+    prints after them; the last lines where it printed none."""
+    lines = [x.strip() for x in output.splitlines() if x.strip()]
+    said = [x for x in lines if x.startswith(("fatal:", "error:", "ssh:", "remote:"))]
+    return "; ".join((said or lines[-3:])[:6]) or "(no output)"
 
 
 def _inside_release(cfg: Config, path: str) -> bool:
@@ -128,6 +139,28 @@ def _build(cfg: Config) -> str:
             hint="install it, give its full path in build.command, or set PATH in build.env",
         )
     return f"build: {program} found"
+
+
+def _targets(cfg: Config) -> list[str]:
+    """Each ``[[build.targets]]``: its compiler can build ``build.archs`` (else 2, as
+    ``servegate build`` says) and its tools are on the build's PATH (else 5)."""
+    from servegate.kernels import recipes
+
+    env = {**os.environ, **cfg.build.env}
+    out = []
+    for target in cfg.build.targets:
+        tools = [recipes.compiler(target, cfg.build.archs)]
+        if target.kind == "cmake":
+            tools = ["cmake", "ninja"] + (
+                ["hipcc" if recipes.vendor(cfg.build.archs) == "amd" else "nvcc"]
+                if cfg.build.archs
+                else []
+            )
+        for tool in tools:
+            recipes.require_tool(tool, env)
+        archs = ", ".join(cfg.build.archs) or "its default arch"
+        out.append(f"build target {target.name}: {'/'.join(tools)} found, for {archs}")
+    return out
 
 
 def _launch(cfg: Config, spec: LaunchSpec) -> list[str]:

@@ -116,9 +116,28 @@ def run(
             "runner's environment (the skip reasons are printed above)",
         )
     if out.json_mode:
+        failed = None
+        if code:
+            failed = {
+                "class": "PytestFailed",
+                "message": f"pytest exited {code}: {PYTEST_EXITS.get(code, 'see its output')}",
+                "hint": "the exit code is pytest's own (docs/exit-codes.md); its output is on "
+                "stderr",
+            }
         return out.emit({**selection.as_dict(), "ran": ran, "skipped": skipped,
-                         "gpu": has_gpu or None, "pytest_exit_code": code}, code)  # fmt: skip
+                         "gpu": has_gpu or None, "pytest_exit_code": code}, code,
+                        error_doc=failed)  # fmt: skip
     return code
+
+
+#: pytest's exit codes (``pytest.ExitCode``), said in words
+PYTEST_EXITS = {
+    1: "tests failed",
+    2: "interrupted",
+    3: "an internal error",
+    4: "a usage error (a test path that does not exist, a bad option)",
+    5: "no tests were collected",
+}
 
 
 def _tally(report: Path) -> tuple[int, int]:

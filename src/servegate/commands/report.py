@@ -11,9 +11,12 @@ from typing import Any
 from servegate import config as config_mod
 from servegate.bench import export, history, load, results
 from servegate.config import Config
-from servegate.errors import NothingToDo, ResultFileError
+from servegate.errors import ConfigError, NothingToDo, ResultFileError
 from servegate.output import Output
 from servegate.release import bench_gate, trend
+
+#: the config a command reads when --config is not given
+DEFAULT_CONFIG = Path("servegate.toml")
 
 
 def collect(records: list[dict[str, Any]], files: list[Path]) -> list[history.Point]:
@@ -79,6 +82,11 @@ def load_curves(cfg: Config | None, files: list[Path]) -> list[history.LoadCurve
 
 
 def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
+    if cfg_path != DEFAULT_CONFIG and not cfg_path.exists():
+        raise ConfigError(
+            f"config {cfg_path} not found: no release records to draw from",
+            hint="pass the stack's config (--config PATH), or result files alone",
+        )
     # a config without [host] (e.g. bench settings alone) still reads the given files
     cfg = config_mod.load(cfg_path, os.environ, build_only=True) if cfg_path.exists() else None
     sweeps = [p for p in files if _kind(p) == load.KIND]
@@ -86,11 +94,25 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
     points = collect(records, [p for p in files if p not in sweeps])
     curves = load_curves(cfg, sweeps)
     if not points and not curves:
-        raise NothingToDo(
-            "no bench measurements found: no release record with bench samples, no result files",
-            hint="add 'bench' to gate.checks and promote, or pass result files "
-            "(servegate bench or servegate bench load)",
-        )
+        if cfg is None:
+            why, hint = (
+                f"no {DEFAULT_CONFIG} here and no result files",
+                "pass the stack's config (--config PATH) or result files (servegate bench "
+                "or servegate bench load)",
+            )
+        elif "bench" in cfg.gate.checks:
+            why, hint = (
+                "no release record with bench samples yet, and no result files",
+                "promote a release (its bench check records the samples), or pass result "
+                "files (servegate bench or servegate bench load)",
+            )
+        else:
+            why, hint = (
+                "no release record with bench samples: gate.checks has no 'bench'",
+                "add 'bench' to gate.checks and promote, or pass result files "
+                "(servegate bench or servegate bench load)",
+            )
+        raise NothingToDo(f"no bench measurements found: {why}", hint=hint)
     title = (cfg.stack.remote if cfg else "") or "bench history"
     written: dict[str, str] = {}
     groups: list[history.GroupGpu] = []

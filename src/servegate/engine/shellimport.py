@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -455,6 +456,8 @@ def convert(text: str, checkout: Path) -> Converted:
     candidates: list[tuple[int, str, list[Word], dict[str, Word]]] = []
     #: ``source VENV/bin/activate``: the bin/ a bare interpreter name is taken from
     activated: Word | None = None
+    #: the last ``cd``: (line, its directory; "" where it cannot be read)
+    cd: tuple[int, str] | None = None
     for n, raw, words in _Stream(sh, text).commands():
         if command is not None:
             result.skipped.append(f"line {n}: {raw[:100]} — after exec: never runs")
@@ -462,6 +465,8 @@ def convert(text: str, checkout: Path) -> Converted:
         if not words:  # a command that changes nothing the server gets
             head = raw.split(None, 1)[0]
             result.skipped.append(f"line {n}: {raw[:100]} — {HANDLED[head]}")
+            if head == "cd":
+                cd = (n, _cd_target(raw))
             continue
         assigns: dict[str, Word] = {}
         while words and words[0].assign:
@@ -549,6 +554,8 @@ def convert(text: str, checkout: Path) -> Converted:
         raise ConfigError("exec without a command, or with exec's own options (after expansion)")
     if activated is not None and "/" not in argv[0].literal and argv[0].literal != "env":
         argv[0] = Word(activated.literal + argv[0].literal, activated.template + argv[0].template)
+    if cd is not None:
+        _relative_after_cd(sh, cd, checkout, [*([activated] if activated else []), *argv])
     env = dict(sh.exported)
     env.update(prefix_env)
     if argv[0].literal == "env":  # exec env A=1 B=2 python …
@@ -575,6 +582,49 @@ def convert(text: str, checkout: Path) -> Converted:
     result.params = {k: v for k, v in sh.params.items() if "{" + k + "}" in used}
     _launch(result, [w.template for w in argv])
     return result
+
+
+def _cd_target(raw: str) -> str:
+    """The directory of a ``cd`` line as written ("" where it is not one plain word)."""
+    try:
+        parts = shlex.split(raw, comments=True)
+    except ValueError:
+        return ""
+    if len(parts) != 2 or "$" in parts[1] or parts[1].startswith("~"):
+        return "" if len(parts) > 1 else os.path.expanduser("~")
+    return parts[1]
+
+
+def _relative_after_cd(sh: _Shell, cd: tuple[int, str], checkout: Path, words: list[Word]) -> None:
+    """Refuse a relative path the script resolves against its ``cd``: servegate starts the
+    service in the release checkout, where ``venvs/x/bin/python`` or ``./models/m`` would
+    name something else (or nothing). A ``cd`` into the checkout itself changes nothing.
+    A word counts as a path where it is the program or the activated environment (with a
+    slash), starts with ``./`` or ``../``, or names something that exists under the
+    ``cd`` directory on this box (``models/tiny``; a Hub id such as ``org/model`` that
+    exists nowhere there stays a word)."""
+    line, target = cd
+    if target and os.path.realpath(target) == os.path.realpath(checkout):
+        return
+    for i, word in enumerate(words):
+        value = word.literal.partition("=")[2] if word.literal.startswith("--") else word.literal
+        if not value or value.startswith(("/", "-", "{")) or "/" not in value or "\n" in value:
+            continue
+        program = i == 0 or (i == 1 and words[0].literal.endswith("/"))
+        if not (
+            program
+            or value.startswith(("./", "../"))
+            or (target and os.path.exists(os.path.join(target, value)))
+        ):
+            continue
+        where = os.path.join(target, value) if target else f"<the cd directory>/{value}"
+        sh.n = line
+        raise sh.refuse(
+            f"`cd {target or '…'}`, then the relative path {value!r}: servegate starts the "
+            "service in the release checkout, where it would name something else",
+            hint=f"write it as an absolute path in the script ({where}), or cd into the "
+            "checkout itself, then run init again",
+        )
 
 
 def _path_word(sh: _Shell, before: Word, word: Word) -> Word:
