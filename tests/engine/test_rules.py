@@ -317,6 +317,9 @@ def test_a_profile_alone_with_a_parameter_missing_exits_2(
     args = ["--param", "model=/m", "--param", "runtime=/r", "--config", "/nonexistent"]
     assert main(["render", "--profile", "v620-tp4", *args, "--format", "shell"]) == 0
     assert "{release}" in capsys.readouterr().out
+    # a --sha is a commit id, never text that would go raw into a unit file
+    assert main(["render", "--profile", "v620-tp4", *args, "--sha", "abc def%n"]) == 2
+    assert "is not a commit id" in capsys.readouterr().err
 
 
 def test_render_and_lint_run_as_commands(tmp_path: Path) -> None:

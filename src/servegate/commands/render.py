@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,11 @@ def target(
     port: int | None,
 ) -> Target:
     """The launch promote would make: from the config, or a profile given by name/path."""
+    if sha is not None and not re.fullmatch(r"[0-9a-f]{7,64}", sha):
+        raise ConfigError(
+            f"--sha {sha[:80]!r} is not a commit id",
+            hint="give the release's commit as hex (git rev-parse HEAD)",
+        )
     cfg = _config(config_path, profile, parse_params(params), port)
     notes: list[str] = []
     if sha is None and cfg.host.root:

@@ -27,7 +27,7 @@ def render_unit(spec: LaunchSpec) -> str:
     what = f"profile {spec.profile}" if spec.profile else "service.command"
     lines = [
         "[Unit]",
-        f"Description=servegate: {spec.unit} at {spec.sha} ({what})",
+        f"Description=servegate: {spec.unit} at {spec.sha or '(no release yet)'} ({what})",
         f"StartLimitIntervalSec={lim.start_limit_interval}",
         f"StartLimitBurst={lim.start_limit_burst}",
         "",
