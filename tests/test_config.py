@@ -251,3 +251,12 @@ def test_config_check_sees_on_this_box_what_a_first_promote_would_stop_on(
     assert "cannot import vllm" in capsys.readouterr().err
     assert check(text.replace(str(tmp_path / "qwen"), str(tmp_path / "gone"))) == 7
     assert "is not a directory on this box" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("unit", ["my stack", "my%stack", "a\nb", "-x", "x" * 201, "é"])
+def test_a_unit_name_either_manager_would_misread_is_refused(unit: str) -> None:
+    """`service.unit` goes into a systemd unit file name and a supervisord section
+    header: a space, a % specifier or a newline there is refused at load."""
+    text = MINIMAL.replace("[service]\n", f"[service]\nunit = {json.dumps(unit)}\n", 1)
+    with pytest.raises(ConfigError, match="is not a service name"):
+        config.parse(text, environ={})

@@ -640,6 +640,11 @@ def _build(
     return cls(**kwargs)
 
 
+#: a unit name both managers take as it is (systemd's unit name characters, without
+#: the escapes its ``\x`` sequences would need; supervisord's program name)
+UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}")
+
+
 def _validate(cfg: Config) -> None:
     svc = cfg.service
     if bool(svc.command) == bool(svc.profile):
@@ -656,6 +661,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[service.params] needs service.profile")
     if not 0 < cfg.service.port < 65536:
         raise ConfigError(f"service.port = {cfg.service.port} is not a TCP port")
+    if not UNIT_NAME.fullmatch(cfg.service.unit):
+        raise ConfigError(
+            f"service.unit = {cfg.service.unit[:80]!r} is not a service name systemd and "
+            "supervisord both take",
+            hint="letters, digits and - _ . : @ (at most 200), starting with a letter or digit; "
+            'e.g. unit = "vllm-stack"',
+        )
     check_arch_names(cfg.build.archs)
     names = [t.name for t in cfg.build.targets]
     if len(names) != len(set(names)):
