@@ -8,8 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,53 @@ def test_every_config_key_is_documented() -> None:
             continue
         for key in dataclasses.fields(hints[section.name]):
             assert f"`{section.name}.{key.name}`" in text, f"{section.name}.{key.name} undocumented"
+
+
+def _declared_default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return REQUIRED
+    if isinstance(value, tuple):
+        return list(value)
+    return dict(value) if isinstance(value, typing.Mapping) else value
+
+
+REQUIRED = object()
+
+
+def test_config_md_states_each_key_s_declared_default() -> None:
+    """docs/config.md's default column is the config's own declaration: a row whose
+    default is a TOML value reads back as the field's default, a key without a default
+    says "required", and every key has a row of its own (keys a row lists together share
+    its defaults in order). A default changed in code without its doc line fails here."""
+    rows: dict[str, str] = {}
+    for line in (DOCS / "config.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].startswith("`"):
+            continue
+        keys = re.findall(r"`([a-z_]+\.[a-z_]+)`", cells[0])
+        defaults = [d.strip() for d in cells[1].split(", ")] if len(keys) > 1 else [cells[1]]
+        for i, key in enumerate(keys):
+            rows[key] = defaults[i] if len(defaults) == len(keys) else cells[1]
+    hints = typing.get_type_hints(config.Config)
+    checked = 0
+    for section in dataclasses.fields(config.Config):
+        if section.name == "path":
+            continue
+        for f in dataclasses.fields(hints[section.name]):
+            key = f"{section.name}.{f.name}"
+            assert key in rows, f"{key} has no row in docs/config.md"
+            cell, want = rows[key], _declared_default(f)
+            if want is REQUIRED:
+                assert cell.startswith("required"), f"{key} is required: the doc says {cell!r}"
+            elif re.fullmatch(r"`[^`]*`", cell) and not re.fullmatch(r"`[a-z_]+\.[a-z_]+`", cell):
+                got = tomllib.loads(f"v = {cell[1:-1]}")["v"]
+                assert got == want, f"{key}: docs/config.md says {got!r}, the code {want!r}"
+                checked += 1
+    assert checked > 100  # prose defaults ("built-in", "none") are the exception
 
 
 def test_json_error_envelope(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,3 +285,15 @@ def test_a_command_line_argparse_refuses_is_still_one_json_document_with_json(
     with pytest.raises(SystemExit):
         main(["release", "promote", "--no-such-flag"])
     assert capsys.readouterr().out == ""  # without --json, nothing on stdout
+
+
+def test_the_gate_s_statistics_settings_default_as_the_config_declares() -> None:
+    """verdict.Settings carries config.Gate's statistics settings into the rule: a
+    default that differs between the two (no_baseline once did) fails here."""
+    from servegate.bench import verdict
+
+    declared = {f.name: _declared_default(f) for f in dataclasses.fields(config.Gate)}
+    shared = [f for f in dataclasses.fields(verdict.Settings) if f.name in declared]
+    assert len(shared) >= 6
+    for f in shared:
+        assert _declared_default(f) == declared[f.name], f"gate.{f.name}"
