@@ -14,7 +14,6 @@ answers without importing the rest of servegate.
 from __future__ import annotations
 
 import json
-import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -48,18 +47,13 @@ def _checkout_head(where: str) -> str:
     """HEAD of an editable checkout, with ``+changes`` when its tracked files differ."""
     if not (Path(where) / ".git").exists():
         return ""
-    try:
-        head = subprocess.run(
-            ["git", "-C", where, "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(
-            ["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
+    from servegate.pipeline import gitenv
+
+    head = gitenv.run(["-C", where, "rev-parse", "HEAD"], timeout=10)
+    dirty = gitenv.run(["-C", where, "status", "--porcelain", "--untracked-files=no"], timeout=10)
+    if not (head.ok and dirty.ok):
         return ""
-    return head + ("+changes" if dirty else "")
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def version_line() -> str:

@@ -8,7 +8,7 @@ from servegate.config import Config, fill
 from servegate.engine.launch import placeholders
 from servegate.kernels.targets import build_all
 from servegate.output import Output
-from servegate.pipeline import proc
+from servegate.pipeline import gitenv
 from servegate.pipeline.git import environ_without_git
 
 
@@ -31,8 +31,8 @@ def run(
     environ = environ_without_git()
     cache = (cache_dir or default_cache(environ)) if use_cache else None
     # build.env as a promote applies it: what CI builds is what a release builds
-    head = proc.run(["git", "rev-parse", "HEAD"], cwd=checkout, check=False)
-    sha = head.output.strip() if head.ok else ""
+    head = gitenv.run(["rev-parse", "HEAD"], checkout)
+    sha = head.stdout.strip() if head.ok else ""
     places = placeholders(cfg, checkout.resolve(), sha)
     environ.update({k: fill(v, **places) for k, v in cfg.build.env.items()})
     results = build_all(cfg, checkout.resolve(), cache, environ, checkout / "build" / "logs")

@@ -35,7 +35,7 @@ from servegate.errors import (
     ServegateError,
     ServiceFailed,
 )
-from servegate.pipeline import proc, redact
+from servegate.pipeline import gitenv, proc, redact
 
 #: per engine, the module its interpreter must import, and the launches that run it
 ENGINES = {"vllm": "vllm", "transformers": "transformers"}
@@ -83,20 +83,20 @@ def _port(cfg: Config) -> str:
 
 def _remote(cfg: Config) -> str:
     remote, branch = cfg.stack.remote, cfg.stack.branch
-    done = proc.run(
-        ["git", "ls-remote", "--heads", "--", remote, f"refs/heads/{branch}"],
+    done = gitenv.run(
+        ["ls-remote", "--heads", "--", remote, f"refs/heads/{branch}"],
         timeout=REMOTE_TIMEOUT,
-        check=False,
-        env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+        env={"GIT_TERMINAL_PROMPT": "0"},
     )
     if not done.ok:
         raise CommandFailed(
-            f"git ls-remote {remote} failed: {_cause(done.output)}; a promote's fetch "
+            f"git ls-remote {remote} failed: {_cause(done.stderr + done.stdout)}; a promote's "
+            "fetch "
             "would fail the same way (exit 11)",
             hint="check stack.remote, the network and the credentials git uses here "
             "(`--offline` skips this check)",
         )
-    if f"refs/heads/{branch}" not in done.output:
+    if f"refs/heads/{branch}" not in done.stdout:
         raise GitRefusal(
             f"{remote} has no branch {branch!r}: a promote would find nothing to release (exit 3)",
             hint="push the branch, or set stack.branch",

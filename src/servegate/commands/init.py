@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from servegate.engine.launch import launch_spec
 from servegate.engine.lint import ruleset
 from servegate.errors import ConfigError, PreflightFailed
 from servegate.output import Output
+from servegate.pipeline import gitenv
 from servegate.release.gate import build_checks
 
 NOXFILE = '''"""The sessions servegate's pull-request workflow runs (servegate init wrote this).
@@ -79,10 +79,8 @@ def gpu_tests(session: nox.Session) -> None:
 
 
 def _git(checkout: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(checkout), *args], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() if done.returncode == 0 else ""
+    done = gitenv.run(["-C", str(checkout), *args])
+    return done.stdout.strip() if done.ok else ""
 
 
 def _packages(checkout: Path) -> list[str]:
@@ -188,11 +186,7 @@ def _ignore_build_output(checkout: Path, artifacts: list[str], written: list[str
     missing = [
         t
         for t in tops
-        if subprocess.run(
-            ["git", "-C", str(checkout), "check-ignore", "-q", "--no-index", t + "probe"],
-            check=False,
-        ).returncode
-        != 0
+        if not gitenv.run(["-C", str(checkout), "check-ignore", "-q", "--no-index", t + "probe"]).ok
     ]
     if not missing:
         return ""

@@ -44,7 +44,7 @@ from servegate.engine.liveproc import (
     pyvenv,
     started_at,
 )
-from servegate.pipeline.gitenv import SAFE_ENV
+from servegate.pipeline import gitenv
 
 #: system library directories, and the engine runtimes' usual homes
 SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/opt/rocm",
@@ -118,26 +118,16 @@ def tracked_files(release_dir: Path, sha: str = "") -> set[str] | None:
 def _git_lines(release_dir: Path, *args: str) -> list[str] | None:
     """``git -C release_dir ARGS`` (``-z`` output) as names; None when git cannot answer.
     No optional locks and a minimal environment: a check must not change the checkout."""
-    try:
-        done = subprocess.run(
-            # the release's own directory as the work tree, whatever its git configuration
-            # says (core.worktree), and its commit's own tree (never a replace ref's)
-            ["git", "--work-tree", str(release_dir), "-C", str(release_dir), *args],
-            capture_output=True,
-            timeout=60,
-            check=False,
-            env={
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "GIT_OPTIONAL_LOCKS": "0",
-                "HOME": os.environ.get("HOME", "/"),
-                **SAFE_ENV,
-            },
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    done = gitenv.run(
+        # the release's own directory as the work tree, whatever its git configuration
+        # says (core.worktree), and its commit's own tree (never a replace ref's)
+        ["--work-tree", str(release_dir), "-C", str(release_dir), *args],
+        minimal=True,
+        env={"GIT_OPTIONAL_LOCKS": "0"},
+    )
+    if not done.ok:
         return None
-    if done.returncode != 0:
-        return None
-    return [p.decode(errors="surrogateescape") for p in done.stdout.split(b"\0") if p]
+    return [p for p in done.stdout.split("\0") if p]
 
 
 #: below a runtime root (a venv, a prefix's lib): where Python code lies

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servegate.config import KernelTarget
 from servegate.errors import BuildFailed, CommandFailed, ConfigError
-from servegate.pipeline import proc
+from servegate.pipeline import gitenv, proc
 from servegate.pipeline.hashing import sha256_file
 
 COMPILED = {".hip", ".cu", ".cpp", ".cc", ".cxx", ".c"}
@@ -500,12 +500,12 @@ def _thin_members(data: bytes) -> list[str]:
 
 def _tree(top: Path) -> list[Path]:
     """The files under ``top`` that git tracks or would track (all of them outside git)."""
-    listed = proc.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
-        cwd=top, timeout=120, check=False,
+    listed = gitenv.run(
+        ["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+        top, timeout=120,
     )  # fmt: skip
-    if listed.returncode == 0:
-        return [top / name for name in listed.output.split("\0") if name]
+    if listed.ok:
+        return [top / name for name in listed.stdout.split("\0") if name]
     return [Path(d) / f for d, dirs, files in os.walk(top) for f in files
             if ".git" not in Path(d).parts]  # fmt: skip
 

@@ -1,4 +1,7 @@
-"""All git work, through GitPython, in one place.
+"""All git work in one place: the repositories servegate keeps, through GitPython, here;
+the one-off reads that need no repository object through :func:`servegate.pipeline.
+gitenv.run` (both with the same scrubbed environment; ``tests/test_layout.py`` holds
+every other module to it).
 
 The host keeps one bare clone of the stack's remote (``repo.git`` under the host root);
 each release is a worktree of it. ``InPlaceCheckout`` covers the other strategy, a plain
