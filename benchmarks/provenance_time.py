@@ -29,10 +29,11 @@ import httpx
 
 from servegate import config as config_mod
 from servegate.demo import sandbox, scenario, vllm_env
-from servegate.engine import frames, provenance
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.pipeline import atomic
 from servegate.pipeline.stages import QuietReporter
+from servegate.provenance import check as provenance
+from servegate.provenance import frames
 from servegate.release import bringup
 from servegate.release.context import Context
 from servegate.release.promote import promote

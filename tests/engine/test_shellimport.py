@@ -259,10 +259,10 @@ def test_a_relative_path_after_a_cd_elsewhere_is_refused_with_its_absolute_form(
         shellimport.convert("#!/usr/bin/env bash\n" + venv, Path(CHECKOUT))
     assert f"{tmp_path}/venvs/x/bin/" in err.value.hint
     assert "line 2:" in str(err.value)
-    model = f'cd {tmp_path}\nexec /opt/py/bin/python -m vllm --model models/tiny\n'
+    model = f"cd {tmp_path}\nexec /opt/py/bin/python -m vllm --model models/tiny\n"
     with pytest.raises(ConfigError, match="models/tiny"):
         shellimport.convert("#!/usr/bin/env bash\n" + model, Path(CHECKOUT))
-    dotted = f'cd {tmp_path}\nexec /opt/py/bin/python -m vllm --chat-template=./t.jinja\n'
+    dotted = f"cd {tmp_path}\nexec /opt/py/bin/python -m vllm --chat-template=./t.jinja\n"
     with pytest.raises(ConfigError, match=r"\./t\.jinja"):
         shellimport.convert("#!/usr/bin/env bash\n" + dotted, Path(CHECKOUT))
     # a Hub id that names nothing there stays a word; a cd into the checkout changes nothing

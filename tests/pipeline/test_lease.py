@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from servegate.cli import release_main
-from servegate.engine.liveproc import descendants
 from servegate.pipeline.proc import pid_alive
+from servegate.provenance.liveproc import descendants
 from tests.conftest import Host, Stack
 
 LEASE = [sys.executable, "-m", "servegate", "lease"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from servegate import hostpaths
 from servegate.config import Config
-from servegate.engine import managers, ports, provenance
+from servegate.engine import managers, ports
 from servegate.engine.launch import LaunchSpec
 from servegate.errors import (
     BuildFailed,
@@ -36,6 +36,7 @@ from servegate.errors import (
     ServiceFailed,
 )
 from servegate.pipeline import gitenv, proc, redact
+from servegate.provenance import check as provenance
 
 #: per engine, the module its interpreter must import, and the launches that run it
 ENGINES = {"vllm": "vllm", "transformers": "transformers"}

@@ -14,7 +14,7 @@ from typing import Any
 
 from servegate import hostpaths
 from servegate.engine import lint as lint_mod
-from servegate.engine import logscan, managers, openai, ports, provenance
+from servegate.engine import logscan, managers, openai, ports
 from servegate.engine.health import wait_healthy
 from servegate.engine.launch import LaunchSpec
 from servegate.engine.rules import Finding
@@ -28,6 +28,7 @@ from servegate.errors import (
 )
 from servegate.pipeline import atomic, redact, reserve
 from servegate.pipeline.git import dirty_files, escaping_links, worktree_head, worktree_top
+from servegate.provenance import check as provenance
 from servegate.release import bench_gate
 from servegate.release import trend as release_trend
 from servegate.release.context import Context

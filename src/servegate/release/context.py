@@ -13,7 +13,7 @@ from pathlib import Path
 
 from servegate import envfile, hostpaths
 from servegate.config import Config
-from servegate.engine import lint, openai, provenance
+from servegate.engine import lint, openai
 from servegate.engine.launch import (
     COMPILE_CACHES,
     ENV_REF,
@@ -27,6 +27,7 @@ from servegate.engine.rules import RuleSet
 from servegate.errors import ServegateError
 from servegate.pipeline import redact
 from servegate.pipeline.stages import Reporter, StageResult, StageRunner
+from servegate.provenance import check as provenance
 from servegate.release.deploy import Deployer, make_deployer
 from servegate.release.state import HostState
 

@@ -13,7 +13,6 @@ from typing import Any
 from git import GitCommandError
 
 from servegate import hostpaths
-from servegate.engine import codeorigin
 from servegate.engine.launch import placeholders, stale_caches
 from servegate.errors import (
     BuildFailed,
@@ -29,6 +28,7 @@ from servegate.pipeline import interrupts, redact
 from servegate.pipeline.git import dirty_files, escaping_links, worktree_head
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
+from servegate.provenance import codeorigin
 from servegate.release import bench_gate, bringup
 from servegate.release import record as rec
 from servegate.release.context import Context

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from servegate.engine import codeorigin
-from servegate.engine.liveproc import Expectation
+from servegate.provenance import codeorigin
+from servegate.provenance.liveproc import Expectation
 
 pytestmark = pytest.mark.skipif(
     os.getuid() != 0, reason="the loader's configuration counts only when root owns it"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from servegate.engine.codeorigin import tracked_files
-from servegate.engine.provenance import Report, verify
+from servegate.provenance.check import Report, verify
+from servegate.provenance.codeorigin import tracked_files
 from servegate.release.bringup import check_checkout
-from tests.engine.test_provenance_observed import (  # the fixtures, shared
+from tests.provenance.test_provenance_observed import (  # the fixtures, shared
     Service,
     cc,
     checks,

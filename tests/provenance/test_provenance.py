@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from servegate.engine.provenance import Expectation, descendants, verify
 from servegate.pipeline.hashing import sha256_file
+from servegate.provenance.check import Expectation, descendants, verify
 
 LOADER = """
 import ctypes, os, subprocess, sys, time
@@ -261,7 +261,7 @@ def test_an_isolated_interpreter_is_resolved_as_isolated(release: Path) -> None:
 
 
 def test_interpreter_flags_and_the_first_path_entry() -> None:
-    from servegate.engine.provenance import interpreter_flags
+    from servegate.provenance.check import interpreter_flags
 
     assert interpreter_flags(["/v/bin/python", "-m", "vllm.x", "-I"], "/r") == ([], "-")
     flags = interpreter_flags(["/v/bin/python", "-I", "-X", "dev", "-Xutf8", "-c", "x"], "/r")
@@ -284,7 +284,7 @@ def test_what_proc_will_not_show_is_said_never_skipped_in_silence(
     """Where /proc will not show a process's root, mount namespace or start time (another
     user's process, a hardened /proc), the checks that need them cannot run: the report
     names each as weaker evidence instead of passing without them."""
-    from servegate.engine import codeorigin
+    from servegate.provenance import codeorigin
 
     real_readlink = os.readlink
 

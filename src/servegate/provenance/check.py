@@ -5,13 +5,13 @@ EngineCore and its workers):
 
 - **observed**: the working directory, the executable and its venv, the environment
   (with the dynamic-loader and start-up variables), every file mapped executable and
-  the frames each Python process is running (:mod:`servegate.engine.codeorigin`, read by
-  py-spy through :mod:`servegate.engine.frames`), the extension libraries by the SHA-256
+  the frames each Python process is running (:mod:`servegate.provenance.codeorigin`, read by
+  py-spy through :mod:`servegate.provenance.frames`), the extension libraries by the SHA-256
   of the mapped inode;
 - **inferred**: where the service's interpreter resolves the configured packages,
   reproduced in a new process started exactly as the live one (its flags, first path
   entry, working directory and environment, never its preloads or start-up file), and
-  the start-up hooks of its site directories (:mod:`servegate.engine.hooks`).
+  the start-up hooks of its site directories (:mod:`servegate.provenance.startup_hooks`).
 
 Each process records which level its Python evidence reached. Any difference is a
 finding with expected and found; docs/records.md says how to read and fix each.
@@ -27,10 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from servegate.engine import codeorigin, hooks, ports
-from servegate.engine import frames as frames_mod
-from servegate.engine.codeorigin import SYSTEM_LIBS, Where, runtime_roots, tracked_files
-from servegate.engine.liveproc import (
+from servegate.engine import ports
+from servegate.errors import CommandFailed
+from servegate.pipeline import proc, redact
+from servegate.provenance import codeorigin
+from servegate.provenance import frames as frames_mod
+from servegate.provenance import startup_hooks as hooks
+from servegate.provenance.codeorigin import SYSTEM_LIBS, Where, runtime_roots, tracked_files
+from servegate.provenance.liveproc import (
     Expectation,
     Finding,
     Mapped,
@@ -45,8 +49,6 @@ from servegate.engine.liveproc import (
     started_at,
     started_path,
 )
-from servegate.errors import CommandFailed
-from servegate.pipeline import proc, redact
 
 __all__ = [
     "SYSTEM_LIBS",

@@ -7,7 +7,7 @@ Two kinds of evidence, both read from outside the process:
   allowed runtime root, or foreign. Kernel pseudo-files (``/memfd:…``, ``/SYSV…``) and
   executable anonymous memory have no file to trust: memfd/SysV code is foreign,
   anonymous code (JIT engines such as oneDNN make it) is counted;
-- the **frames** py-spy read (:mod:`servegate.engine.frames`): each frame's file is
+- the **frames** py-spy read (:mod:`servegate.provenance.frames`): each frame's file is
   classified the same way, each frame must match its file (the function it names spans
   that line: code compiled under a borrowed file name, or a file changed since it was
   loaded, does not), and a thread whose own code has no file (``exec`` of a string)
@@ -31,8 +31,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servegate.engine import frames as frames_mod
-from servegate.engine.liveproc import (
+from servegate.pipeline import gitenv
+from servegate.provenance import frames as frames_mod
+from servegate.provenance.liveproc import (
     ANONYMOUS,
     Expectation,
     Finding,
@@ -44,7 +45,6 @@ from servegate.engine.liveproc import (
     pyvenv,
     started_at,
 )
-from servegate.pipeline import gitenv
 
 #: system library directories, and the engine runtimes' usual homes
 SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/local/lib", "/opt/rocm",

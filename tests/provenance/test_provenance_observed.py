@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from servegate.engine import frames
-from servegate.engine.provenance import Expectation, Report, descendants, verify
 from servegate.pipeline.hashing import sha256_file
+from servegate.provenance import frames
+from servegate.provenance.check import Expectation, Report, descendants, verify
 
 SERVER = """
 import ctypes, mmap, os, shutil, subprocess, sys, threading, time
@@ -453,7 +453,7 @@ WORKER = "import time\ndef work():\n    while True:\n        time.sleep(0.05)\nw
 
 
 def _cgroup2_root() -> Path | None:
-    from servegate.engine.liveproc import CGROUP2_MOUNTS
+    from servegate.provenance.liveproc import CGROUP2_MOUNTS
 
     for mount in CGROUP2_MOUNTS:
         if (Path(mount) / "cgroup.procs").is_file() and os.access(mount, os.W_OK):

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from servegate.engine.codeorigin import untracked_code
+from servegate.provenance.codeorigin import untracked_code
 from tests.conftest import NOBODY, in_child_as
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]

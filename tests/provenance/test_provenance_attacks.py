@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from servegate.engine import hooks
-from servegate.engine.liveproc import read_process
-from servegate.engine.provenance import Report, verify
-from tests.engine.test_provenance_observed import (  # the fixtures, shared
+from servegate.provenance import startup_hooks as hooks
+from servegate.provenance.check import Report, verify
+from servegate.provenance.liveproc import read_process
+from tests.provenance.test_provenance_observed import (  # the fixtures, shared
     Service,
     checks,
     expect,

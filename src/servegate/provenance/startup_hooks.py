@@ -20,7 +20,8 @@ import pwd
 import re
 from pathlib import Path
 
-from servegate.engine.liveproc import (
+from servegate.pipeline import proc
+from servegate.provenance.liveproc import (
     Expectation,
     Finding,
     ProcInfo,
@@ -30,7 +31,6 @@ from servegate.engine.liveproc import (
     pyvenv,
     started_path,
 )
-from servegate.pipeline import proc
 
 #: the site directories of an interpreter started with -I -S (no site module ran, so a
 #: venv is not applied yet): the venv's from sysconfig, the base's where the venv

@@ -12,8 +12,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from servegate.engine.codeorigin import writable_roots
-from servegate.engine.liveproc import Expectation
+from servegate.provenance.codeorigin import writable_roots
+from servegate.provenance.liveproc import Expectation
 from tests.conftest import NOBODY, in_child_as
 
 

@@ -1,7 +1,8 @@
 """The live processes of a service as read from /proc, and what a check of them finds.
 
-The types every provenance check shares (:mod:`servegate.engine.provenance` runs them,
-:mod:`servegate.engine.codeorigin` and :mod:`servegate.engine.hooks` are two of them).
+The types every provenance check shares (:mod:`servegate.provenance.check` runs them,
+:mod:`servegate.provenance.codeorigin` and :mod:`servegate.provenance.startup_hooks` are
+two of them).
 """
 
 from __future__ import annotations
