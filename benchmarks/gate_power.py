@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/gate_power.py --simulate [--gates 1000]
     .venv/bin/python benchmarks/gate_power.py --runs 10 [--slow-arg=--max-num-batched-tokens=8]
 
-``--simulate``: the gate's own decision (:func:`servegate.bench.verdict.evaluate`, as a
+``--simulate``: the gate's own decision (:func:`servegate.judging.verdict.evaluate`, as a
 promote runs it: 3 repetitions, one more per look while a row is open, up to the cap,
 then the ``evidence`` policy) on synthetic log-normal samples. Each gate has 4 deciding
 rows (2 cases x prefill and decode), each row's noise is the within-run CV, and each
@@ -36,8 +36,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from servegate.bench import cases, measure, results, runner, stats, verdict
+from servegate.bench import cases, measure, results, runner
 from servegate.bench.results import CaseSamples, Samples
+from servegate.judging import stats, verdict
 
 CASES = ("regular-16k", "coding-16k")
 METRICS = ("prefill_tps", "generation_tps")

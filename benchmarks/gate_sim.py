@@ -5,7 +5,7 @@
 Each gate runs what ``release promote``'s bench check runs, on synthetic samples: the
 plan (:func:`servegate.release.bench_gate.plan` and :func:`~servegate.release.bench_gate.
 design`) from the box's noise record, the repetitions spread over the planned service
-starts, the verdict (:func:`servegate.bench.verdict.evaluate`) at every look with one more
+starts, the verdict (:func:`servegate.judging.verdict.evaluate`) at every look with one more
 repetition of each open case up to ``bench.max_repetitions``, then the final look. The
 baseline is measured the same way (the live release's own gate, or a fresh baseline).
 
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from servegate.bench import noise, verdict
 from servegate.bench.results import CaseSamples, Samples
 from servegate.config import Bench, Config, Gate, GateRule
+from servegate.judging import noise, verdict
 from servegate.release import bench_gate
 
 TOLERANCE = 0.05

@@ -24,7 +24,7 @@ could plausibly make; candidates are tried in order and the first that loses
 
 1. **Noise**, exactly as ``servegate bench noise`` measures it: A is measured over
    ``--starts`` service starts (killed and started again between them), and
-   :func:`servegate.bench.noise.measure` estimates the within-start CV and the restart
+   :func:`servegate.judging.noise.measure` estimates the within-start CV and the restart
    offset per case and metric; :func:`servegate.release.bench_gate.plan` says what
    repetitions the gate needs to resolve each rule's tolerance.
 2. **B's margin**, measured first: A and each candidate side by side, the ratio of their
@@ -68,11 +68,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_transformers_bench import free_port, serve_command, wait_up
 
 from servegate import config as config_mod
-from servegate.bench import noise, results
+from servegate.bench import results
 from servegate.bench.cases import spec_from_config
 from servegate.bench.runner import Bench
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
+from servegate.judging import noise
 from servegate.pipeline.stages import ConsoleReporter
 from servegate.release import bench_gate
 

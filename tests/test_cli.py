@@ -290,7 +290,7 @@ def test_a_command_line_argparse_refuses_is_still_one_json_document_with_json(
 def test_the_gate_s_statistics_settings_default_as_the_config_declares() -> None:
     """verdict.Settings carries config.Gate's statistics settings into the rule: a
     default that differs between the two (no_baseline once did) fails here."""
-    from servegate.bench import verdict
+    from servegate.judging import verdict
 
     declared = {f.name: _declared_default(f) for f in dataclasses.fields(config.Gate)}
     shared = [f for f in dataclasses.fields(verdict.Settings) if f.name in declared]

@@ -16,11 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from servegate.bench import cases, measure, probes, results, runner, verdict
+from servegate.bench import cases, measure, probes, results, runner
 from servegate.bench.schema import Trial
 from servegate.demo.local_server import Server, vllm_server
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
+from servegate.judging import verdict
 from tests.conftest import REAL_HOME
 
 pytestmark = [

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from servegate import config as config_mod
-from servegate.bench import noise, results
+from servegate.bench import results
 from servegate.bench.cases import spec_from_config
 from servegate.bench.document import fingerprint
 from servegate.commands import aa
 from servegate.engine.openai import Endpoint
+from servegate.judging import noise
 from servegate.output import Output
 from servegate.release import bench_gate
 from servegate.release.promote import promote

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from servegate import config
-from servegate.bench import noise, results, verdict
+from servegate.bench import results
 from servegate.bench.cases import spec_from_config
 from servegate.bench.document import fingerprint
 from servegate.bench.runner import Bench
 from servegate.engine.openai import Endpoint
 from servegate.errors import ConfigError
+from servegate.judging import noise, verdict
 from servegate.pipeline.stages import QuietReporter
 from servegate.release import bench_gate
 from tests.bench.test_stream_faults import Engine

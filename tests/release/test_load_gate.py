@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from servegate import config
-from servegate.bench import load, stats
+from servegate.bench import load
 from servegate.config import LoadRule
 from servegate.errors import ConfigError
+from servegate.judging import stats
 from servegate.release import load_gate
 
 BASE_TOML = """

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from servegate import config
-from servegate.bench import noise, results, stats
+from servegate.bench import results
 from servegate.bench.cases import spec_from_config
 from servegate.bench.document import fingerprint
 from servegate.engine.openai import Endpoint
 from servegate.errors import ProvenanceMismatch
+from servegate.judging import noise, stats
 from servegate.pipeline.stages import QuietReporter
 from servegate.release import bench_gate, bringup
 from servegate.release.promote import promote

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from servegate.bench import noise
 from servegate.cli import release_main
 from servegate.engine.health import wait_healthy
 from servegate.engine.managers import supervisor
 from servegate.errors import LockHeld, PreflightFailed
+from servegate.judging import noise
 from servegate.pipeline.lock import HostLock
 from servegate.pipeline.redact import host_salt
 from servegate.release import record

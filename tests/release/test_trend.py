@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from servegate import hostpaths
-from servegate.bench import noise
 from servegate.bench.results import CaseSamples, Samples
 from servegate.cli import main, release_main
+from servegate.judging import noise
 from servegate.release import record
 from servegate.release.deploy import make_deployer
 from servegate.release.state import Entry, HostState

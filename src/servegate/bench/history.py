@@ -48,7 +48,7 @@ def points_from(samples: Samples, label: str, at: str, verdict: str, outcome: st
 
 @dataclass(frozen=True)
 class Change:
-    """A change point of a case's metric over the releases (:mod:`servegate.bench.trend`):
+    """A change point of a case's metric over the releases (:mod:`servegate.judging.trend`):
     the level moved at ``release`` from ``before`` to ``after``."""
 
     case: str

@@ -7,7 +7,7 @@ rate (GFLOP/s, all cores together) moves when the box moves — a neighbour taki
 core, a throttled CPU, a noisy VM host — and never because of the release. The gate
 compares the rates beside the baseline's groups with those beside the candidate's: a
 change beyond ``gate.drift`` is a change of the machine, answered INCONCLUSIVE instead
-of a verdict on the release (:mod:`servegate.bench.verdict`).
+of a verdict on the release (:mod:`servegate.judging.verdict`).
 
 Two things it must not mistake for the box:
 

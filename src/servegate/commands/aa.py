@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
-from servegate.bench import verdict
 from servegate.commands.noise import on_live
 from servegate.engine import lint as lint_mod
 from servegate.engine import logscan
 from servegate.errors import ConfigError, PreflightFailed, ServegateError
+from servegate.judging import verdict
 from servegate.output import Output
 from servegate.pipeline import atomic
 from servegate.pipeline.lease import gpu_lease

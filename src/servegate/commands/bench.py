@@ -15,12 +15,13 @@ import httpx
 
 from servegate import config as config_mod
 from servegate import envfile, hostpaths
-from servegate.bench import cases, document, load, probes, results, runner, verdict
+from servegate.bench import cases, document, load, probes, results, runner
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
 from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
 from servegate.errors import BenchFailed, ConfigError, GateFailed, ResultFileError, ServegateError
+from servegate.judging import verdict
 from servegate.output import Output
 from servegate.pipeline import redact
 from servegate.pipeline.atomic import write_text

@@ -16,12 +16,13 @@ import socket
 from pathlib import Path
 
 from servegate import config as config_mod
-from servegate.bench import noise, results
+from servegate.bench import results
 from servegate.bench.cases import METRICS, spec_from_config
 from servegate.bench.runner import Bench
 from servegate.commands.bench import served_model
 from servegate.engine.health import wait_healthy
 from servegate.errors import BenchFailed, ConfigError, PreflightFailed
+from servegate.judging import noise
 from servegate.output import Output
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock

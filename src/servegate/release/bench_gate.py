@@ -17,7 +17,7 @@ Baseline (``gate.baseline``):
 While a required row is INCONCLUSIVE the check measures the candidate again, up to
 ``bench.max_repetitions``; then ``gate.inconclusive`` decides. Where ``[trend]`` is
 enabled, the candidate is also judged against the best of the last released records
-(:mod:`servegate.bench.trend`): a trend FAIL fails the check.
+(:mod:`servegate.judging.trend`): a trend FAIL fails the check.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import hostpaths
-from servegate.bench import noise, results, stats, verdict
+from servegate.bench import results
 from servegate.bench.cases import Spec, parse_cases, spec_from_config
 from servegate.bench.document import fingerprint
 from servegate.bench.results import spread as spread  # where the gate spreads its starts
@@ -38,6 +38,7 @@ from servegate.bench.runner import Bench, LogWindow
 from servegate.config import Config
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ResultFileError, ServegateError
+from servegate.judging import noise, stats, verdict
 from servegate.pipeline.stages import Reporter
 from servegate.release.record import host_id
 

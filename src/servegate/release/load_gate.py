@@ -38,13 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from servegate.bench import load, stats
+from servegate.bench import load
 from servegate.bench.cases import spec_from_config
 from servegate.bench.runner import Bench
-from servegate.bench.verdict import FAIL, INCONCLUSIVE, PASS, REPORT
 from servegate.config import Config, LoadRule
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ConfigError
+from servegate.judging import stats
+from servegate.judging.verdict import FAIL, INCONCLUSIVE, PASS, REPORT
 from servegate.pipeline.stages import Reporter
 from servegate.release.bench_gate import results_dir
 from servegate.release.record import host_id

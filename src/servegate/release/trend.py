@@ -1,7 +1,7 @@
 """The trend of this host's releases, from its release records: the newest release
 against the best of the window before it, and the change points of every case's
 metrics (``release history``, ``servegate report``). The statistics are
-:mod:`servegate.bench.trend`'s."""
+:mod:`servegate.judging.trend`'s."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from servegate import hostpaths
-from servegate.bench import noise, results, trend
+from servegate.bench import results
 from servegate.config import Config
 from servegate.errors import ServegateError
+from servegate.judging import noise, trend
 from servegate.release import bench_gate
 from servegate.release.deploy import make_deployer
 from servegate.release.record import host_id, host_records, logged
@@ -37,7 +38,7 @@ def records(cfg: Config) -> list[dict[str, Any]]:
 
 def summary(cfg: Config, recs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The newest released record with bench samples judged against the trend of those
-    before it (:func:`servegate.bench.trend.judge`, with ``[trend]``'s window and anchor
+    before it (:func:`servegate.judging.trend.judge`, with ``[trend]``'s window and anchor
     and the gate's error rates), and the change points per ``case:metric`` of every
     released record measured like it. ``why`` alone when there is nothing to judge."""
     recs = records(cfg) if recs is None else recs
@@ -75,7 +76,7 @@ def judge(
     past: list[trend.Past],
     found: Mapping[str, noise.Noise],
 ) -> dict[str, Any]:
-    """:func:`servegate.bench.trend.judge` with ``[trend]``'s window and anchor, the gate's
+    """:func:`servegate.judging.trend.judge` with ``[trend]``'s window and anchor, the gate's
     error rates and the box's measured restart offsets ``found``."""
     return trend.judge(
         candidate, past, bench_gate.rules(cfg),

@@ -8,7 +8,7 @@ pinned ``anchor`` release; change-point detection over the whole history says at
 release a level shifted.
 
 **The comparison** (:func:`judge`) is the gate's: the geometric-mean ratio and Welch on
-log rates (:func:`servegate.bench.stats.compare`), with the restart offset. An old
+log rates (:func:`servegate.judging.stats.compare`), with the restart offset. An old
 record is always another service start, so its offset never averages away: the caller
 passes the box's measured offset per ``case:metric`` (``servegate bench noise``, its
 80 % bound), and a row without one takes :data:`PRIOR_OFFSET`, never 0. With
@@ -19,7 +19,7 @@ passes the box's measured offset per ``case:metric`` (``servegate bench noise``,
 - **INCONCLUSIVE** when the estimate is a loss beyond the tolerance that the history's
   noise cannot confirm (as the gate's ``evidence`` policy, never a pass), or when the box
   changed since the best record (its reference workload moved significantly and beyond ``drift``:
-  :func:`servegate.bench.verdict.box_change`);
+  :func:`servegate.judging.verdict.box_change`);
 - **PASS** otherwise. ``excluded`` says whether the samples exclude a cumulative loss of
   the tolerance against *every* record of the window (each lower bound at ``miss`` at or
   above ``T``: an intersection-union test, so no correction is needed) or only show none;
@@ -47,10 +47,10 @@ release by the third (72 % of simulated histories, CV 2 %, 1 % offset) or the fo
 release (96 %) and FAILs an unchanged release no more often than ``false_alarm`` (0.8 %
 there). Like the gate, it reads the tolerance as the smallest loss that must be caught,
 not as an allowance: a real 4 % loss FAILs in 30 % of those histories, when the best of
-the window happened to be a lucky high (``tests/bench/test_trend.py``).
+the window happened to be a lucky high (``tests/judging/test_trend.py``).
 
 **Change points**: :func:`shifts` searches each metric's release-by-release geometric
-means with :func:`servegate.bench.changes.change_points` (circular binary segmentation;
+means with :func:`servegate.judging.changes.change_points` (circular binary segmentation;
 that module says how, and why not Apache Otava).
 """
 
@@ -61,9 +61,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servegate.bench import results, stats, verdict
-from servegate.bench.changes import change_points
+from servegate.bench import results
 from servegate.bench.results import CaseSamples, Samples
+from servegate.judging import stats, verdict
+from servegate.judging.changes import change_points
 
 #: the restart offset (log SD) assumed for a row the box's noise measurement does not
 #: cover: the 80 % bounds measured on the reference boxes reached 3.5 % (docs/bench.md)

@@ -6,13 +6,13 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
   missing data); a report-only case is shown and never decides;
 - a candidate beyond the absolute floor FAILs;
 - samples far from their side's bulk (a neighbour's burst, a GC pause) are set apart,
-  named in the row and kept in the record (:func:`servegate.bench.stats.outliers`), and
+  named in the row and kept in the record (:func:`servegate.judging.stats.outliers`), and
   the rest decide; the far-slow ones are counted instead of averaged: more on the
   candidate than on its baseline are measured again, a significant excess (in the case
   or over the check's cases) is the release's tail and FAILs, and an excess short of
   that keeps the row from a PASS at the cap (:data:`TAIL_OPEN`);
 - otherwise the geometric-mean ratio of the rest decides, with a Welch interval on log
-  rates (:mod:`servegate.bench.stats`) whose standard error always carries the box's
+  rates (:mod:`servegate.judging.stats`) whose standard error always carries the box's
   restart-to-restart offset: estimated from ``servegate bench noise``'s starts and the
   gate's own pooled, its uncertainty paid in the t test's degrees of freedom
   (Welch-Satterthwaite; an estimate of 0 from a few starts still widens the interval),
@@ -21,7 +21,7 @@ For each rule (metric, direction, tolerance, floor) and each case it covers:
 - **PASS** only when the interval excludes the loss the rule names (its lower bound is
   at or above ``1 - tolerance``); **FAIL** when it excludes no loss at all; each look
   of a sequential gate is held to a group-sequential boundary
-  (:mod:`servegate.bench.sequential`), so clear cases stop early and the error rates
+  (:mod:`servegate.judging.sequential`), so clear cases stop early and the error rates
   hold over all looks;
 - the reference workload measured beside every group is a measurement of the box: when
   it moved significantly between the two sides (and by more than ``drift``), the row is
@@ -42,9 +42,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servegate.bench import sequential, stats
-from servegate.bench.noise import Noise
 from servegate.bench.results import CaseSamples, Samples
+from servegate.judging import sequential, stats
+from servegate.judging.noise import Noise
 
 Direction = Literal["higher", "lower"]
 PASS, FAIL, INCONCLUSIVE, REPORT = "PASS", "FAIL", "INCONCLUSIVE", "REPORT"
@@ -190,7 +190,7 @@ def evaluate(
 
 
 def _slow(base: Sequence[float], cand: Sequence[float], lower: bool) -> tuple[list[int], list[int]]:
-    """The far-slow samples of each side (:func:`servegate.bench.stats.outliers`)."""
+    """The far-slow samples of each side (:func:`servegate.judging.stats.outliers`)."""
     ob, oc = stats.outliers(base, cand)
     slow_b = [i for i in ob if (base[i] > _median(base)) == lower]
     slow_c = [i for i in oc if (cand[i] > _median(cand)) == lower]

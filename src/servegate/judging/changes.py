@@ -2,7 +2,7 @@
 
 Circular binary segmentation (Olshen et al., 2004) of a metric's release-by-release
 geometric means (their logs, oldest first), for ``release history`` and ``servegate
-report`` (:func:`servegate.bench.trend.shifts`). In a segment, every arc of releases (at
+report`` (:func:`servegate.judging.trend.shifts`). In a segment, every arc of releases (at
 least :data:`MIN_SEGMENT` long, leaving pieces of at least that many) is compared with
 the rest by a pooled two-sample ``t``; the arc with the largest ``|t|`` is the
 candidate: one change point when it touches an end of the segment, two when it lies

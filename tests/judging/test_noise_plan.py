@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from servegate import config
-from servegate.bench import noise, results, stats
+from servegate.bench import results
 from servegate.cli import main
 from servegate.errors import ConfigError
+from servegate.judging import noise, stats
 from servegate.release import bench_gate
 from tests.bench.test_results_fixtures import lcb_doc
 

@@ -255,7 +255,7 @@ def outliers(base: Sequence[float], cand: Sequence[float]) -> tuple[list[int], l
     both sides' samples from their own centres, pooled. A side needs
     :data:`OUTLIER_SIDE` samples for a bulk to mean anything, and only a minority of a
     side is ever set apart: a side whose far samples are half of it or more has no bulk
-    and is judged whole. Both directions count; :func:`servegate.bench.verdict` tells
+    and is judged whole. Both directions count; :func:`servegate.judging.verdict` tells
     the slow ones apart."""
     sides = [_logs_all(base), _logs_all(cand)]
     resid: list[list[float]] = []
@@ -347,7 +347,7 @@ def _se(cv: float, offset: float, n: int, starts: int = 1) -> float:
 def _final_level(level: float, schedule: Sequence[float]) -> float:
     """The nominal level of the last look's group-sequential boundary for looks whose
     variances are ``schedule`` (the last one the cap's)."""
-    from servegate.bench import sequential
+    from servegate.judging import sequential
 
     if len(schedule) <= 1:
         return level

@@ -21,7 +21,7 @@ canonical joint distribution (Armitage, McPherson and Rowe; Jennison and Turnbul
 *Group Sequential Methods*, ch. 19): the z statistic at look ``j`` is a Brownian motion
 in information time, ``Z_j = S_j / sqrt(I_j)``. Why it is written here: the maintained
 implementations are R packages (gsDesign, rpact) or parts of larger platforms; the
-recursion is 30 lines of numpy on a grid, and ``tests/bench/test_sequential.py`` checks
+recursion is 30 lines of numpy on a grid, and ``tests/judging/test_sequential.py`` checks
 it against the known single-look and Pocock values and against a simulation.
 
 Each boundary is one-sided and non-binding: the FAIL test and the PASS test are

@@ -8,9 +8,10 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from servegate.bench import results, verdict
+from servegate.bench import results
 from servegate.bench.results import CaseSamples, Samples
-from tests.bench.test_stats_verdict import _with_reference, samples
+from servegate.judging import verdict
+from tests.judging.test_stats_verdict import _with_reference, samples
 
 BASE = [63.0, 64.1, 62.7, 63.5, 63.2]
 RULES = [verdict.Rule("generation_tps", "higher", 0.05)]

@@ -41,8 +41,8 @@ from typing import Any
 
 from scipy.special import chdtri  # type: ignore[import-untyped]
 
-from servegate.bench import stats
 from servegate.bench.results import Samples
+from servegate.judging import stats
 from servegate.pipeline import atomic
 
 #: 2: ``offset`` is an upper confidence bound (1 held the point estimate)

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from servegate.bench import stats, verdict
 from servegate.bench.results import CaseSamples, Samples
+from servegate.judging import stats, verdict
 
 
 def samples(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 from scipy import stats as sps  # type: ignore[import-untyped]
 
-from servegate.bench import changes
+from servegate.judging import changes
 
 
 def test_a_change_point_is_found_at_the_release_where_the_level_moved() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import stats, trend, verdict
 from servegate.bench.results import CaseSamples, Samples
+from servegate.judging import stats, trend, verdict
 
 METRIC = "generation_tps"
 KEY = f"regular-16k:{METRIC}"
