@@ -27,3 +27,48 @@ def test_every_git_command_goes_through_the_git_modules() -> None:
             ):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}")
     assert not found, f"git run outside pipeline/git.py and gitenv.run: {found}"
+
+
+#: the packages each package may import (docs/architecture.md); every package may use
+#: the base modules
+ALLOWED = {
+    "pipeline": set(),
+    "kernels": {"pipeline"},
+    "engine": {"pipeline"},
+    "provenance": {"engine", "pipeline"},
+    "bench": {"engine", "pipeline"},
+    "judging": {"bench", "pipeline"},
+    "runners": {"engine", "pipeline"},
+}
+BASE = {"errors", "config", "hostpaths", "archs", "envfile", "about", "output", "__version__"}
+
+
+def _imports(path: Path) -> set[str]:
+    """The servegate modules a file imports (``servegate.X`` for each X)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] != "servegate":
+                continue
+            if len(parts) > 1:
+                found.add(parts[1])
+            else:
+                found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "servegate" and len(parts) > 1:
+                    found.add(parts[1])
+    return found
+
+
+def test_the_packages_import_one_way() -> None:
+    """pipeline uses nothing of servegate; what is measured (bench) never imports how it
+    is judged (judging) or the release flow; release and commands sit on top."""
+    wrong = []
+    for package, allowed in ALLOWED.items():
+        for path in sorted((SRC / package).rglob("*.py")):
+            for name in _imports(path) - allowed - BASE - {package}:
+                wrong.append(f"{path.relative_to(SRC)} imports servegate.{name}")
+    assert not wrong, wrong
