@@ -54,7 +54,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from servegate.bench import cases, client, measure, runner
+from servegate.bench import cases, client, driver, measure
 from servegate.bench.schema import Group, Trial
 from servegate.bench.sse import Stream, now
 from servegate.demo import vllm_env
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             repetitions=args.repetitions, max_tokens=args.max_tokens,
             sampling=cases.Sampling(seed=-1),
         )  # fmt: skip
-        bench = runner.Bench(spec, tmp / "fidelity.json")
+        bench = driver.Bench(spec, tmp / "fidelity.json")
         bench.prepare()
         bench.warm_up()
         if args.hog:

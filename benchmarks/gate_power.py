@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from servegate.bench import cases, measure, results, runner
+from servegate.bench import cases, driver, measure, results
 from servegate.bench.results import CaseSamples, Samples
 from servegate.judging import stats, verdict
 
@@ -158,7 +158,7 @@ def real(runs: int, slow_arg: str) -> int:
             order = names[i % 3 :] + names[: i % 3]
             measured: dict[str, Samples] = {}
             for name in order:
-                doc = runner.run(
+                doc = driver.run(
                     spec(servers[name].url, i == 0), work / f"{name}-{i:02d}.json".replace("'", "2")
                 )
                 measured[name] = results.from_result(doc, name)

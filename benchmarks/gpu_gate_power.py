@@ -70,7 +70,7 @@ from gpu_transformers_bench import free_port, serve_command, wait_up
 from servegate import config as config_mod
 from servegate.bench import results
 from servegate.bench.cases import spec_from_config
-from servegate.bench.runner import Bench
+from servegate.bench.driver import Bench
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from servegate.judging import noise

@@ -8,7 +8,7 @@ one GPU, the bench's tiers one stream at a time.
 Run as ``gpu_transformers_bench.py`` is (a CUDA GPU; torch, transformers and the
 ``transformers serve`` extras; servegate on ``PYTHONPATH``). It makes the same
 random-weight Llama, serves it, and measures the tiers with the bench's own client
-(``servegate.bench.runner``, prompts sized with the model's tokenizer files). That
+(``servegate.bench.driver``, prompts sized with the model's tokenizer files). That
 server keeps no TTFT clock of its own (no ``/metrics``), so each trial's TTFT is split
 with what can be seen from outside it:
 
@@ -50,7 +50,7 @@ from typing import Any
 
 from gpu_transformers_bench import free_port, wait_up
 
-from servegate.bench import cases, client, measure, runner, sse
+from servegate.bench import cases, client, driver, measure, sse
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -153,7 +153,7 @@ def measure_server(
                 sampling=cases.Sampling(seed=-1), rules=rules, tokenizer=str(model),
                 tokenizer_python=sys.executable,
             )  # fmt: skip
-            bench = runner.Bench(spec, args.out / "result.json")
+            bench = driver.Bench(spec, args.out / "result.json")
             bench.prepare()
             bench.warm_up()
             for planned in spec.cases:

@@ -127,7 +127,7 @@ def time_waits(waits: list[float], repeats: int = 3) -> list[dict[str, object]]:
 
 def main() -> int:
     from servegate.bench import cases, fixtures, load
-    from servegate.bench.runner import Bench
+    from servegate.bench.driver import Bench
     from servegate.engine import adapters
     from servegate.engine.openai import Endpoint
 

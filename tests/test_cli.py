@@ -224,15 +224,15 @@ def test_version_names_the_commit_it_was_installed_from(tmp_path: Path) -> None:
 def test_report_without_its_extra_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from servegate.bench import history
+    from servegate.bench import charts
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
     with pytest.raises(errors.ConfigError, match="optional extra 'report'") as caught:
-        history.render([], tmp_path, "t")
+        charts.render([], tmp_path, "t")
     # never a bare `pip install 'servegate[report]'`: a public index could answer it
     assert "pip install 'servegate[report]'" not in caught.value.hint
     assert "from the checkout servegate was installed from" in caught.value.hint
-    assert not (tmp_path / "bench-history.png").exists()
+    assert not (tmp_path / "bench-charts.png").exists()
 
 
 def test_lease_with_a_config_that_does_not_exist_is_refused(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from servegate.bench import cases, measure, probes, results, runner
+from servegate.bench import cases, driver, measure, probes, results
 from servegate.bench.schema import Trial
 from servegate.demo.local_server import Server, vllm_server
 from servegate.engine import adapters
@@ -155,11 +155,11 @@ def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path:
     spec = cases.Spec(Endpoint(server.url), "demo", cases.parse_cases(["regular"], ["2k"], [1]),
                        repetitions=1, max_tokens=512, warmup=False,
                        sampling=cases.Sampling(seed=-1), rules=RULES)  # fmt: skip
-    first = runner.Bench(spec, tmp_path / "a.json")
+    first = driver.Bench(spec, tmp_path / "a.json")
     first.prepare()
     doc = first.measure(spec.cases[0], 1)
     assert set(doc["groups"][0]["trials"][0]["invalid_reasons"]) <= CONTENT
-    again = runner.Bench(spec, tmp_path / "b.json")
+    again = driver.Bench(spec, tmp_path / "b.json")
     again.scope = first.scope  # the same tag: the prompt's prefix is in the cache
     again.prepare()
     t = again.measure(spec.cases[0], 1)["groups"][0]["trials"][0]
@@ -224,8 +224,8 @@ def test_verdict_on_real_samples_is_pass_against_itself(server: Server, tmp_path
     spec = cases.Spec(Endpoint(server.url), "demo", cases.parse_cases(["regular"], ["1k"], [1]),
                        repetitions=3, max_tokens=512, warmup=False,
                        sampling=cases.Sampling(seed=-1), rules=RULES)  # fmt: skip
-    a = results.from_result(runner.run(spec, tmp_path / "a.json"))
-    b = results.from_result(runner.run(spec, tmp_path / "b.json"))
+    a = results.from_result(driver.run(spec, tmp_path / "a.json"))
+    b = results.from_result(driver.run(spec, tmp_path / "b.json"))
     assert results.check_comparable(a, b) == []
     # this shared 2-CPU box drifts by up to 40 % within minutes: a wide tolerance here,
     # benchmarks/gate_power.py measures the gate's power
@@ -553,7 +553,7 @@ def test_text_sent_ahead_of_the_model_is_caught_by_the_engines_clock(
                           cases.parse_cases(["regular"], ["2k"], [1, 2]), repetitions=1,
                           max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
                           rules=RULES)  # fmt: skip
-        single = runner.Bench(spec, tmp_path / "r.json")
+        single = driver.Bench(spec, tmp_path / "r.json")
         single.prepare()
         for case in spec.cases:  # one request, then two at once (the group's mean)
             group = single.measure(case, 1)["groups"][0]
@@ -590,7 +590,7 @@ def hostile_trial(server: Server, mode: str, tmp_path: Path) -> Trial:
                           cases.parse_cases(["regular"], ["2k"], [1]), repetitions=1,
                           max_tokens=256, warmup=False, sampling=cases.Sampling(seed=-1),
                           rules=RULES)  # fmt: skip
-        b = runner.Bench(spec, tmp_path / "r.json")
+        b = driver.Bench(spec, tmp_path / "r.json")
         b.prepare()
         (t,) = b.measure(spec.cases[0], 1)["groups"][0]["trials"]
         b.release()

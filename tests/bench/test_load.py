@@ -402,8 +402,8 @@ def _report_json(files: list[str], tmp_path: Path) -> Any:
 
     return subprocess.run(
         [sys.executable, "-m", "servegate", "report", *files, "--out", str(tmp_path / "rep"),
-         "--json", "--config", str(tmp_path / "none.toml")],
-        capture_output=True, text=True, timeout=120, check=False,
+         "--json"],  # no config here: the files alone
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
     )  # fmt: skip
 
 
@@ -476,7 +476,7 @@ def test_report_says_which_sweeps_failed_and_draws_no_made_up_figure(tmp_path: P
 
 def _bench_at(url: str) -> Any:
     from servegate.bench import cases, fixtures
-    from servegate.bench.runner import Bench
+    from servegate.bench.driver import Bench
     from servegate.engine import adapters
     from servegate.engine.openai import Endpoint
 
@@ -541,8 +541,8 @@ def test_report_says_which_load_file_is_damaged_and_draws_odd_names(tmp_path: Pa
     def report(*files: Path) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "servegate", "report", *map(str, files), "--out",
-             str(tmp_path / "rep"), "--config", str(tmp_path / "none.toml")],
-            capture_output=True, text=True, timeout=120, check=False,
+             str(tmp_path / "rep")],  # no config here: the files alone
+            capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
         )  # fmt: skip
 
     doc = _load_doc()
@@ -646,7 +646,7 @@ def test_shared_prefix_prompts_of_every_profile_and_tier_start_with_one_text() -
     """Each prompt takes its share of one common text (the longest prompt's head), so
     the head of a shorter prompt is a prefix of a longer one's, across profiles too."""
     from servegate.bench import cases, fixtures
-    from servegate.bench.runner import Bench
+    from servegate.bench.driver import Bench
     from servegate.engine import adapters
     from servegate.engine.openai import Endpoint
 
@@ -685,7 +685,7 @@ def test_the_ideal_hit_rate_is_what_a_cache_that_forgot_nothing_served_in_order(
 def test_bench_history_shows_the_gpu_telemetry_beside_every_group(tmp_path: Path) -> None:
     """A bench result file's groups each carry the GPU tool's readings: the history page
     lists them per group (min to max, and the mean over the GPUs), and names the tool."""
-    from servegate.bench import history
+    from servegate.bench import charts
 
     reading = {"sm_clock_mhz": {"min": 1410.0, "mean": 1700.0, "max": 1980.0},
                "temperature_c": {"min": 60.0, "mean": 70.0, "max": 83.0}}  # fmt: skip
@@ -698,13 +698,13 @@ def test_bench_history_shows_the_gpu_telemetry_beside_every_group(tmp_path: Path
             {"group": 2, "telemetry": None},
         ]}],
     }  # fmt: skip
-    groups = history.gpu_groups(doc, "r1")
+    groups = charts.gpu_groups(doc, "r1")
     assert [g.group for g in groups] == [1, 2]
     assert groups[0].gpu == {"sm_clock_mhz": (1410.0, 1700.0, 1980.0),
                              "temperature_c": (60.0, 70.0, 83.0)}  # fmt: skip
     assert groups[1].gpu is None
-    points = [history.Point("r1", "", "", "result file", "regular-16k", 1000.0, 50.0)]
-    _, page = history.render(points, tmp_path, "t", groups, {"r1": history.gpu_source(doc)})
+    points = [charts.Point("r1", "", "", "result file", "regular-16k", 1000.0, 50.0)]
+    _, page = charts.render(points, tmp_path, "t", groups, {"r1": charts.gpu_source(doc)})
     text = page.read_text()
     assert "r1: rocm-smi (V620)" in text
     assert "<td>1410 to 1980 (1700)</td>" in text

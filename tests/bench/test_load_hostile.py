@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from servegate.bench import cases, fixtures, load, sizing
-from servegate.bench.runner import Bench
+from servegate.bench.driver import Bench
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed

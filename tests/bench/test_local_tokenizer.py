@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import cases, fixtures, runner, sizing
+from servegate.bench import cases, driver, fixtures, sizing
 from servegate.demo import vllm_env
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -53,7 +53,7 @@ def test_prompts_are_sized_with_the_models_tokenizer_files(
     spec = cases.Spec(Endpoint(url, engine=adapters.TRANSFORMERS), "m",
                       cases.parse_cases(["regular", "coding"], ["1k"], [1]), warmup=False,
                       tokenizer=str(model), tokenizer_python=str(PYTHON))  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json", environ={"XDG_CACHE_HOME": str(tmp_path)})
+    bench = driver.Bench(spec, tmp_path / "r.json", environ={"XDG_CACHE_HOME": str(tmp_path)})
     bench.prepare()
     assert bench.result["engine"]["tokenizer_source"] == f"tokenizer files {model}"
     helper = bench._tokenizer.local if bench._tokenizer else None
@@ -98,7 +98,7 @@ def test_usage_is_checked_against_the_answer_counted_by_the_tokenizer_files(
     seen = {}
     for claim in (None, int(truth * 1.6)):
         handler.claim = claim
-        bench = runner.Bench(replace(spec, max_tokens=claim or 40), tmp_path / "r.json",
+        bench = driver.Bench(replace(spec, max_tokens=claim or 40), tmp_path / "r.json",
                              environ={"XDG_CACHE_HOME": str(tmp_path)})  # fmt: skip
         bench.prepare()
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servegate.bench.runner import LogWindow
+from servegate.bench.driver import LogWindow
 
 
 def test_the_window_is_what_was_written_since_the_mark(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servegate.bench import cases, client, measure, runner
+from servegate.bench import cases, client, driver, measure
 from servegate.bench.schema import Trial
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
@@ -223,7 +223,7 @@ def test_a_broken_stream_is_a_failed_trial_and_the_result_is_kept(
     spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                        repetitions=2, max_tokens=40, warmup=False)  # fmt: skip
     out = tmp_path / "r.json"
-    bench = runner.Bench(spec, out)
+    bench = driver.Bench(spec, out)
     bench.prepare()
     assert bench.result["sizing"]["regular-1k"]["method"] == "estimate"  # no /tokenize here
     bench.measure(spec.cases[0], 1)
@@ -261,7 +261,7 @@ def test_usage_that_claims_more_tokens_than_were_streamed_is_invalid(
     handler.tokenize, handler.claim = "words", claim
     spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                       repetitions=1, max_tokens=claim or 40, warmup=False)  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     assert bench.result["engine"]["tokenizer_source"] == "server /tokenize"
     (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
@@ -290,7 +290,7 @@ def test_a_recount_that_fails_leaves_no_valid_trial(
     handler.tokenize = "words"
     spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                       repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     handler.tokenize = broken
     (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
@@ -319,7 +319,7 @@ def test_text_the_window_never_decoded_is_no_valid_trial(
     handler.tokenize, handler.mode, handler.claim = "words", mode, claim
     spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                       repetitions=1, max_tokens=claim, warmup=False)  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
     bench.finish()
@@ -343,7 +343,7 @@ def test_a_reasoning_models_thought_is_part_of_the_answer(
     handler.tokenize, handler.mode = "words", "reasoning"
     spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                       repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
     bench.finish()
@@ -362,7 +362,7 @@ def test_a_vllm_server_whose_metrics_cannot_be_read_gives_no_valid_trial(
     url, _ = engine
     spec = cases.Spec(Endpoint(url, engine=VLLM), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                       repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     (trial,) = bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
     assert trial["ok"]
@@ -379,11 +379,11 @@ def test_a_running_group_says_its_phase_time_and_chunks(
     handler.mode = "slow"
     lines: list[str] = []
     owner = types.SimpleNamespace(reporter=types.SimpleNamespace(progress=lines.append))
-    monkeypatch.setattr(runner, "TICK_SECONDS", 0.25)
+    monkeypatch.setattr(driver, "TICK_SECONDS", 0.25)
     live: list[Stream] = []
     ep = Endpoint(url, "", adapters.VLLM)
     started = now()
-    with runner.Bench._ticker(owner, "regular-128k #1", live, started):  # type: ignore[arg-type]
+    with driver.Bench._ticker(owner, "regular-128k #1", live, started):  # type: ignore[arg-type]
         stream = client.stream_chat(ep, BODY, 30.0, None, live)
     assert not stream.error
     assert any(line.startswith("regular-128k #1: prefill ") and "(no token yet)" in line
@@ -451,7 +451,7 @@ def once(url: str, tmp_path: Path, concurrency: int = 1) -> list[Trial]:
     spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [concurrency]),
                       repetitions=1, max_tokens=40, warmup=False,
                       rules=measure.Rules(min_text_tokens=1, max_dominant_ratio=1))  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     return bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
 
@@ -558,7 +558,7 @@ def test_a_crash_inside_the_first_group_keeps_its_own_error(
                       repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
     out = tmp_path / "r.json"
     with pytest.raises(RuntimeError, match="the trial could not be made"):
-        runner.run(spec, out)
+        driver.run(spec, out)
     saved = json.loads(out.read_text())
     assert saved["status"] == "failed"
     assert "the trial could not be made" in saved["error"]
@@ -580,7 +580,7 @@ def test_a_warm_up_that_took_the_server_down_says_so_and_names_the_seed(
                       cases.parse_cases(["regular"], ["1k"], [1]),
                       repetitions=1, max_tokens=40)  # fmt: skip
     with pytest.raises(BenchFailed) as err:
-        runner.run(spec, tmp_path / "r.json")
+        driver.run(spec, tmp_path / "r.json")
     hint = err.value.hint
     assert "check that the server answers a small chat completion" in hint
     if mode == "dead":
@@ -606,7 +606,7 @@ def test_a_load_sweep_that_fails_before_its_first_point_leaves_a_failed_file(
     spec = cases.Spec(Endpoint(url, "", adapters.VLLM), "m",
                       cases.parse_cases(["regular"], ["1k"], [1]), max_tokens=40)  # fmt: skip
     with pytest.raises(BenchFailed, match="the warm-up request failed"):
-        load.run(runner.Bench(spec, None), load.LoadSpec("rate", (1.0,), duration_s=10), out)
+        load.run(driver.Bench(spec, None), load.LoadSpec("rate", (1.0,), duration_s=10), out)
     saved = json.loads(out.read_text())
     assert saved["status"] == "failed"
     assert saved["error"].startswith("the warm-up request failed")

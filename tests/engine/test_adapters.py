@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from servegate.bench import cases, client, runner, sizing
+from servegate.bench import cases, client, driver, sizing
 from servegate.engine import adapters, openai
 from servegate.engine.openai import Endpoint
 from tests.bench.test_stream_faults import Engine
@@ -76,7 +76,7 @@ def test_bench_identifies_an_unnamed_server_and_sends_only_openai_fields(
     url, handler = generic
     spec = cases.Spec(Endpoint(url), "m", cases.parse_cases(["regular"], ["1k"], [1]),
                        repetitions=1, max_tokens=40, warmup=False)  # fmt: skip
-    bench = runner.Bench(spec, tmp_path / "r.json")
+    bench = driver.Bench(spec, tmp_path / "r.json")
     bench.prepare()
     assert bench.result["engine"]["resolved"] == "openai"  # owned_by "someone"
     bench.measure(spec.cases[0], 1)

@@ -21,7 +21,7 @@ from servegate import config
 from servegate.bench import results
 from servegate.bench.cases import spec_from_config
 from servegate.bench.document import fingerprint
-from servegate.bench.runner import Bench
+from servegate.bench.driver import Bench
 from servegate.engine.openai import Endpoint
 from servegate.errors import ConfigError
 from servegate.judging import noise, verdict

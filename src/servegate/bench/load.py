@@ -51,8 +51,8 @@ from typing import Any
 
 import aiohttp
 
-from servegate.bench import cases, client, fixtures, measure, prom, runner, sse, telemetry
-from servegate.bench.runner import Bench
+from servegate.bench import cases, client, driver, fixtures, measure, prom, sse, telemetry
+from servegate.bench.driver import Bench
 from servegate.engine import openai
 from servegate.errors import BenchFailed, ConfigError, did_you_mean
 from servegate.pipeline.atomic import write_text
@@ -626,10 +626,10 @@ class Load:
 
     def _settled(self, before: Mapping[str, float], sent: Sequence[_Sent]) -> dict[str, float]:
         """``/metrics`` after a point, once the engine has counted the tokens of the
-        requests that ended whole (:func:`runner.settled_metrics`)."""
+        requests that ended whole (:func:`driver.settled_metrics`)."""
         endpoint = self.bench.spec.endpoint
         whole = sum(1 for one in sent if one.stream.started and not one.stream.error)
-        return runner.settled_metrics(
+        return driver.settled_metrics(
             endpoint, before, endpoint.adapter.metrics.generation_tokens, whole
         )
 
@@ -637,7 +637,7 @@ class Load:
         self, sent: Sequence[_Sent], before: Mapping[str, float], after: Mapping[str, float]
     ) -> None:
         """The point's ``usage`` against the engine's own token counts
-        (:func:`runner.engine_counts_problem`): a frontend that pads its answers with text
+        (:func:`driver.engine_counts_problem`): a frontend that pads its answers with text
         it counts as tokens, or cuts prompts short and reports them whole, shows a decode
         or a prefill faster than the engine's; where the counts disagree or cannot be
         read, every request of the point fails with the reason, as with the TTFT clock."""
@@ -648,7 +648,7 @@ class Load:
             if one.stream.started and not one.stream.error and one.stream.usage
             and not _answer_error(one.stream, one.stream.usage, max_tokens, one.exact)
         ]  # fmt: skip
-        found = runner.engine_counts_problem(
+        found = driver.engine_counts_problem(
             self.bench.spec.endpoint.adapter.metrics, before, after,
             [measure.token_count(st.usage.get("prompt_tokens")) for st in whole if st.usage],
             [measure.token_count(st.usage.get("completion_tokens")) for st in whole if st.usage],

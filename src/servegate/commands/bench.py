@@ -15,7 +15,7 @@ import httpx
 
 from servegate import config as config_mod
 from servegate import envfile, hostpaths
-from servegate.bench import cases, document, load, probes, results, runner
+from servegate.bench import cases, document, driver, load, probes, results
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
@@ -167,7 +167,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     where = bench_gate.results_dir(cfg) if cfg else Path("bench-results")
     output = o.output or where / f"{stamp}-{model.replace('/', '_')}.json"
-    log = runner.LogWindow(o.server_log) if o.server_log else _service_log(cfg)
+    log = driver.LogWindow(o.server_log) if o.server_log else _service_log(cfg)
     probe_names = _csv(o.probes)
     unknown = [p for p in probe_names if p not in PROBES]
     if unknown:
@@ -198,7 +198,7 @@ def run(cfg_path: Path, out: Output, o: Options) -> int:
     )
     with _maybe_lease(o.lease, f"servegate bench {endpoint.shown_url}", cfg):
         try:
-            result = runner.run(spec, output, reporter, log, environ, _log_rules(cfg, live))
+            result = driver.run(spec, output, reporter, log, environ, _log_rules(cfg, live))
         except BenchFailed as exc:
             exc.hint = (exc.hint + "; " if exc.hint else "") + f"what finished is in {output}"
             raise
@@ -255,23 +255,23 @@ def _live_launch(cfg: Config | None) -> LaunchSpec | None:
 
 def _log_rules(
     cfg: Config | None, live: LaunchSpec | None
-) -> Callable[[runner.Bench], None] | None:
+) -> Callable[[driver.Bench], None] | None:
     """With a configured service, its log rules judge every measured window too."""
     if cfg is None or live is None:
         return None
     check = logscan.window_check(lint.ruleset(cfg), lint.facts(live))
 
-    def attach(bench: runner.Bench) -> None:
+    def attach(bench: driver.Bench) -> None:
         bench.window_check = check
 
     return attach
 
 
-def _service_log(cfg: Config | None) -> runner.LogWindow | None:
+def _service_log(cfg: Config | None) -> driver.LogWindow | None:
     if cfg is None or cfg.service.manager != "supervisor":
         return None
     path = hostpaths.of(cfg).service_log(cfg.service.unit)
-    return runner.LogWindow(path) if path.exists() else None
+    return driver.LogWindow(path) if path.exists() else None
 
 
 def _probe(
@@ -446,7 +446,7 @@ def compare_live(
         ep = endpoint_of(cfg, replace(o, url=url), environ)
         model = o.model or served_model(ep)
         spec = cases.spec_from_config(b, ep, model, "", f"compare side {name}")
-        sides[name] = runner.Bench(spec, None, out.reporter(), None, environ)
+        sides[name] = driver.Bench(spec, None, out.reporter(), None, environ)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
     outdir = o.output or Path("bench-results") / f"compare-{stamp}"
     with _maybe_lease(o.lease, f"servegate bench compare {a_url} {b_url}", cfg):
@@ -490,10 +490,10 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
         f"{endpoint.shown_url} ({model}); results: {output}",
         markup=False,
     )
-    bench = runner.Bench(bspec, None, out.reporter(), None, environ)
+    bench = driver.Bench(bspec, None, out.reporter(), None, environ)
     release = _live_release(cfg) if o.url is None else ""
 
-    def label(b: runner.Bench) -> None:
+    def label(b: driver.Bench) -> None:
         b.result["run"]["release"] = release  # the live release the sweep measured
 
     with _maybe_lease(o.lease, f"servegate bench load {endpoint.shown_url}", cfg):

@@ -18,7 +18,7 @@ from pathlib import Path
 from servegate import config as config_mod
 from servegate.bench import results
 from servegate.bench.cases import METRICS, spec_from_config
-from servegate.bench.runner import Bench
+from servegate.bench.driver import Bench
 from servegate.commands.bench import served_model
 from servegate.engine.health import wait_healthy
 from servegate.errors import BenchFailed, ConfigError, PreflightFailed

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
-from servegate.bench import export, history, load, results
+from servegate.bench import charts, export, load, results
 from servegate.config import Config
 from servegate.errors import ConfigError, NothingToDo, ResultFileError
 from servegate.output import Output
@@ -19,9 +19,9 @@ from servegate.release import bench_gate, trend
 DEFAULT_CONFIG = Path("servegate.toml")
 
 
-def collect(records: list[dict[str, Any]], files: list[Path]) -> list[history.Point]:
+def collect(records: list[dict[str, Any]], files: list[Path]) -> list[charts.Point]:
     """Every release record with bench samples (oldest first), then the given files."""
-    points: list[history.Point] = []
+    points: list[charts.Point] = []
     for rec in records:
         doc = bench_gate.recorded_samples(rec)
         if doc is None:
@@ -29,21 +29,21 @@ def collect(records: list[dict[str, Any]], files: list[Path]) -> list[history.Po
         checks = [c for c in rec["gate"]["checks"] if isinstance(c, dict)]
         gate = next(c for c in checks if c.get("name") == bench_gate.CHECK)
         sha = str(rec.get("sha", ""))[:12]
-        points += history.points_from(
+        points += charts.points_from(
             results.from_record(doc, sha), sha, str(rec.get("at", "")),
             str(gate.get("verdict", "")), str(rec.get("verdict")),
         )  # fmt: skip
     for path in files:
         s = results.load(path)
-        points += history.points_from(s, path.stem, "", "", "result file")
+        points += charts.points_from(s, path.stem, "", "", "result file")
     return points
 
 
-def change_points(cfg: Config | None, records: list[dict[str, Any]]) -> list[history.Change]:
+def change_points(cfg: Config | None, records: list[dict[str, Any]]) -> list[charts.Change]:
     """The change points of the host's released records measured like the newest one."""
     found = trend.summary(cfg, records).get("change_points", {}) if cfg is not None else {}
     return [
-        history.Change(key.rsplit(":", 1)[0], key.rsplit(":", 1)[1], s["sha"][:12], s["at"],
+        charts.Change(key.rsplit(":", 1)[0], key.rsplit(":", 1)[1], s["sha"][:12], s["at"],
                        s["before"], s["after"], s["change"], s["pvalue"], s["loss"])
         for key, shifts in sorted(found.items())
         for s in shifts
@@ -58,7 +58,7 @@ def _kind(path: Path) -> str:
     return str(doc.get("kind", "")) if isinstance(doc, dict) else ""
 
 
-def load_curves(cfg: Config | None, files: list[Path]) -> list[history.LoadCurve]:
+def load_curves(cfg: Config | None, files: list[Path]) -> list[charts.LoadCurve]:
     """The load sweeps of the host's results directory (oldest first), then the given
     files: one curve each."""
     paths: list[Path] = []
@@ -71,7 +71,7 @@ def load_curves(cfg: Config | None, files: list[Path]) -> list[history.LoadCurve
     for path in paths:
         doc = export.read(path)
         try:
-            curve = history.curve_from(doc, path.stem)
+            curve = charts.curve_from(doc, path.stem)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             raise ResultFileError(
                 f"load result {path} is damaged: {type(exc).__name__}: {exc}",
@@ -115,18 +115,18 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
         raise NothingToDo(f"no bench measurements found: {why}", hint=hint)
     title = (cfg.stack.remote if cfg else "") or "bench history"
     written: dict[str, str] = {}
-    groups: list[history.GroupGpu] = []
+    groups: list[charts.GroupGpu] = []
     sources: dict[str, str] = {}
     for path in (p for p in files if _kind(p) == "servegate.bench"):  # (read above)
         doc = export.read(path)
-        groups += history.gpu_groups(doc, path.stem)
-        sources[path.stem] = history.gpu_source(doc)
+        groups += charts.gpu_groups(doc, path.stem)
+        sources[path.stem] = charts.gpu_source(doc)
     changes = change_points(cfg, records) if records else []
     if points:
-        png, page = history.render(points, outdir, title, groups, sources, changes)
+        png, page = charts.render(points, outdir, title, groups, sources, changes)
         written.update(png=str(png), html=str(page))
     if curves:
-        lpng, lpage = history.render_load(
+        lpng, lpage = charts.render_load(
             curves, outdir, (cfg.stack.remote if cfg else "") or "load sweeps"
         )
         written.update(load_png=str(lpng), load_html=str(lpage))

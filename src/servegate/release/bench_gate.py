@@ -33,8 +33,8 @@ from servegate import hostpaths
 from servegate.bench import results
 from servegate.bench.cases import Spec, parse_cases, spec_from_config
 from servegate.bench.document import fingerprint
+from servegate.bench.driver import Bench, LogWindow
 from servegate.bench.results import spread as spread  # where the gate spreads its starts
-from servegate.bench.runner import Bench, LogWindow
 from servegate.config import Config
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ResultFileError, ServegateError

@@ -40,7 +40,7 @@ import numpy as np
 
 from servegate.bench import load
 from servegate.bench.cases import spec_from_config
-from servegate.bench.runner import Bench
+from servegate.bench.driver import Bench
 from servegate.config import Config, LoadRule
 from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ConfigError

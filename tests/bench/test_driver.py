@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servegate.bench import measure
-from servegate.bench.runner import Bench
+from servegate.bench.driver import Bench
 from servegate.bench.schema import Trial
 from servegate.bench.sse import Stream
 
