@@ -145,6 +145,18 @@ def test_a_release_that_bursts_its_slow_answers_is_judged_on_all_of_them() -> No
     # and the count survives the release record the next gate reads its baseline from
     again = results.from_record(cand.as_dict(), "record")
     assert again.cases["regular-16k"].missing == {"generation_tps": 3}
+    # a first release, passed on validity alone, compared nothing a selection could hide:
+    # a box so busy that one trial's client timings were dropped does not roll it back
+    first = verdict.Settings(no_baseline="first-release", first_release=True)
+    one = results.from_result(_result(
+        [{"performance_valid": True, "generation_tps": v} for v in fast] + [burst]
+    ))  # fmt: skip
+    d = verdict.evaluate(None, one, RULES, first)
+    assert d["verdict"] == "PASS", d["rows"]
+    assert "nothing was compared on them" in d["rows"][0]["why"]
+    # with a floor, the trials it was judged on are a selection again
+    floored = [verdict.Rule("generation_tps", floor=50.0)]
+    assert verdict.evaluate(None, one, floored, first)["verdict"] == "INCONCLUSIVE"
 
 
 def test_a_burst_of_the_box_is_measured_again_then_set_apart() -> None:

@@ -590,6 +590,12 @@ def _selected(
     lost = cs.missing.get(rule.metric, 0)
     if not lost or row["verdict"] != PASS or not cs.required:
         return row
+    if not row.get("n_baseline") and row.get("floor") is None:
+        # a first release passed on validity alone: nothing was compared, so nothing a
+        # selection could hide (its samples, the next release's baseline, are said to be
+        # a selection, and a fast-biased baseline only makes the next gate stricter)
+        return {**row, "why": f"{row['why']}; {lost} of {cs.trials} valid trials have no "
+                f"{rule.metric} (nothing was compared on them)"}  # fmt: skip
     cause = (
         "the engine's histograms did not count their group"
         if rule.metric.startswith("engine_")
