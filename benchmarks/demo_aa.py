@@ -1,7 +1,11 @@
 """A/B and A/A on the CPU demo (vLLM's CPU build) with one core kept busy.
 
     .venv/bin/python benchmarks/demo_aa.py --out benchmarks/cpu/demo-aa.json [--runs 5]
-        [--workdir DIR] [--no-hog]
+        [--workdir DIR] [--no-hog] [--engine transformers]
+
+``--engine transformers`` runs the demo on ``transformers serve`` instead (on the CPU:
+float32, the 4k tier); ``--runs 0`` leaves the A/A out (the demo's A/B and its seconds
+alone).
 
 1. **A/B**: ``servegate demo --json --keep-running`` — four commits promoted, each gated
    by the bench against the live release measured again before its switch (the fresh
@@ -72,17 +76,20 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--workdir", type=Path, default=Path("build/demo-aa"))
     parser.add_argument("--no-hog", action="store_true")
+    parser.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
     args = parser.parse_args()
     neighbour = None if args.no_hog else hog()
     report: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "cpus": os.cpu_count(),
         "neighbour": "one core busy (a Python busy loop)" if neighbour else "none",
+        "engine": args.engine,
     }
     try:
         code, demo, seconds = servegate(
-            "demo", "--workdir", str(args.workdir), "--json", "--keep-running"
-        )
+            "demo", "--workdir", str(args.workdir), "--json", "--keep-running",
+            *(["--engine", args.engine] if args.engine != "vllm" else []),
+        )  # fmt: skip
         result = demo.get("result") or demo
         steps = result.get("steps") or result.get("promotes") or []
         report["demo"] = {
@@ -103,6 +110,8 @@ def main() -> int:
         }
         if not steps:
             report["demo"]["output"] = demo
+        if args.runs < 1:
+            return 0
         cfg = str(args.workdir / "servegate.toml")
         out = args.out.with_suffix(".runs.json")
         code, aa, seconds = servegate(

@@ -126,7 +126,7 @@ def time_waits(waits: list[float], repeats: int = 3) -> list[dict[str, object]]:
 
 
 def main() -> int:
-    from servegate.bench import cases, fixtures, load
+    from servegate.bench import cases, fixtures, load, loadspec
     from servegate.bench.driver import Bench
     from servegate.engine import adapters
     from servegate.engine.openai import Endpoint
@@ -174,7 +174,7 @@ def main() -> int:
             bench.telemetry = None
         bench.prompts = {"regular-1k": fixtures.load("regular").head(4000)}
         rates = tuple(float(r) for r in args.rates.split(","))
-        plan = load.LoadSpec("rate", rates, duration_s=args.duration, seed=1)
+        plan = loadspec.LoadSpec("rate", rates, duration_s=args.duration, seed=1)
         sweep = load.Load(bench, plan, None)
         rows = []
         print(f"{'rate/s':>7} {'requests':>8} {'failed':>6} {'lag p50 ms':>10} "

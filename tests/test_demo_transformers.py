@@ -1,6 +1,7 @@
 """The demo on Hugging Face's ``transformers serve``: ``servegate demo --engine
 transformers``, on the CPU (gfx1030 kernels built with hipcc and loaded, float32, the
-4k tier, 128 tokens out; two minutes on two quiet cores, nine with one kept busy) and
+4k tier, 128 tokens out; its four promotes took 256.5 s beside one core kept busy,
+``benchmarks/cpu/demo-transformers-busy-2threads.json``) and
 on a real NVIDIA GPU (``--arch sm_XX``: the kernels built with nvcc for this GPU's
 arch, a 2B-parameter model in bfloat16 served with continuous batching and CUDA graphs,
 the 16k tier, rules of 5 % on prefill and 15 % on decode). Two good releases are

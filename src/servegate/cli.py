@@ -29,7 +29,7 @@ from servegate.pipeline import interrupts
 from servegate.pipeline.gitenv import scrub_git_env
 
 if TYPE_CHECKING:
-    from servegate.bench.load import LoadSpec
+    from servegate.bench.loadspec import LoadSpec
 
 
 class _Version(argparse.Action):
@@ -688,7 +688,7 @@ def _bench(args: argparse.Namespace, out: Output) -> int:
 
 
 def _load_spec(args: argparse.Namespace) -> LoadSpec:
-    from servegate.bench import load
+    from servegate.bench import loadspec
 
     rates = args.rates is not None
     text = args.rates if rates else args.concurrencies
@@ -710,7 +710,7 @@ def _load_spec(args: argparse.Namespace) -> LoadSpec:
         workload=args.workload,
         prefix_share=args.prefix_share,
     )
-    spec = load.spec_from(settings, stop_at_saturation=not args.no_stop)
+    spec = loadspec.spec_from(settings, stop_at_saturation=not args.no_stop)
     spec.check()
     return spec
 

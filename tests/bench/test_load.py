@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import export, load, sse, telemetry
+from servegate.bench import export, load, loadreport, loadspec, sse, telemetry
 from servegate.errors import ConfigError, ResultFileError
 
 
 def test_poisson_arrivals_have_the_rate_and_the_spread_of_a_poisson_process() -> None:
     rng = random.Random(7)
-    offsets = load.arrivals(20.0, 500.0, 1.0, rng)
+    offsets = loadspec.arrivals(20.0, 500.0, 1.0, rng)
     gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
     assert 9500 < len(offsets) < 10500  # 20/s for 500 s
     mean = statistics.fmean(gaps)
@@ -34,37 +34,37 @@ def test_poisson_arrivals_have_the_rate_and_the_spread_of_a_poisson_process() ->
 
 def test_burstiness_changes_the_spread_not_the_rate() -> None:
     for shape, cv in ((0.25, 2.0), (4.0, 0.5)):
-        offsets = load.arrivals(10.0, 1000.0, shape, random.Random(3))
+        offsets = loadspec.arrivals(10.0, 1000.0, shape, random.Random(3))
         gaps = [b - a for a, b in zip([0.0, *offsets], offsets, strict=False)]
         assert statistics.fmean(gaps) == pytest.approx(0.1, rel=0.08)
         assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.12)
 
 
 def test_the_same_seed_draws_the_same_arrivals() -> None:
-    a = load.arrivals(5.0, 60.0, 1.0, random.Random(11))
-    b = load.arrivals(5.0, 60.0, 1.0, random.Random(11))
+    a = loadspec.arrivals(5.0, 60.0, 1.0, random.Random(11))
+    b = loadspec.arrivals(5.0, 60.0, 1.0, random.Random(11))
     assert a == b
-    assert a != load.arrivals(5.0, 60.0, 1.0, random.Random(12))
+    assert a != loadspec.arrivals(5.0, 60.0, 1.0, random.Random(12))
 
 
 def test_percentiles_match_numpys_linear_rule() -> None:
     values = [float(v) for v in range(1, 101)]
-    p = load.percentiles(values)
+    p = loadreport.percentiles(values)
     assert p is not None
     assert p["p50"] == pytest.approx(50.5)
     assert p["p90"] == pytest.approx(90.1)
     assert p["p99"] == pytest.approx(99.01)
     assert p["max"] == 100.0
     assert p["mean"] == pytest.approx(50.5)
-    assert load.percentiles([]) is None
-    one = load.percentiles([3.0])
+    assert loadreport.percentiles([]) is None
+    one = loadreport.percentiles([3.0])
     assert one == {"p50": 3.0, "p90": 3.0, "p99": 3.0, "max": 3.0, "mean": 3.0}
 
 
 def test_goodput_slos_parse_with_units() -> None:
-    slo = load.parse_goodput("ttft:2s,itl:80ms,tpot:50,e2el:1500ms")
-    assert slo == load.Slo(ttft_s=2.0, itl_ms=80.0, tpot_ms=50.0, e2el_s=1.5)
-    assert load.parse_goodput("") == load.Slo()
+    slo = loadspec.parse_goodput("ttft:2s,itl:80ms,tpot:50,e2el:1500ms")
+    assert slo == loadspec.Slo(ttft_s=2.0, itl_ms=80.0, tpot_ms=50.0, e2el_s=1.5)
+    assert loadspec.parse_goodput("") == loadspec.Slo()
     for bad, said in (
         ("ttft", "not KEY:VALUE"),
         ("ttft:fast", "'fast' is not a positive time"),
@@ -76,11 +76,11 @@ def test_goodput_slos_parse_with_units() -> None:
         ("ttft:1s,ttft:2s", "gives ttft twice"),
     ):
         with pytest.raises(ConfigError, match="--goodput") as err:
-            load.parse_goodput(bad)
+            loadspec.parse_goodput(bad)
         assert said in str(err.value)
         assert "ttft:2s,itl:80ms" in (err.value.hint or "")
     with pytest.raises(ConfigError, match=r"^\[load\] goodput 'ttft:0'"):
-        load.parse_goodput("ttft:0", "[load] goodput")
+        loadspec.parse_goodput("ttft:0", "[load] goodput")
 
 
 def _req(ok: bool = True, ttft: float = 0.5, itl: float | None = 40.0, **kw: Any) -> dict[str, Any]:
@@ -88,13 +88,13 @@ def _req(ok: bool = True, ttft: float = 0.5, itl: float | None = 40.0, **kw: Any
 
 
 def test_a_request_meets_the_slos_only_when_every_one_holds() -> None:
-    slo = load.parse_goodput("ttft:1s,itl:50ms")
+    slo = loadspec.parse_goodput("ttft:1s,itl:50ms")
     assert slo.met(_req())
     assert not slo.met(_req(ttft=1.2))
     assert not slo.met(_req(itl=60.0))
     assert not slo.met(_req(ok=False))
     assert not slo.met(_req(itl=None))  # not measured is not met
-    assert load.Slo().met(_req())  # no SLO: every completed request
+    assert loadspec.Slo().met(_req())  # no SLO: every completed request
 
 
 def _record(
@@ -108,12 +108,12 @@ def _record(
     }  # fmt: skip
 
 
-def _point(spec: load.LoadSpec, value: float, records: list[dict[str, Any]]) -> dict[str, Any]:
-    return load.summarize(records, [30.0] * 10, spec, value, 20.0)
+def _point(spec: loadspec.LoadSpec, value: float, records: list[dict[str, Any]]) -> dict[str, Any]:
+    return loadreport.summarize(records, [30.0] * 10, spec, value, 20.0)
 
 
 def test_point_summary_counts_goodput_throughput_and_lag() -> None:
-    spec = load.LoadSpec("rate", (2.0,), slo=load.parse_goodput("ttft:0.3s"))
+    spec = loadspec.LoadSpec("rate", (2.0,), slo=loadspec.parse_goodput("ttft:0.3s"))
     records = [_record(i, 1, ttft=0.2 if i % 4 else 0.5) for i in range(40)]
     p = _point(spec, 2.0, records)
     assert p["requests"] == p["completed"] == 40
@@ -181,16 +181,16 @@ def test_an_arrival_wait_hands_over_to_yielding_before_the_kernel_can_overshoot(
 
 
 def test_open_loop_saturation_is_a_growing_queue_or_exploding_ttft_or_failures() -> None:
-    spec = load.LoadSpec("rate", (1.0, 2.0, 4.0))
+    spec = loadspec.LoadSpec("rate", (1.0, 2.0, 4.0))
     calm = _point(spec, 1.0, [_record(i, i % 2) for i in range(30)])
-    assert load.saturation(calm, None, None, spec) == ""
+    assert loadreport.saturation(calm, None, None, spec) == ""
     growing = _point(spec, 4.0, [_record(i, i // 3) for i in range(30)])
-    why = load.saturation(growing, calm, calm, spec)
+    why = loadreport.saturation(growing, calm, calm, spec)
     assert "the queue grew through the point" in why
     slow = _point(spec, 2.0, [_record(i, 1, ttft=1.5) for i in range(30)])
-    assert "TTFT p50" in load.saturation(slow, calm, calm, spec)
+    assert "TTFT p50" in loadreport.saturation(slow, calm, calm, spec)
     failing = _point(spec, 2.0, [_record(i, 1, ok=i % 5 != 0) for i in range(30)])
-    assert "request(s) failed: HTTP 503" in load.saturation(failing, calm, calm, spec)
+    assert "request(s) failed: HTTP 503" in loadreport.saturation(failing, calm, calm, spec)
 
 
 def test_a_saturated_point_whose_own_e2e_spans_most_of_it_is_still_seen_growing() -> None:
@@ -199,28 +199,28 @@ def test_a_saturated_point_whose_own_e2e_spans_most_of_it_is_still_seen_growing(
     and hide the growth. The ramp ends by the E2E of the point's first arrivals (they met
     no queue), and by the lightest point's: the arrivals show the queue that grew, on the
     lightest point of a sweep too (there the knee says the sweep began past it)."""
-    spec = load.LoadSpec("rate", (0.5, 12.0), duration_s=10)
+    spec = loadspec.LoadSpec("rate", (0.5, 12.0), duration_s=10)
     records = [_record(i, int(i / 12 * 9), step=1 / 12) for i in range(120)]
     records = [{**r, "e2el_s": 1.0 + r["due_s"]} for r in records]  # each waits longer
     median_e2e = sorted(r["e2el_s"] for r in records)[60]
     assert median_e2e > 5
     own = _point(spec, 12.0, records)
     assert own["in_flight"]["steady_from_s"] < 1.1  # the first arrivals' E2E
-    why = load.saturation(own, None, None, spec)
+    why = loadreport.saturation(own, None, None, spec)
     assert "the queue grew through the point" in why
     alone = {**own, "saturated": True, "why": why}
-    verdict = load.knee([alone])
+    verdict = loadreport.knee([alone])
     assert verdict is not None
     assert verdict["what"] == "the lightest point already saturated the server"
-    capped = load.summarize(records, [30.0] * 10, spec, 12.0, 20.0, ramp_cap=1.0)
+    capped = loadreport.summarize(records, [30.0] * 10, spec, 12.0, 20.0, ramp_cap=1.0)
     assert capped["in_flight"]["steady_from_s"] == 1.0
-    assert "the queue grew through the point" in load.saturation(capped, None, None, spec)
+    assert "the queue grew through the point" in loadreport.saturation(capped, None, None, spec)
 
 
 def test_the_ramp_of_a_long_request_is_not_a_growing_queue() -> None:
     """A server with room to spare and 15 s requests at 0.5 req/s: the requests in flight
     rise from none to 7 over the first 15 s and stay there. Not saturated."""
-    spec = load.LoadSpec("rate", (0.5,), duration_s=60)
+    spec = loadspec.LoadSpec("rate", (0.5,), duration_s=60)
     records = []
     for i in range(30):
         r = _record(i, min(i, 7), step=2.0)
@@ -228,62 +228,62 @@ def test_the_ramp_of_a_long_request_is_not_a_growing_queue() -> None:
         records.append(r)
     p = _point(spec, 0.5, records)
     assert p["in_flight"]["steady_from_s"] == 15.0
-    assert load.saturation(p, None, None, spec) == ""
+    assert loadreport.saturation(p, None, None, spec) == ""
     # the same arrivals whose queue keeps growing after the ramp: saturated
     for i, r in enumerate(records):
         r["in_flight_at_send"] = i
     grown = _point(spec, 0.5, records)
-    assert "the queue grew" in load.saturation(grown, None, None, spec)
+    assert "the queue grew" in loadreport.saturation(grown, None, None, spec)
     # too few arrivals after the ramp to tell: the rule says nothing
     short = _point(spec, 0.5, records[:10])
-    assert short["in_flight"]["steady_arrivals"] < load.MIN_STEADY
-    assert load.saturation(short, None, None, spec) == ""
+    assert short["in_flight"]["steady_arrivals"] < loadspec.MIN_STEADY
+    assert loadreport.saturation(short, None, None, spec) == ""
 
 
 def test_closed_loop_saturation_is_no_more_throughput_for_more_clients() -> None:
-    spec = load.LoadSpec("concurrency", (1, 2, 4))
+    spec = loadspec.LoadSpec("concurrency", (1, 2, 4))
     one = _point(spec, 1, [_record(i, 1) for i in range(20)])
     two = _point(spec, 2, [_record(i, 2, step=0.25) for i in range(40)])
-    assert load.saturation(two, one, one, spec) == ""
+    assert loadreport.saturation(two, one, one, spec) == ""
     four = _point(spec, 4, [_record(i, 4, step=0.25) for i in range(41)])
-    assert "4 clients bought" in load.saturation(four, one, two, spec)
+    assert "4 clients bought" in loadreport.saturation(four, one, two, spec)
 
 
 def test_the_knee_is_the_last_point_before_the_first_saturated_one() -> None:
     points = [{"value": v, "saturated": s, "why": "w" if s else "", "request_throughput": v}
               for v, s in ((1, False), (2, False), (4, True))]  # fmt: skip
-    k = load.knee(points)
+    k = loadreport.knee(points)
     assert k is not None
     assert k["value"] == 2
     assert k["saturated_at"] == 4
-    assert load.knee(points[:2]) is None  # not reached
-    first = load.knee(points[2:])
+    assert loadreport.knee(points[:2]) is None  # not reached
+    first = loadreport.knee(points[2:])
     assert first is not None
     assert first["value"] is None
 
 
 def test_a_sweep_spec_that_cannot_run_is_refused_before_anything_is_sent() -> None:
     bad = (
-        load.LoadSpec("rate", ()),
-        load.LoadSpec("rate", (0.0,)),
-        load.LoadSpec("concurrency", (1.5,)),
-        load.LoadSpec("rate", (1.0,), duration_s=0),
-        load.LoadSpec("rate", (1.0,), workload="shared-prefix", prefix_share=1.2),
-        load.LoadSpec("rate", (float("nan"),)),
-        load.LoadSpec("rate", (1.0, float("inf"))),
-        load.LoadSpec("concurrency", (float("inf"),)),
-        load.LoadSpec("rate", (1.0,), duration_s=float("nan")),
-        load.LoadSpec("rate", (1.0,), burstiness=float("inf")),
-        load.LoadSpec("rate", (8.0, 4.0, 2.0)),  # the knee would be read backwards
-        load.LoadSpec("concurrency", (4, 4)),
-        load.LoadSpec("rate", (0.05,), duration_s=10),  # no arrival expected
-        load.LoadSpec("rate", (1.0,), duration_s=10, prefix_share=0.5),  # cold shares none
+        loadspec.LoadSpec("rate", ()),
+        loadspec.LoadSpec("rate", (0.0,)),
+        loadspec.LoadSpec("concurrency", (1.5,)),
+        loadspec.LoadSpec("rate", (1.0,), duration_s=0),
+        loadspec.LoadSpec("rate", (1.0,), workload="shared-prefix", prefix_share=1.2),
+        loadspec.LoadSpec("rate", (float("nan"),)),
+        loadspec.LoadSpec("rate", (1.0, float("inf"))),
+        loadspec.LoadSpec("concurrency", (float("inf"),)),
+        loadspec.LoadSpec("rate", (1.0,), duration_s=float("nan")),
+        loadspec.LoadSpec("rate", (1.0,), burstiness=float("inf")),
+        loadspec.LoadSpec("rate", (8.0, 4.0, 2.0)),  # the knee would be read backwards
+        loadspec.LoadSpec("concurrency", (4, 4)),
+        loadspec.LoadSpec("rate", (0.05,), duration_s=10),  # no arrival expected
+        loadspec.LoadSpec("rate", (1.0,), duration_s=10, prefix_share=0.5),  # cold shares none
     )
     for spec in bad:
         with pytest.raises(ConfigError):
             spec.check()
     # named as the user gave them: the command's options, or the config's keys
-    short = load.LoadSpec("rate", (0.1,), duration_s=10)
+    short = loadspec.LoadSpec("rate", (0.1,), duration_s=10)
     with pytest.raises(ConfigError) as err:
         short.check()
     assert "a longer --duration" in (err.value.hint or "")
@@ -291,19 +291,19 @@ def test_a_sweep_spec_that_cannot_run_is_refused_before_anything_is_sent() -> No
         short.check(config=True)
     assert "a longer [load] duration" in (err.value.hint or "")
     with pytest.raises(ConfigError) as err:
-        load.LoadSpec("rate", (1.0,), duration_s=10, prefix_share=0.5).check(config=True)
+        loadspec.LoadSpec("rate", (1.0,), duration_s=10, prefix_share=0.5).check(config=True)
     assert str(err.value).startswith("[load] prefix_share 0.5 is for the shared-prefix workload")
     assert 'workload = "shared-prefix", prefix_share = 0.5' in (err.value.hint or "")
 
 
 def _load_doc() -> dict[str, Any]:
-    spec = load.LoadSpec("rate", (1.0, 2.0), slo=load.parse_goodput("ttft:1s"))
+    spec = loadspec.LoadSpec("rate", (1.0, 2.0), slo=loadspec.parse_goodput("ttft:1s"))
     points = []
     for v in (1.0, 2.0):
         p = _point(spec, v, [_record(i, 1) for i in range(10)])
         p.update(saturated=v == 2.0, why="x" if v == 2.0 else "", prefix_hit_rate=0.0)
         points.append(p)
-    return {"kind": load.KIND, "schema": 1,
+    return {"kind": loadspec.KIND, "schema": 1,
             "run": {"model": "demo", "workload": "cold", "burstiness": 1.0},
             "harness": {"name": "servegate-bench/1"}, "points": points}  # fmt: skip
 
@@ -427,7 +427,7 @@ def test_report_draws_latency_against_throughput_one_curve_a_release(tmp_path: P
                                                  "power_w": {"min": 120, "mean": 121, "max": 124}}}}  # fmt: skip
         else:  # a CPU server: none, and why
             doc["telemetry"] = {"source": None, "why": "neither nvidia-smi nor rocm-smi on PATH"}
-        doc["knee"] = load.knee(doc["points"])
+        doc["knee"] = loadreport.knee(doc["points"])
         path = tmp_path / f"{sha[:4]}-load.json"
         path.write_text(json.dumps(doc))
         files.append(str(path))
@@ -516,7 +516,9 @@ def test_a_server_that_refuses_or_errs_fails_every_request_it_got() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    spec = load.LoadSpec("rate", (10.0,), duration_s=1.0, slo=load.parse_goodput("e2el:10s"))
+    spec = loadspec.LoadSpec(
+        "rate", (10.0,), duration_s=1.0, slo=loadspec.parse_goodput("e2el:10s")
+    )
     try:
         for url, why in ((f"http://127.0.0.1:{server.server_address[1]}", "HTTP 503"),
                          (f"http://127.0.0.1:{closed}", "cannot connect")):  # fmt: skip
@@ -526,7 +528,7 @@ def test_a_server_that_refuses_or_errs_fails_every_request_it_got() -> None:
             assert p["failed"] == p["requests"]
             assert p["good_requests"] == 0
             assert any(why in e for e in p["errors"]), p["errors"]
-            assert "request(s) failed" in load.saturation(p, None, None, spec)
+            assert "request(s) failed" in loadreport.saturation(p, None, None, spec)
     finally:
         server.shutdown()
         server.server_close()
@@ -546,7 +548,7 @@ def test_report_says_which_load_file_is_damaged_and_draws_odd_names(tmp_path: Pa
         )  # fmt: skip
 
     doc = _load_doc()
-    doc["knee"] = load.knee(doc["points"])
+    doc["knee"] = loadreport.knee(doc["points"])
     odd = tmp_path / "h_math$\\foo$.json"  # matplotlib would read $...$ as math
     odd.write_text(json.dumps(doc))
     drawn = report(odd)
@@ -660,7 +662,7 @@ def test_shared_prefix_prompts_of_every_profile_and_tier_start_with_one_text() -
         "coding-1k": fixtures.load("coding").head(4000),
         "coding-2k": fixtures.load("coding").head(8000),
     }
-    sweep = load.Load(bench, load.LoadSpec("rate", (1.0,), duration_s=10.0,
+    sweep = load.Load(bench, loadspec.LoadSpec("rate", (1.0,), duration_s=10.0,
                                            workload="shared-prefix", prefix_share=0.8), None)  # fmt: skip
     heads = {}
     for key, text in bench.prompts.items():
@@ -677,9 +679,9 @@ def test_shared_prefix_prompts_of_every_profile_and_tier_start_with_one_text() -
 def test_the_ideal_hit_rate_is_what_a_cache_that_forgot_nothing_served_in_order() -> None:
     rows = [{"prompt_tokens": n} for n in (1000, 2000, 1000, 2000)]
     # heads of 800, 1600, 800, 1600 tokens: hits 0, 800, 800, 1600 of 6000 prompted
-    assert load.ideal_hit_rate(rows, 0.8) == pytest.approx(3200 / 6000, abs=1e-4)
-    assert load.ideal_hit_rate([{"prompt_tokens": 1000}] * 100, 0.8) == pytest.approx(0.792)
-    assert load.ideal_hit_rate([], 0.8) is None
+    assert loadreport.ideal_hit_rate(rows, 0.8) == pytest.approx(3200 / 6000, abs=1e-4)
+    assert loadreport.ideal_hit_rate([{"prompt_tokens": 1000}] * 100, 0.8) == pytest.approx(0.792)
+    assert loadreport.ideal_hit_rate([], 0.8) is None
 
 
 def test_bench_history_shows_the_gpu_telemetry_beside_every_group(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from servegate.bench import cases, fixtures, load, sizing
+from servegate.bench import cases, fixtures, load, loadreport, loadspec, sizing
 from servegate.bench.driver import Bench
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
@@ -161,16 +161,16 @@ def bench_at(url: str, timeout: float = 30.0, max_tokens: int = MAX_TOKENS) -> B
     return bench
 
 
-def point(url: str, spec: load.LoadSpec, value: float) -> dict[str, Any]:
+def point(url: str, spec: loadspec.LoadSpec, value: float) -> dict[str, Any]:
     return load.Load(bench_at(url), spec, None).point(value)
 
 
-SLO = load.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
+SLO = loadspec.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
 
 
 def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     """The control: every request whole, counted, good."""
-    p = point(server(answer(gap=0.002)), load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO),
+    p = point(server(answer(gap=0.002)), loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO),
               8.0)  # fmt: skip
     assert p["requests"] > 0
     assert p["completed"] == p["requests"] == p["good_requests"]
@@ -205,9 +205,9 @@ def test_an_answer_delivered_at_once_has_no_decode_timing(
         usage = {"prompt_tokens": 1000, "completion_tokens": MAX_TOKENS}
         answer(n=rest, usage=usage, at_once=True)(h, body)
 
-    ttft_only = load.parse_goodput("ttft:2s,e2el:5s")
+    ttft_only = loadspec.parse_goodput("ttft:2s,e2el:5s")
     for slo, good in ((SLO, 0), (ttft_only, None)):
-        spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=slo)
+        spec = loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=slo)
         p = point(server(held), spec, 8.0)
         assert p["requests"] > 0
         assert p["completed"] == p["bursts"] == p["requests"], p["errors"]
@@ -228,7 +228,7 @@ def test_an_answer_delivered_at_once_has_no_decode_timing(
 def test_a_point_whose_first_texts_the_engine_clock_disowns_serves_no_request(
     server: Callable[..., str], clock: dict[str, Any], reason: str
 ) -> None:
-    p = point(server(answer(), **clock), load.LoadSpec("rate", (8.0,), duration_s=1.0), 8.0)
+    p = point(server(answer(), **clock), loadspec.LoadSpec("rate", (8.0,), duration_s=1.0), 8.0)
     assert p["requests"] > 0
     assert p["failed"] == p["requests"]
     assert p["errors"][0].startswith(reason), p["errors"]
@@ -240,7 +240,7 @@ def test_a_vllm_server_without_its_ttft_clock_serves_no_request(
 ) -> None:
     """vLLM's TTFT histogram is what shows a point's first texts were the model's: a
     server whose /metrics lacks it (a frontend that hides it) fails every request."""
-    p = point(server(answer(), clock=False), load.LoadSpec("rate", (8.0,), duration_s=1.0), 8.0)
+    p = point(server(answer(), clock=False), loadspec.LoadSpec("rate", (8.0,), duration_s=1.0), 8.0)
     assert p["requests"] > 0
     assert p["failed"] == p["requests"]
     assert p["errors"][0].startswith("engine_clock_unread: ")
@@ -273,7 +273,7 @@ def test_a_vllm_server_without_its_ttft_clock_serves_no_request(
 def test_a_lying_or_broken_answer_is_a_failed_request(
     server: Callable[..., str], script: Script, error: str
 ) -> None:
-    spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
+    spec = loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
     p = point(server(script), spec, 8.0)
     assert p["requests"] > 0
     assert p["completed"] == 0
@@ -281,9 +281,9 @@ def test_a_lying_or_broken_answer_is_a_failed_request(
     assert p["good_requests"] == 0
     assert p["request_throughput"] == p["output_throughput"] == 0
     assert all(error in r["error"] and not r["ok"] for r in p["requests_detail"]), p["errors"]
-    assert "request(s) failed" in load.saturation(p, None, None, spec)
+    assert "request(s) failed" in loadreport.saturation(p, None, None, spec)
     # the closed loop too: the point runs (no exception) and counts them as failed
-    closed = point(server(script), load.LoadSpec("concurrency", (1,), duration_s=0.3), 1)
+    closed = point(server(script), loadspec.LoadSpec("concurrency", (1,), duration_s=0.3), 1)
     assert closed["requests"] > 0
     assert closed["completed"] == 0
 
@@ -303,7 +303,7 @@ def test_a_queue_that_grows_on_the_lightest_point_is_seen(
             one_at_a_time(h, body)
 
     url = server(serial)
-    spec = load.LoadSpec("rate", (14.0, 28.0), duration_s=3.0, seed=3)
+    spec = loadspec.LoadSpec("rate", (14.0, 28.0), duration_s=3.0, seed=3)
     sweep = load.Load(bench_at(url, timeout=60.0), spec, None)
     result = sweep.sweep()
     first = result["points"][0]
@@ -364,7 +364,9 @@ def test_a_load_answer_whose_text_does_not_back_its_usage_fails(
     url = server(counted(script), counts=(1000, max_tokens))
     bench = bench_at(url, max_tokens=max_tokens)
     bench._tokenizer = sizing.Tokenizer("words", None)  # what prepare() found: /tokenize
-    p = load.Load(bench, load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), None).point(8.0)
+    p = load.Load(bench, loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO), None).point(
+        8.0
+    )
     bench.release()
     assert p["requests"] > 0
     if not error:
@@ -395,7 +397,7 @@ def test_a_server_that_goes_away_mid_sweep_fails_the_sweep(
         answer(gap=0.002)(h, body)
 
     out = tmp_path / "load.json"
-    sweep = load.Load(bench_at(server(dies)), load.LoadSpec("rate", (8.0, 16.0), duration_s=1.0),
+    sweep = load.Load(bench_at(server(dies)), loadspec.LoadSpec("rate", (8.0, 16.0), duration_s=1.0),
                       out)  # fmt: skip
     with pytest.raises(BenchFailed) as err:
         sweep.sweep()
@@ -418,7 +420,7 @@ def test_a_lightest_point_that_served_nothing_fails_the_sweep(
     (status and error agree with the exit code), not "complete"."""
     out = tmp_path / "load.json"
     sweep = load.Load(bench_at(server(raw([1, 2]))),
-                      load.LoadSpec("rate", (8.0, 16.0), duration_s=1.0), out)  # fmt: skip
+                      loadspec.LoadSpec("rate", (8.0, 16.0), duration_s=1.0), out)  # fmt: skip
     with pytest.raises(BenchFailed) as err:
         sweep.sweep()
     assert str(err.value).startswith("every request of the lightest point (8 req/s) failed")
@@ -444,7 +446,7 @@ def test_a_point_whose_usage_the_engine_did_not_count_serves_no_request(
     counts as tokens (a decode twice as fast: the recount of the text agrees, the text is
     there) or prefills part of the prompt and reports it whole fails every request of
     the point; counts gone from /metrics prove nothing and fail them too."""
-    spec = load.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
+    spec = loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO)
     url = server(answer(n=40, gap=0.002), counts=counts)
     p = load.Load(bench_at(url, max_tokens=40), spec, None).point(8.0)
     assert p["requests"] > 0
@@ -471,7 +473,7 @@ def test_an_engine_dead_behind_its_proxy_fails_the_sweep(
         answer(gap=0.002)(h, body)
 
     url = server(proxy, health=lambda: 502 if dead.is_set() else 200)
-    sweep = load.Load(bench_at(url), load.LoadSpec("rate", (8.0, 16.0), duration_s=1.0),
+    sweep = load.Load(bench_at(url), loadspec.LoadSpec("rate", (8.0, 16.0), duration_s=1.0),
                       tmp_path / "load.json")  # fmt: skip
     with pytest.raises(BenchFailed, match="the server went away during the 16 req/s point"):
         sweep.sweep()
@@ -498,7 +500,7 @@ def test_one_hung_request_does_not_pay_for_the_early_text_of_the_others(
         answer(gap=0.002)(h, body)
 
     url = server(early, ttft=0.3, buckets=(0.1, 0.5, 1.0))
-    spec = load.LoadSpec("rate", (8.0,), duration_s=1.5)
+    spec = loadspec.LoadSpec("rate", (8.0,), duration_s=1.5)
     p = load.Load(bench_at(url, timeout=3.0), spec, None).point(8.0)
     assert p["requests"] > 3
     assert p["failed"] == p["requests"], p["errors"]
@@ -515,12 +517,12 @@ def test_a_client_out_of_open_files_is_its_own_limit_not_a_dead_server(tmp_path:
     script = (
         "import resource, json, sys\n"
         "from tests.bench.test_load_hostile import bench_at\n"
-        "from servegate.bench import load\n"
+        "from servegate.bench import load, loadspec\n"
         "from servegate.errors import BenchFailed\n"
         "import os\n"
         "fds = len(os.listdir('/proc/self/fd'))\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (fds + 12, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
-        "sweep = load.Load(bench_at(sys.argv[1], timeout=5.0), load.LoadSpec('rate', (60.0,), duration_s=1.0), None)\n"
+        "sweep = load.Load(bench_at(sys.argv[1], timeout=5.0), loadspec.LoadSpec('rate', (60.0,), duration_s=1.0), None)\n"
         "try:\n"
         "    sweep.sweep()\n"
         "except BenchFailed as exc:\n"

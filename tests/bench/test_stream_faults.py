@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servegate.bench import cases, client, driver, measure
+from servegate.bench import cases, client, driver, loadspec, measure
 from servegate.bench.schema import Trial
 from servegate.bench.sse import Stream, now
 from servegate.engine import adapters
@@ -606,7 +606,7 @@ def test_a_load_sweep_that_fails_before_its_first_point_leaves_a_failed_file(
     spec = cases.Spec(Endpoint(url, "", adapters.VLLM), "m",
                       cases.parse_cases(["regular"], ["1k"], [1]), max_tokens=40)  # fmt: skip
     with pytest.raises(BenchFailed, match="the warm-up request failed"):
-        load.run(driver.Bench(spec, None), load.LoadSpec("rate", (1.0,), duration_s=10), out)
+        load.run(driver.Bench(spec, None), loadspec.LoadSpec("rate", (1.0,), duration_s=10), out)
     saved = json.loads(out.read_text())
     assert saved["status"] == "failed"
     assert saved["error"].startswith("the warm-up request failed")

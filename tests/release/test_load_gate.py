@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from servegate import config
-from servegate.bench import load
+from servegate.bench import loadspec
 from servegate.config import LoadRule
 from servegate.errors import ConfigError
 from servegate.judging import stats
@@ -298,14 +298,13 @@ def test_identical_rates_fail_no_more_often_than_the_false_alarm_level() -> None
     """Throughput of the same server twice, open-loop Poisson arrivals of different
     seeds: the count's own spread is the evidence, so an unchanged release FAILs a
     required rate row about as often as gate.false_alarm allows (5 %), not more."""
-    from servegate.bench import load
 
     rule = LoadRule("request_throughput", 2.0, tolerance=0.10, required=True)
     fails = 0
     for seed in range(200):
         sides = []
         for k in (0, 1):
-            n = len(load.arrivals(2.0, 60.0, 1.0, random.Random(seed * 2 + k)))
+            n = len(loadspec.arrivals(2.0, 60.0, 1.0, random.Random(seed * 2 + k)))
             sides.append(point(2.0, n=n, span=60.0, seed=seed))
         fails += judge(rule, sides[0], sides[1])["verdict"] == "FAIL"
     assert fails <= 16, fails  # 5 % of 200 is 10; the margin is binomial noise
@@ -387,10 +386,10 @@ def test_answers_that_came_in_a_burst_leave_decode_rules_undecided() -> None:
         assert held_base["verdict"] == "INCONCLUSIVE", held_base
         assert "of the baseline's" in held_base["why"]
     goodput = LoadRule("goodput_rps", 4.0, tolerance=0.10, required=True)
-    reads = load_gate.Reads(slo=load.parse_goodput("ttft:2s,itl:80ms"))
+    reads = load_gate.Reads(slo=loadspec.parse_goodput("ttft:2s,itl:80ms"))
     row = load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)
     assert row["verdict"] == "INCONCLUSIVE", row
-    reads = load_gate.Reads(slo=load.parse_goodput("ttft:2s,e2el:5s"))
+    reads = load_gate.Reads(slo=loadspec.parse_goodput("ttft:2s,e2el:5s"))
     timed_whole = load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)
     assert "burst" not in timed_whole["why"]  # SLOs of TTFT and E2E only: judged on counts
     ttft = judge(LoadRule("ttft_s.p50", 4.0, tolerance=0.10, required=True), base, cand)
@@ -409,7 +408,7 @@ def test_shorter_answers_leave_end_to_end_rows_undecided() -> None:
     row = judge(LoadRule("e2el_s.p50", 4.0, tolerance=0.10, required=True), base, cand)
     assert row["verdict"] == "INCONCLUSIVE", row
     assert "400 of the candidate's 400 answers at 4 were shorter than max_tokens" in row["why"]
-    reads = load_gate.Reads(slo=load.parse_goodput("e2el:5s"))
+    reads = load_gate.Reads(slo=loadspec.parse_goodput("e2el:5s"))
     goodput = LoadRule("goodput_rps", 4.0, tolerance=0.10, required=True)
     assert load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)["verdict"] == (
         "INCONCLUSIVE"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate.bench.cases import METRICS, SCHEMA
-from servegate.bench.load import KIND as LOAD_KIND
+from servegate.bench.loadspec import KIND as LOAD_KIND
 from servegate.errors import ResultFileError
 
 #: load figures → (vLLM's name stem, factor to its unit)

@@ -15,7 +15,7 @@ import httpx
 
 from servegate import config as config_mod
 from servegate import envfile, hostpaths
-from servegate.bench import cases, document, driver, load, probes, results
+from servegate.bench import cases, document, driver, load, loadreport, loadspec, probes, results
 from servegate.bench.cases import METRICS
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
@@ -472,7 +472,7 @@ def compare_live(
     )
 
 
-def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> int:
+def load_sweep(cfg_path: Path, out: Output, o: Options, spec: loadspec.LoadSpec) -> int:
     """``servegate bench load``: a sweep of rates or concurrencies to the knee."""
     environ = os.environ
     cfg = load_config(cfg_path, environ, need=o.url is None)
@@ -505,7 +505,7 @@ def load_sweep(cfg_path: Path, out: Output, o: Options, spec: load.LoadSpec) -> 
             {k: v for k, v in p.items() if k != "requests_detail"} for p in points
         ]}  # fmt: skip
         return out.emit(shown, code)
-    (head_load, rows_load), (head_lat, rows_lat) = load.tables(points)
+    (head_load, rows_load), (head_lat, rows_lat) = loadreport.tables(points)
     out.table(f"LOAD — {spec.mode} sweep, {spec.workload} prompts", head_load, rows_load)
     out.table(
         "LATENCY — percentiles over each point's requests (ITL: their inter-chunk gaps)",

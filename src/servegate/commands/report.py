@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
-from servegate.bench import charts, export, load, results
+from servegate.bench import charts, export, loadspec, results
 from servegate.config import Config
 from servegate.errors import ConfigError, NothingToDo, ResultFileError
 from servegate.output import Output
@@ -65,7 +65,7 @@ def load_curves(cfg: Config | None, files: list[Path]) -> list[charts.LoadCurve]
     if cfg is not None:
         where = bench_gate.results_dir(cfg)
         if where.is_dir():
-            paths += sorted(p for p in where.glob("*.json") if _kind(p) == load.KIND)
+            paths += sorted(p for p in where.glob("*.json") if _kind(p) == loadspec.KIND)
     paths += [p for p in files if p not in paths]
     curves = []
     for path in paths:
@@ -89,7 +89,7 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
         )
     # a config without [host] (e.g. bench settings alone) still reads the given files
     cfg = config_mod.load(cfg_path, os.environ, build_only=True) if cfg_path.exists() else None
-    sweeps = [p for p in files if _kind(p) == load.KIND]
+    sweeps = [p for p in files if _kind(p) == loadspec.KIND]
     records = trend.records(cfg) if cfg is not None else []
     points = collect(records, [p for p in files if p not in sweeps])
     curves = load_curves(cfg, sweeps)

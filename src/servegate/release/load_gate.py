@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from servegate.bench import load
+from servegate.bench import load, loadspec
 from servegate.bench.cases import spec_from_config
 from servegate.bench.driver import Bench
 from servegate.config import Config, LoadRule
@@ -74,8 +74,8 @@ def lower_is_better(metric: str) -> bool:
     return metric.split(".")[0] in LATENCIES
 
 
-def spec_of(cfg: Config) -> load.LoadSpec:
-    return load.spec_from(cfg.load, config=True)
+def spec_of(cfg: Config) -> loadspec.LoadSpec:
+    return loadspec.spec_from(cfg.load, config=True)
 
 
 def check_config(cfg: Config) -> None:
@@ -181,7 +181,7 @@ def compact(point: Mapping[str, Any], window: float, rng: random.Random) -> dict
     rows = list(point.get("requests_detail") or [])
     if len(rows) > KEEP:
         rows = rng.sample(rows, KEEP)
-    slo = load.Slo(**{k: v for k, v in (point.get("slo") or {}).items()})
+    slo = loadspec.Slo(**{k: v for k, v in (point.get("slo") or {}).items()})
     out: dict[str, Any] = {
         "value": float(point["value"]),
         "window_s": float(window),
@@ -373,7 +373,7 @@ class Reads:
     clock checked each point's first texts, and which SLOs goodput reads."""
 
     first_text_checked: bool = True
-    slo: load.Slo = dataclasses.field(default_factory=load.Slo)
+    slo: loadspec.Slo = dataclasses.field(default_factory=loadspec.Slo)
 
 
 def judge(
