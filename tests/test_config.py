@@ -251,6 +251,13 @@ def test_config_check_sees_on_this_box_what_a_first_promote_would_stop_on(
     assert "cannot import vllm" in capsys.readouterr().err
     assert check(text.replace(str(tmp_path / "qwen"), str(tmp_path / "gone"))) == 7
     assert "is not a directory on this box" in capsys.readouterr().err
+    # every problem the box shows, in one run: the code is the one a promote meets first
+    several = text.replace(str(tmp_path / "qwen"), str(tmp_path / "gone"))
+    assert check(several + '[build]\ncommand = ["no-such-builder", "all"]\n', "--offline") == 5
+    err = capsys.readouterr().err
+    assert "no-such-builder" in err
+    assert "also (7):" in err
+    assert "is not a directory on this box" in err
 
 
 @pytest.mark.parametrize("unit", ["my stack", "my%stack", "a\nb", "-x", "x" * 201, "é"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from servegate import hostpaths
@@ -46,18 +47,30 @@ IMPORT_TIMEOUT = 300.0
 REMOTE_TIMEOUT = 60.0
 
 
-def check(cfg: Config, spec: LaunchSpec, offline: bool) -> list[str]:
-    """Run every check; raise the first failure (promote's exit code); return what was
-    checked and what was not, a line each."""
+def check(
+    cfg: Config, spec: LaunchSpec, offline: bool, failed: list[ServegateError] | None = None
+) -> list[str]:
+    """Run every check; return what was checked and what was not, a line each. A check
+    that fails is added to ``failed`` (in the order a promote would meet them) and the
+    rest still run; without ``failed`` the first failure is raised."""
     if cfg.remote_hosts:
         hosts = ", ".join(h.address for h in cfg.remote_hosts)
         return [f"box: not checked here; the config promotes on {hosts}: run it there"]
     done: list[str] = []
-    done.append(_port(cfg))
-    done.append("remote: not checked (--offline)" if offline else _remote(cfg))
-    done.append(_build(cfg))
-    done += _targets(cfg)
-    done += _launch(cfg, spec)
+    steps: list[Callable[[], list[str]]] = [
+        lambda: [_port(cfg)],
+        lambda: ["remote: not checked (--offline)" if offline else _remote(cfg)],
+        lambda: [_build(cfg)],
+        lambda: _targets(cfg),
+        lambda: _launch(cfg, spec),
+    ]
+    for step in steps:
+        try:
+            done += step()
+        except ServegateError as exc:
+            if failed is None:
+                raise
+            failed.append(exc)
     return done
 
 

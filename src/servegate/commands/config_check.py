@@ -13,7 +13,7 @@ from servegate.engine import lint as lint_mod
 from servegate.engine import managers
 from servegate.engine.launch import ENV_REF, launch_spec
 from servegate.engine.lint import ruleset
-from servegate.errors import ConfigError
+from servegate.errors import ConfigError, ServegateError
 from servegate.output import Output
 from servegate.release import bench_gate
 from servegate.release.gate import build_checks
@@ -27,6 +27,17 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "items"):
         return dict(value.items())
     return value
+
+
+def _all_of(failed: list[ServegateError]) -> ServegateError:
+    """The first failure a promote would meet (its class, its exit code), saying the
+    others too: a new box's problems are fixed in one round, not one a run."""
+    first, rest = failed[0], failed[1:]
+    if not rest:
+        return first
+    others = "\n".join(f"  also ({e.exit_code}): {e}" for e in rest)
+    hints = "; ".join(dict.fromkeys(e.hint for e in failed if e.hint))
+    return type(first)(f"{first}\n{others}", hint=hints)
 
 
 def run(cfg: Config, out: Output, offline: bool = False) -> int:
@@ -58,15 +69,18 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
         findings = lint_mod.lint(
             filled or spec, rules, cache if cache.parent.is_dir() else Path(spare)
         )
-    if any(f.severity == "fail" for f in findings):
-        raise lint_mod.failure(
-            findings, f"profile {spec.profile}" if spec.profile else "service.command"
-        )
+    failed: list[ServegateError] = []
     warnings += [
         f"lint {f.severity}: {f.rule}: {f.message}" for f in findings if f.severity == "warn"
     ]
     # what this box shows before any promote: port, remote, build, program, engine, model
-    box = config_box.check(cfg, filled or spec, offline)
+    box = config_box.check(cfg, filled or spec, offline, failed)
+    if any(f.severity == "fail" for f in findings):  # promote lints after its build
+        where = f"profile {spec.profile}" if spec.profile else "service.command"
+        failed.insert(len([e for e in failed if e.exit_code != 7]),
+                      lint_mod.failure(findings, where))  # fmt: skip
+    if failed:
+        raise _all_of(failed)
     if out.json_mode:
         return out.emit({**_plain(cfg), "warnings": warnings, "box": box})
     out.line(f"{cfg.path}: OK")
