@@ -169,3 +169,17 @@ def test_init_writes_what_the_lint_needs_or_says_what_to_add(
     notes = json.loads(capsys.readouterr().out)["result"]["notes"]
     assert any("model.local-without-offline would stop the first promote (exit 15)" in n
                for n in notes), notes  # fmt: skip
+
+
+def test_a_refused_script_is_a_documented_config_error_in_json(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`conda activate` is refused by the script import's own error class; --json names
+    the class docs/exit-codes.md documents for exit 2, ConfigError."""
+    script = tmp_path / "conda.sh"
+    script.write_text("conda activate vllm\nexec python -m vllm.entrypoints.openai.api_server\n")
+    args = ["init", "--dir", str(stack.work), "--host-root", str(tmp_path / "h")]
+    assert main([*args, "--from-command", str(script), "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["class"] == "ConfigError"
+    assert "conda run -n vllm which python" in doc["error"]["hint"]

@@ -61,7 +61,7 @@ class Output:
             }
             if error is not None:
                 doc["error"] = {
-                    "class": type(error).__name__,
+                    "class": _documented(type(error)),
                     "message": str(error),
                     "hint": error.hint,
                 }
@@ -120,6 +120,17 @@ def _scrubbed(node: Any, scrub: Callable[[str], str]) -> Any:
     if isinstance(node, list):
         return [_scrubbed(v, scrub) for v in node]
     return node
+
+
+def _documented(cls: type[ServegateError]) -> str:
+    """The class docs/exit-codes.md names for an error: itself, or the documented class
+    it refines (``init``'s Unsupported is a ConfigError)."""
+    import servegate.errors as errors
+
+    for base in cls.__mro__:
+        if base in errors.ALL_ERRORS:
+            return base.__name__
+    return cls.__name__
 
 
 def _error_of(exit_code: int, result: Any) -> dict[str, str]:
