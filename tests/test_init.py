@@ -169,6 +169,10 @@ def test_init_writes_what_the_lint_needs_or_says_what_to_add(
     notes = json.loads(capsys.readouterr().out)["result"]["notes"]
     assert any("model.local-without-offline would stop the first promote (exit 15)" in n
                for n in notes), notes  # fmt: skip
+    # without --python the service's Python is a bare name: init says which it found
+    assert main([*args, "--force", "--model", "/models/qwen3"]) == 0
+    notes = json.loads(capsys.readouterr().out)["result"]["notes"]
+    assert any("the service's Python is 'python3'" in n and "--python" in n for n in notes)
 
 
 def test_a_refused_script_is_a_documented_config_error_in_json(
@@ -183,3 +187,16 @@ def test_a_refused_script_is_a_documented_config_error_in_json(
     doc = json.loads(capsys.readouterr().out)
     assert doc["error"]["class"] == "ConfigError"
     assert "conda run -n vllm which python" in doc["error"]["hint"]
+
+
+def test_a_checkout_whose_name_is_no_unit_name_still_gets_a_config_that_loads(
+    stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The unit is named after the checkout: "_my stack" must not give a unit name
+    systemd or supervisord would refuse (the config would not load)."""
+    odd = tmp_path / "_my stack"
+    stack.work.rename(odd)
+    args = ["init", "--dir", str(odd), "--host-root", str(tmp_path / "h"), "--json"]
+    assert main([*args, "--model", "/models/q", "--python", sys.executable]) == 0
+    capsys.readouterr()
+    assert config_mod.load(odd / "servegate.toml", {}).service.unit == "my-stack"

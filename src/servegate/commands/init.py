@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -248,7 +249,7 @@ def run(
     if "://" not in remote and not re.match(r"^[\w.-]+@[\w.-]+:", remote):
         remote = str((checkout / remote).resolve())  # a local path: the box needs it whole
     branch = _git(checkout, "symbolic-ref", "--short", "HEAD") or "main"
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", checkout.name)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", checkout.name).lstrip("_.-")[:200] or "stack"
     unit = unit or name
     host_root = (host_root or Path.home() / ".local" / "share" / "servegate" / name).expanduser()
     written: list[str] = []
@@ -279,6 +280,13 @@ def run(
             )
         launch = {"command": [python, "-m", "vllm.entrypoints.openai.api_server", "--model",
                               model, "--served-model-name", name, "--port", "{port}"]}  # fmt: skip
+        if "/" not in python:
+            found = shutil.which(python)
+            notes.append(
+                f"the service's Python is {python!r} from the PATH a promote runs with"
+                + (f" (here {found})" if found else " (not found here)")
+                + ": give --python /path/to/venv/bin/python, the environment that has vLLM"
+            )
         if model.startswith(("/", "~", "./", "../")):
             # a local model: a missing file must never send the service to the Hub
             # (the lint rule model.local-without-offline)
