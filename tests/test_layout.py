@@ -40,7 +40,17 @@ ALLOWED = {
     "judging": {"bench", "pipeline"},
     "runners": {"engine", "pipeline"},
 }
-BASE = {"errors", "config", "hostpaths", "archs", "envfile", "about", "output", "__version__"}
+BASE = {
+    "errors",
+    "config",
+    "documents",
+    "hostpaths",
+    "archs",
+    "envfile",
+    "about",
+    "output",
+    "__version__",
+}
 
 
 def _imports(path: Path) -> set[str]:

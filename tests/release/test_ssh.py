@@ -363,7 +363,7 @@ def test_a_promote_killed_after_the_switch_is_finished_by_the_next_run(
     assert out["code"] == 17
     left = state(h)
     assert left.pending is not None
-    assert left.pending["sha"] == slow  # the host's state file knows what was left
+    assert left.pending.sha == slow  # the host's state file knows what was left
     assert live(h) == good  # still the last recorded release …
     lab.start(h)
     code, doc = run(["status", "--config", str(ws)], capsys)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servegate import hostpaths
+from servegate import documents, hostpaths
 from servegate.config import Config
 from servegate.engine import openai
 from servegate.engine.launch import engine_of
@@ -46,7 +46,7 @@ def run(cfg: Config, out: Output) -> int:
             "why_not": why,
         },
         "last_attempt": _entry(state.history[-1]) if state.history else None,
-        "pending": state.pending,
+        "pending": documents.plain(state.pending),
         "unpushed": waiting,
     }
     problem = _problem(state, healthy, why, svc.pid)
@@ -71,8 +71,8 @@ def run(cfg: Config, out: Output) -> int:
     if state.pending:
         p = state.pending
         out.line(
-            f"INTERRUPTED:  a {p.get('kind', 'promote')} of {str(p.get('sha'))[:12]} started "
-            f"{p.get('at')} stopped after the switch; the next promote or rollback undoes it"
+            f"INTERRUPTED:  a {p.kind} of {p.sha[:12]} started "
+            f"{p.at} stopped after the switch; the next promote or rollback undoes it"
         )
     last = state.history[-1] if state.history else None
     if last is not None and last.verdict == "rolled_back":
@@ -95,8 +95,7 @@ def _problem(state: HostState, healthy: bool, why: str, pid: int | None) -> Serv
         )
     if state.pending:
         return ServiceFailed(
-            f"a {state.pending.get('kind', 'promote')} of {str(state.pending.get('sha'))[:12]} "
-            "stopped after its switch",
+            f"a {state.pending.kind} of {state.pending.sha[:12]} stopped after its switch",
             hint="`release recover` undoes it (the next promote or rollback would too)",
         )
     if state.current is not None and not healthy:

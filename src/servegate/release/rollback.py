@@ -26,7 +26,7 @@ from servegate.pipeline.lock import HostLock
 from servegate.release import bringup
 from servegate.release import record as rec
 from servegate.release.context import Context
-from servegate.release.state import Entry
+from servegate.release.state import Entry, Pending
 
 WHAT_TO_DO = (
     "the service is NOT serving a verified release. Read the service log under "
@@ -141,14 +141,14 @@ def restore_after_failure(ctx: Context, failed_sha: str) -> dict[str, Any]:
 def mark_pending(ctx: Context, kind: str, sha: str, release_dir: Path) -> None:
     """Written before the service is touched, cleared by the record: if this process dies
     in between, the next run finds it (:func:`recover`)."""
-    ctx.state.pending = {
-        "kind": kind,
-        "sha": sha,
-        "release_dir": str(release_dir),
-        "at": rec.stamp(),
-        "pid": os.getpid(),
-        "run": ctx.run_id,
-    }
+    ctx.state.pending = Pending(
+        kind=kind,
+        sha=sha,
+        release_dir=str(release_dir),
+        at=rec.stamp(),
+        pid=os.getpid(),
+        run=ctx.run_id,
+    )
     ctx.state.save()
 
 
@@ -160,12 +160,12 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     pending = ctx.state.pending
     if not pending:
         return None
-    sha = str(pending.get("sha", ""))
+    sha = pending.sha
     live = ctx.state.current
     back = live.sha[:12] if live else "nothing (no release was recorded)"
     ctx.reporter.note(
-        f"an interrupted {pending.get('kind', 'promote')} of {sha[:12]} (started "
-        f"{pending.get('at', '?')}) left the service half switched; putting back {back}"
+        f"an interrupted {pending.kind} of {sha[:12]} (started "
+        f"{pending.at or '?'}) left the service half switched; putting back {back}"
     )
     with ctx.runner.stage("recover") as st:
         with gpu_lease(ctx.lease_path, f"recover from {sha[:12]}", ctx.cfg.host.lease_timeout):
@@ -176,8 +176,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
                 result = restore(ctx, live)
         st.detail = f"back to {back}" if result["ok"] else "FAILED"
     reason = (
-        f"interrupted after the switch (started {pending.get('at', '?')}); "
-        "rolled back by the next run"
+        f"interrupted after the switch (started {pending.at or '?'}); rolled back by the next run"
     )
     # never "rolled back" untrue: a restore that failed leaves no verified release serving
     verdict = "rolled_back" if result["ok"] else "failed"
@@ -186,7 +185,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     record = rec.ReleaseRecord.new(ctx.cfg, sha, live.sha if live else None, verdict)
     record.reason, record.rollback, record.stages = reason, result, ctx.runner.as_list()
     record.run = ctx.run_id
-    tagged = _released_before(ctx, sha, str(pending.get("at", "")), str(pending.get("run", "")))
+    tagged = _released_before(ctx, sha, pending.at, pending.run)
     if tagged is not None:
         # the promote got as far as its record and tag, then died before the host state
         # said so: the tag stays on origin, and this release's note says it is superseded
@@ -204,7 +203,7 @@ def recover(ctx: Context) -> dict[str, Any] | None:
     ctx.state.history.append(
         Entry(
             sha=sha,
-            release_dir=str(pending.get("release_dir", "")),
+            release_dir=pending.release_dir,
             verdict=verdict,
             at=when,
             tag=tagged["tag"] if tagged else "",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from servegate import documents
 from servegate.errors import StateInvalid
 from servegate.pipeline import atomic
 
@@ -19,17 +19,37 @@ SCHEMA = 1
 class Entry:
     sha: str
     release_dir: str
-    verdict: str  # released | rolled_back | rollback
+    verdict: str  # released | rolled_back | rollback | failed
     at: str
     tag: str = ""
     reason: str = ""
     startup_seconds: float = 0.0
     artifacts: dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Entry:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """A promote or rollback past its switch and not yet recorded: found by the next run
+    when that one died half-way (:func:`servegate.release.rollback.recover`)."""
+
+    sha: str
+    kind: str = "promote"
+    release_dir: str = ""
+    at: str = ""
+    pid: int = 0
+    #: the run's name (its records carry it); "" in a marker from before runs were named
+    run: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateDocument:
+    """The file as written: :class:`HostState` without where it lives."""
+
+    schema: int
+    current: Entry | None = None
+    previous: Entry | None = None
+    history: list[Entry] = field(default_factory=list)
+    pending: Pending | None = None
 
 
 SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -61,44 +81,13 @@ def _check_dir(path: Path, root: Path, release_dir: str, where: str) -> None:
         raise _invalid(path, f"{where} {release_dir!r} lies outside {root}")
 
 
-#: what each field of an entry and of ``pending`` must be (a missing one takes its default)
-ENTRY_TYPES: dict[str, tuple[type, ...]] = {
-    "sha": (str,), "release_dir": (str,), "verdict": (str,), "at": (str,), "tag": (str,),
-    "reason": (str,), "startup_seconds": (int, float), "artifacts": (dict,),
-}  # fmt: skip
-PENDING_TYPES: dict[str, tuple[type, ...]] = {
-    "sha": (str,), "kind": (str,), "release_dir": (str,), "at": (str,), "pid": (int,),
-    "run": (str,),
-}  # fmt: skip
-
-
-def _wrong_types(value: dict[str, Any], types: dict[str, tuple[type, ...]]) -> str:
-    """The first field of ``value`` of the wrong type, said as "name is …"; "" if none."""
-    for name, allowed in types.items():
-        if name not in value:
-            continue
-        got = value[name]
-        if isinstance(got, bool) or not isinstance(got, allowed):
-            want = " or ".join({"str": "a string", "int": "a whole number", "float": "a number",
-                                "dict": "an object"}[t.__name__] for t in allowed)  # fmt: skip
-            return f"{name} is {type(got).__name__} {str(got)[:40]!r}, not {want}"
-    artifacts = value.get("artifacts")
-    if isinstance(artifacts, dict) and not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items()
-    ):
-        return "artifacts is not an object of path → sha256 strings"
-    return ""
-
-
 @dataclass
 class HostState:
     path: Path
     current: Entry | None = None
     previous: Entry | None = None
     history: list[Entry] = field(default_factory=list)
-    #: a promote or rollback past its switch and not yet recorded: {"sha", "kind",
-    #: "release_dir", "at", "pid"}. Found by the next run when that one died half-way.
-    pending: dict[str, Any] | None = None
+    pending: Pending | None = None
 
     @classmethod
     def load(cls, path: Path) -> HostState:
@@ -113,54 +102,25 @@ class HostState:
             raise _invalid(path, f"it is not readable JSON ({why})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise _invalid(path, f"it is not a host state of schema {SCHEMA}")
+        try:
+            doc = documents.read(StateDocument, data)
+        except documents.DocumentError as exc:
+            raise _invalid(path, str(exc)) from None
         root = path.parent.resolve()
-
-        def entry(value: Any, where: str) -> Entry | None:
-            if value is None:
-                return None
-            if not isinstance(value, dict):
-                raise _invalid(path, f"{where} is not an object")
-            why = _wrong_types(value, ENTRY_TYPES)
-            if why:
-                raise _invalid(path, f"{where}.{why}")
-            try:
-                e = Entry.from_dict(value)
-            except TypeError as exc:
-                raise _invalid(path, f"{where}: {exc}") from None
-            _check_entry(path, root, e, where)
-            return e
-
-        history = data.get("history", [])
-        if not isinstance(history, list):
-            raise _invalid(path, "history is not a list")
-        pending = data.get("pending")
-        if pending is not None and not isinstance(pending, dict):
-            raise _invalid(path, "pending is not an object")
-        if pending is not None:
-            why = _wrong_types(pending, PENDING_TYPES)
-            if why:
-                raise _invalid(path, f"pending.{why}")
-            _check_sha(path, str(pending.get("sha", "")), "pending.sha")
-            _check_dir(path, root, str(pending.get("release_dir", "")), "pending.release_dir")
-        return cls(
-            path,
-            entry(data.get("current"), "current"),
-            entry(data.get("previous"), "previous"),
-            [e for i, v in enumerate(history) if (e := entry(v, f"history[{i}]")) is not None],
-            pending,
-        )
+        named = [("current", doc.current), ("previous", doc.previous)]
+        named += [(f"history[{i}]", e) for i, e in enumerate(doc.history)]
+        for where, e in named:
+            if e is not None:
+                _check_entry(path, root, e, where)
+        if doc.pending is not None:
+            _check_sha(path, doc.pending.sha, "pending.sha")
+            _check_dir(path, root, doc.pending.release_dir, "pending.release_dir")
+        return cls(path, doc.current, doc.previous, list(doc.history), doc.pending)
 
     def save(self) -> None:
-        atomic.write_json(
-            self.path,
-            {
-                "schema": SCHEMA,
-                "current": asdict(self.current) if self.current else None,
-                "previous": asdict(self.previous) if self.previous else None,
-                "history": [asdict(e) for e in self.history],
-                "pending": self.pending,
-            },
-        )
+        doc = StateDocument(schema=SCHEMA, current=self.current, previous=self.previous,
+                            history=list(self.history), pending=self.pending)  # fmt: skip
+        atomic.write_json(self.path, documents.plain(doc))
 
     def released(self, sha: str) -> Entry | None:
         """The newest successful release of ``sha`` (prefix allowed)."""
