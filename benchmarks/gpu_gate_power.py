@@ -68,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_transformers_bench import free_port, serve_command, wait_up
 
 from servegate import config as config_mod
+from servegate import documents
 from servegate.bench import results
 from servegate.bench.cases import spec_from_config
 from servegate.bench.driver import Bench
@@ -334,7 +335,7 @@ def main() -> int:
                     f"{args.resume} holds the noise as measured before the gate bounded the "
                     "restart offset (a point estimate): start a new run without --resume"
                 )
-            found = {k: noise.Noise.from_dict(v) for k, v in report["noise"].items()}
+            found = {k: documents.read(noise.Noise, v) for k, v in report["noise"].items()}
             noise.save(cfg.host_root, found, report["fingerprint"], "A", "gpu", [])
         else:
             # 1. the noise, as `servegate bench noise` measures it: A over several starts

@@ -56,6 +56,17 @@ def test_a_noise_record_that_would_narrow_the_gate_is_not_used(tmp_path: Path) -
         found, about = noise.load(tmp_path, _digest(cfg))
         assert found == {}, bad
         assert "not a noise estimate" in about
+    # a row of the wrong shape is named by its field (the typed document reader)
+    for bad, said in (({"cv": "0.01"}, "cv is str"), ({"trusted": True}, "trusted is not a field"),
+                      ({"offset": float("nan")}, "offset nan outside")):  # fmt: skip
+        _noise_file(tmp_path, cfg, cv=0.01, offset=0.03)
+        doc = json.loads((tmp_path / noise.FILE).read_text())
+        for row in doc["rows"].values():
+            row.update(bad)
+        (tmp_path / noise.FILE).write_text(json.dumps(doc))
+        found, about = noise.load(tmp_path, _digest(cfg))
+        assert found == {}, bad
+        assert said in about, about
 
 
 def test_bench_noise_refuses_a_single_start(

@@ -35,12 +35,13 @@ import datetime as dt
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from scipy.special import chdtri  # type: ignore[import-untyped]
 
+from servegate import documents
 from servegate.bench.results import Samples
 from servegate.judging import stats
 from servegate.pipeline import atomic
@@ -63,6 +64,9 @@ class Noise:
     samples: int
     #: the point estimate (method of moments; None: not known, e.g. set by hand)
     offset_estimate: float | None = None
+    #: the one-sided confidence of ``offset`` (:data:`CONFIDENCE`; written beside the
+    #: estimate, so a reader knows what the bound is)
+    offset_confidence: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -86,23 +90,34 @@ class Noise:
             return df, self.offset_estimate**2 + within, within
         return df, (self.offset**2 + within) * float(chdtri(df, CONFIDENCE)) / df, within
 
-    @classmethod
-    def from_dict(cls, v: Mapping[str, Any]) -> Noise:
-        """A row as :meth:`as_dict` wrote it; ValueError (or KeyError, TypeError) when it
-        is not one the gate may use: a bound below its own estimate, out of range, or
-        from one start."""
-        point = v.get("offset_estimate")
-        row = cls(
-            _number(v["cv"]), _number(v["offset"]), int(v["starts"]), int(v["samples"]),
-            None if point is None else _number(point),
-        )  # fmt: skip
-        if not (0 <= row.cv <= MAX_LOG_SD and 0 <= row.offset <= MAX_LOG_SD):
-            raise ValueError(f"cv {row.cv} or offset {row.offset} outside 0..{MAX_LOG_SD}")
-        if row.offset_estimate is not None and row.offset < row.offset_estimate:
-            raise ValueError("an upper bound below its own estimate")
-        if row.starts < 2:
-            raise ValueError("one start bounds no offset between starts")
-        return row
+    def problem(self) -> str:
+        """Why the gate may not use this row ("" when it may): out of range, a bound
+        below its own estimate, or from one start."""
+        for name in ("cv", "offset", "offset_estimate"):
+            value = getattr(self, name)
+            if value is not None and not (0 <= value <= MAX_LOG_SD):  # NaN fails too
+                return f"{name} {value} outside 0..{MAX_LOG_SD}"
+        if self.offset_estimate is not None and self.offset < self.offset_estimate:
+            return "an upper bound below its own estimate"
+        if self.starts < 2:
+            return "one start bounds no offset between starts"
+        if self.samples < self.starts:
+            return "fewer samples than starts"
+        return ""
+
+
+@dataclass(frozen=True)
+class NoiseRecord:
+    """``noise.json`` as written (schema :data:`SCHEMA`)."""
+
+    schema: int
+    kind: Literal["servegate.noise"]
+    measured_at: str
+    host: str
+    sha: str
+    fingerprint: dict[str, Any]
+    rows: dict[str, Noise]
+    result_files: list[str] = field(default_factory=list)
 
 
 def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
@@ -188,26 +203,20 @@ def load(root: Path, digest: str) -> tuple[dict[str, Noise], str]:
     fingerprint = doc.get("fingerprint")
     if not isinstance(fingerprint, dict) or fingerprint.get("digest") != digest:
         return {}, f"{path} was measured with other bench settings: re-run `servegate bench noise`"
-    rows: dict[str, Noise] = {}
     try:
-        for k, v in (doc.get("rows") or {}).items():
-            rows[str(k)] = Noise.from_dict(v)
-    except (AttributeError, KeyError, TypeError, ValueError, OverflowError):
-        return {}, (
-            f"{path} holds a row that is not a noise estimate (cv, offset, starts, samples "
-            "numbers; an offset bound not below its estimate; two starts or more): it is "
-            "ignored; re-run `servegate bench noise`"
+        record = documents.read(NoiseRecord, doc)
+    except documents.DocumentError as exc:
+        return (
+            {},
+            f"{path} is not a noise record ({str(exc)[:200]}): re-run `servegate bench noise`",
         )
-    sha = doc.get("sha")
-    shown = sha[:12] if isinstance(sha, str) else "?"
-    return rows, f"noise measured {str(doc.get('measured_at'))[:40]} on {shown}"
-
-
-def _number(value: Any) -> float:
-    """A finite number from the file (a string, a bool or NaN is not one)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{value!r} is not a number")
-    out = float(value)
-    if out != out or out in (float("inf"), float("-inf")):
-        raise ValueError(f"{value!r} is not finite")
-    return out
+    bad = {k: why for k, row in record.rows.items() if (why := row.problem())}
+    if bad:
+        key, why = next(iter(bad.items()))
+        return {}, (
+            f"{path} holds a row that is not a noise estimate ({key}: {why}; an offset "
+            "bound not below its estimate, two starts or more): it is ignored; re-run "
+            "`servegate bench noise`"
+        )
+    rows = dict(record.rows)
+    return rows, f"noise measured {record.measured_at[:40]} on {record.sha[:12] or '?'}"
