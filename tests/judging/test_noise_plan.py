@@ -57,15 +57,18 @@ def test_a_noise_record_that_would_narrow_the_gate_is_not_used(tmp_path: Path) -
         assert found == {}, bad
         assert "not a noise estimate" in about
     # a row of the wrong shape is named by its field (the typed document reader)
-    for bad, said in (({"cv": "0.01"}, "cv is str"), ({"trusted": True}, "trusted is not a field"),
-                      ({"offset": float("nan")}, "offset nan outside")):  # fmt: skip
+    shapes: list[tuple[dict[str, object], str]] = [
+        ({"cv": "0.01"}, "cv is str"), ({"trusted": True}, "trusted is not a field"),
+        ({"offset": float("nan")}, "offset nan outside"),
+    ]  # fmt: skip
+    for wrong, said in shapes:
         _noise_file(tmp_path, cfg, cv=0.01, offset=0.03)
         doc = json.loads((tmp_path / noise.FILE).read_text())
         for row in doc["rows"].values():
-            row.update(bad)
+            row.update(wrong)
         (tmp_path / noise.FILE).write_text(json.dumps(doc))
         found, about = noise.load(tmp_path, _digest(cfg))
-        assert found == {}, bad
+        assert found == {}, wrong
         assert said in about, about
 
 
