@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -456,6 +456,27 @@ def once(url: str, tmp_path: Path, concurrency: int = 1) -> list[Trial]:
     return bench.measure(spec.cases[0], 1)["groups"][0]["trials"]
 
 
+def _starved(t: Trial) -> bool:
+    """The client could not time this trial: its thread waited for a CPU, or its start
+    came in a burst (a busy box reads chunks late and bunched)."""
+    return bool(t["client_timing"]) or (t["client_wait_s"] or 0.0) > measure.CLIENT_WAIT_FLOOR
+
+
+def judged(
+    url: str, tmp_path: Path, concurrency: int, expected: Callable[[list[Trial]], bool]
+) -> list[Trial]:
+    """:func:`once`, measured again (up to three times) only while a run misses what is
+    expected *and* the client was starved in it: on a busy box the check's input, not
+    the check, is what went wrong. A run the client timed is judged as it came."""
+    trials: list[Trial] = []
+    for attempt in range(3):
+        (where := tmp_path / f"run{attempt}").mkdir()
+        trials = once(url, where, concurrency)
+        if expected(trials) or not any(_starved(t) for t in trials):
+            break
+    return trials
+
+
 @pytest.mark.parametrize(
     ("mode", "ahead"),
     [
@@ -481,7 +502,8 @@ def test_a_first_chunk_sent_ahead_of_the_prefill_is_no_ttft(
     hid is spent in the stream's start, in one long wait or a lead without a word."""
     url, handler = engine
     handler.mode = mode
-    t = once(url, tmp_path)[0]
+    (t,) = judged(url, tmp_path, 1,
+                  lambda ts: ("first_text_ahead" in ts[0]["invalid_reasons"]) == ahead)  # fmt: skip
     ttft = t["ttft_s"]
     assert ttft is not None
     assert t["first_gap_s"] is not None
@@ -520,7 +542,8 @@ def test_streams_that_vouch_for_each_other_are_no_alibi(
     explains the other's wait."""
     url, handler = engine
     handler.mode = mode if mode == "early" else "shared-early"
-    trials = once(url, tmp_path, 2)
+    trials = judged(url, tmp_path, 2,
+                    lambda ts: all("first_text_ahead" in t["invalid_reasons"] for t in ts))  # fmt: skip
     for t in trials:
         assert "first_text_ahead" in t["invalid_reasons"], t["reason_details"]
 
@@ -533,7 +556,13 @@ def test_a_wait_for_another_requests_prefill_is_not_text_sent_ahead(
     with the other's first text, so it is not a prefill the first one hid."""
     url, handler = engine
     handler.mode = "shared"
-    trials = once(url, tmp_path, 2)
+
+    def explained(ts: list[Trial]) -> bool:
+        first = min(ts, key=lambda t: t["ttft_s"] or 0)
+        waited = (first["first_gap_s"] or 0) > 0.5 * (first["ttft_s"] or 0)
+        return waited and not any("first_text_ahead" in t["invalid_reasons"] for t in ts)
+
+    trials = judged(url, tmp_path, 2, explained)
     first = min(trials, key=lambda t: t["ttft_s"] or 0)
     assert first["first_gap_s"] is not None
     assert first["ttft_s"] is not None
