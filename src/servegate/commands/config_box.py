@@ -163,13 +163,7 @@ def _targets(cfg: Config) -> list[str]:
     env = {**os.environ, **cfg.build.env}
     out = []
     for target in cfg.build.targets:
-        tools = [recipes.compiler(target, cfg.build.archs)]
-        if target.kind == "cmake":
-            tools = ["cmake", "ninja"] + (
-                ["hipcc" if recipes.vendor(cfg.build.archs) == "amd" else "nvcc"]
-                if cfg.build.archs
-                else []
-            )
+        tools = recipes.tools(target, cfg.build.archs)
         for tool in tools:
             recipes.require_tool(tool, env)
         archs = ", ".join(cfg.build.archs) or "its default arch"

@@ -80,17 +80,22 @@ def compiler(target: KernelTarget, archs: tuple[str, ...]) -> str:
     return target.kind
 
 
+def tools(target: KernelTarget, archs: tuple[str, ...]) -> list[str]:
+    """The programs that build ``target`` for ``archs`` (a CMake build's compiler too)."""
+    found = {"hipcc": ["hipcc"], "nvcc": ["nvcc"], "cmake": ["cmake", "ninja"]}[
+        compiler(target, archs)
+    ]
+    if target.kind == "cmake" and archs:
+        found.append("hipcc" if vendor(archs) == "amd" else "nvcc")
+    return found
+
+
 def toolchain(
     target: KernelTarget, archs: tuple[str, ...], environ: Mapping[str, str]
 ) -> dict[str, str]:
     """Tool name → its ``--version`` lines (they key the cache)."""
-    tools = {"hipcc": ["hipcc"], "nvcc": ["nvcc"], "cmake": ["cmake", "ninja"]}[
-        compiler(target, archs)
-    ]
-    if target.kind == "cmake" and archs:
-        tools.append("hipcc" if vendor(archs) == "amd" else "nvcc")
     versions = {}
-    for tool in tools:
+    for tool in tools(target, archs):
         exe = require_tool(tool, environ)
         env = dict(environ, HIP_PLATFORM="amd") if tool == "hipcc" else dict(environ)
         out = proc.run([exe, "--version"], env=env, timeout=60, check=False).output
