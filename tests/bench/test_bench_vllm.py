@@ -339,6 +339,11 @@ def test_load_sweep_finds_the_knee_of_a_real_server(server: Server, tmp_path: Pa
     assert light["completed"] == light["requests"] > 0
     for p in (light, heavy):
         for key in ("ttft_s", "itl_ms", "tpot_ms", "e2el_s"):
+            if p[key] is None and key in ("itl_ms", "tpot_ms"):
+                # a busy box: the client read every answer of the point at once, so their
+                # decode timings were dropped, each request saying why, never made up
+                assert all(r["client_timing"] for r in p["requests_detail"] if r["ok"]), p
+                continue
             _percentiles_ordered(p[key])
         assert p["prefix_hit_rate"] == 0  # cold: every prompt starts with its own tag
         detail = p["requests_detail"]
