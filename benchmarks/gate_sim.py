@@ -55,6 +55,8 @@ class Box:
     outliers: float = 0.0
     #: the share of the candidate's samples the release serves at a third of the rate
     tail: float = 0.0
+    #: per "case:metric", a restart offset of its own (the rest have ``offset``)
+    offsets: dict[str, float] = field(default_factory=dict)
 
 
 def _config(cases: Sequence[str], max_reps: int, max_starts: int) -> Config:
@@ -82,7 +84,8 @@ class Side:
 
     def restart(self) -> None:
         self.start += 1
-        self.offsets = {k: self.rng.gauss(0, self.box.offset) for k in self.values}
+        self.offsets = {k: self.rng.gauss(0, self.box.offsets.get(k, self.box.offset))
+                        for k in self.values}  # fmt: skip
 
     def measure(self, case: str, n: int) -> None:
         box = math.log(self.box.cand_box) if self.cand else 0.0
@@ -141,8 +144,10 @@ def one_gate(
     """(verdict, repetitions a side at the end, starts a side, the decision)."""
     cfg = _config(cases, max_reps, max_starts)
     if noise_mode == "known":
-        found = {f"{c}:{m}": noise.Noise(box.cv, box.offset, 1000, 100000, box.offset)
-                 for c in cases for m in METRICS}  # fmt: skip
+        found = {}
+        for key in (f"{c}:{m}" for c in cases for m in METRICS):
+            off = box.offsets.get(key, box.offset)
+            found[key] = noise.Noise(box.cv, off, 1000, 100000, off)
     else:
         found = _noise_record(rng, box, cases)
     planned = bench_gate.plan(cfg, found)
@@ -150,7 +155,7 @@ def one_gate(
     looks = max(1, max_reps - first + 1)
     st = bench_gate.settings(cfg, False, looks, first, found)
     if noise_mode == "known":
-        st = replace(st, offsets={k: box.offset for k in found})
+        st = replace(st, offsets={k: box.offsets.get(k, box.offset) for k in found})
     rules = bench_gate.rules(cfg)
     base, cand = Side(rng, box, cases, False), Side(rng, box, cases, True)
     for side in (base, cand):
@@ -175,7 +180,7 @@ def one_gate(
 
 def cell(
     name: str, gates: int, seed: int, box: Box, cases: Sequence[str], noise_mode: str,
-    max_reps: int = 12, max_starts: int = 5,
+    max_reps: int = Bench.max_repetitions, max_starts: int = Bench.max_starts,
 ) -> dict[str, Any]:  # fmt: skip
     rng = random.Random(seed)
     verdicts: dict[str, int] = {}
@@ -230,6 +235,10 @@ def scenarios() -> list[Scenario]:
          two),
         ("10 % of the release's requests at a third of the rate", Box(0.01, 0.005, tail=0.1),
          two),
+        ("unchanged, one row's restarts scatter 4 % (the rest 0.5 %)",
+         Box(0.01, 0.005, offsets={"regular-16k:generation_tps": 0.04}), two),
+        ("5% loss on the row whose restarts scatter 4 % (the rest 0.5 %)",
+         Box(0.01, 0.005, loss=one_row, offsets={"regular-16k:generation_tps": 0.04}), two),
     ]  # fmt: skip
     for i, (name, box, cases) in enumerate(extra):
         for mode in ("known", "measured"):
@@ -261,7 +270,8 @@ def main() -> int:
         args.out.write_text(json.dumps({
             "command": "python benchmarks/gate_sim.py " + " ".join(sys.argv[1:]),
             "tolerance": TOLERANCE, "false_alarm": 0.05, "miss": 0.01,
-            "max_repetitions": 12, "max_starts": 5, "seconds": round(took), "cells": rows,
+            "max_repetitions": Bench.max_repetitions, "max_starts": Bench.max_starts,
+            "seconds": round(took), "cells": rows,
         }, indent=1) + "\n")  # fmt: skip
     return 0
 

@@ -138,7 +138,7 @@ def test_the_gate_holds_its_error_rates_on_a_box_whose_offset_three_starts_under
             misses[name] += stats.decide(c, 0.05, levels) == "PASS"
         blocks = [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
         for cand, tally in ((same, alarms), (slower, misses)):
-            own = stats.SideStats.of([math.log(x) for x in cand], blocks).own_offset
+            own = stats.SideStats.of([math.log(x) for x in cand], blocks).own_offset()
             assert own is not None
             point, between, df = stats.offset_point([est.evidence(), own])
             c = stats.compare(base, cand, False, point, (1, 3), (None, blocks),

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
+import statistics
 
 import pytest
+from scipy import stats as sps  # type: ignore[import-untyped]
 
 from servegate.bench.results import CaseSamples, Samples
 from servegate.judging import stats, verdict
@@ -412,3 +416,69 @@ def test_an_offset_estimated_from_few_starts_widens_the_interval_by_its_freedom(
     assert zero_few is not None
     assert zero_given is not None
     assert zero_few.lower(0.01) < zero_given.lower(0.01)
+
+
+def test_one_sample_a_start_is_a_t_test_on_the_starts_means() -> None:
+    """Spread one repetition a start (what the plan picks where restarts dominate), a
+    side's starts' scatter holds the offset and the within-start noise together: its
+    mean's variance is that scatter over the starts (Welch's t test on the log samples),
+    neither that scatter undivided nor the offset added on top again."""
+    base = [100.0, 98.1, 101.7, 99.2, 102.4, 97.6, 100.9, 99.8]
+    cand = [99.1, 101.3, 97.9, 100.4, 98.6, 102.0, 99.5, 100.2]
+    blocks = list(range(8))
+    c = stats.compare(base, cand, offset=0.02, blocks=(blocks, blocks),
+                      offset_evidence=(0.0004, 10))  # fmt: skip
+    assert c is not None
+    lb, lc = [math.log(x) for x in base], [math.log(x) for x in cand]
+    welch = sps.ttest_ind(lc, lb, equal_var=False)
+    assert c.se == pytest.approx(
+        math.sqrt(statistics.variance(lb) / 8 + statistics.variance(lc) / 8)
+    )
+    assert c.d / c.se == pytest.approx(float(welch.statistic), rel=1e-9)
+    assert c.df == pytest.approx(float(welch.df), rel=1e-9)
+
+
+def _starts(level: float, offsets: list[float], per: int, cv: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [level * math.exp(o + rng.gauss(0, cv)) for o in offsets for _ in range(per)]
+
+
+def test_a_row_borrows_the_other_rows_restart_evidence_unless_its_starts_differ() -> None:
+    """A row's own few starts barely measure the restart offset; the other rows' starts
+    (a restart moves the whole server) are pooled with them, so the t test has their
+    degrees of freedom too. A row whose starts scatter far beyond what the others allow
+    is judged on its own starts alone, and says so."""
+    per, starts = 3, 3
+    blocks = [s for s in range(starts) for _ in range(per)]
+    offsets = [[0.004, -0.003, 0.001], [-0.002, 0.003, -0.001], [0.002, -0.004, 0.002],
+               [-0.001, 0.002, -0.003]]  # fmt: skip
+    cases = ["regular-16k", "regular-32k", "coding-16k", "coding-32k"]
+
+    def side(seed: int, wild: float = 0.0) -> Samples:
+        out = {}
+        for i, case in enumerate(cases):
+            offs = [o * (wild / 0.004 if wild and i == 0 else 1) for o in offsets[i]]
+            values = _starts(100.0, [o * (1 if seed else -1) for o in offs], per, 0.004,
+                             seed + i)  # fmt: skip
+            out[case] = CaseSamples(case, True, True, len(values), {"prefill_tps": values},
+                                    blocks={"prefill_tps": blocks})  # fmt: skip
+        return Samples("test", "servegate-bench/1", {"digest": "x"}, out)
+
+    rules = [verdict.Rule("prefill_tps", "higher", 0.05)]
+    d = verdict.evaluate(side(0), side(1), rules)
+    rows = {r["case"]: r for r in d["rows"]}
+
+    def first(s: Samples) -> Samples:
+        return dataclasses.replace(s, cases={"regular-16k": s.cases["regular-16k"]})
+
+    alone = verdict.evaluate(first(side(0)), first(side(1)), rules)["rows"][0]
+    pooled = rows["regular-16k"]
+    assert "pooled with the other rows'" in pooled["offset"]["from"], pooled["offset"]
+    assert pooled["offset"]["df"] > alone["offset"]["df"]
+    assert "pooled" not in alone["offset"]["from"]
+    # the first row's starts scatter eight times the others': not pooled, and said
+    d = verdict.evaluate(side(0, wild=0.032), side(1, wild=0.032), rules)
+    wild = {r["case"]: r for r in d["rows"]}["regular-16k"]
+    assert "not pooled: its starts scatter beyond the other rows'" in wild["offset"]["from"]
+    assert wild["offset"]["df"] <= alone["offset"]["df"]
+    assert wild["verdict"] != "PASS" or wild["interval"][0] >= 0.95

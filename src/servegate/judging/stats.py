@@ -67,6 +67,8 @@ class Comparison:
     starts: tuple[int, int] = (1, 1)
     #: each side's within-start share of Var(d) (the part more samples shrink)
     var_within: tuple[float, float] = (0.0, 0.0)
+    #: the degrees of freedom of ``sd_base`` and ``sd_cand`` (0: n - 1)
+    sd_df: tuple[int, int] = (0, 0)
 
     @property
     def ratio(self) -> float:
@@ -133,33 +135,66 @@ class SideStats:
         df = n - k
         factor = math.fsum(1 / len(g) for g in groups) / k**2
         between = _mean_var(means)[1] if k >= 2 else 0.0
-        if df > 0:
-            within = ss / df
-        else:  # one sample a start: the starts' scatter is all there is, offset included
-            within, df, factor = between * k, k - 1, 1 / k
+        # one sample a start: no within-start scatter of its own (df 0); its starts'
+        # scatter is the offset's evidence, with the pooled within-start variance
+        within = ss / df if df > 0 else 0.0
         return cls(math.fsum(means) / k, within, df, factor, k, n, between)
 
     @property
-    def own_offset(self) -> tuple[int, float, float] | None:
+    def sd(self) -> float:
+        """The side's log SD: within its starts, or (one sample a start) across them."""
+        return math.sqrt(self.within if self.df > 0 else self.between)
+
+    @property
+    def sd_df(self) -> int:
+        return self.df if self.df > 0 else self.starts - 1
+
+    def own_offset(self, within: float | None = None) -> tuple[int, float, float] | None:
         """(df, variance of a start's mean, its within-start part) from this side's own
-        starts: evidence on the restart offset (None with fewer than two starts)."""
-        if self.starts < 2 or self.n == self.starts:
+        starts: evidence on the restart offset (None with fewer than two starts).
+        ``within``: the pooled within-start variance (else the side's own; a side of one
+        sample a start has none, and gives no evidence without it)."""
+        w = within if within is not None else (self.within if self.df > 0 else None)
+        if self.starts < 2 or w is None:
             return None
-        return self.starts - 1, self.between, self.within * self.factor * self.starts
+        return self.starts - 1, self.between, w * self.factor * self.starts
 
 
 def offset_point(sources: Sequence[tuple[int, float, float]]) -> tuple[float, float, float]:
     """The restart offset's point estimate (a log SD) from independent sets of service
     starts, each ``(df, variance of a start's mean, the within-start part of it)``: the
     pooled between-start variance less its within-start part (at least 0); with the
-    pooled variance of a start's mean and its degrees of freedom, which say how well it
-    is known (:func:`compare`'s ``offset_evidence``)."""
+    pooled variance of a start's mean and the degrees of freedom that say how well it is
+    known (:func:`compare`'s ``offset_evidence``): the sets' own where they agree, fewer
+    where one set's starts scatter far more than the rest (Satterthwaite's effective
+    degrees of freedom of a weighted sum of variances)."""
     df = sum(s[0] for s in sources)
     if df < 1:
         raise ValueError("no two starts: nothing estimates the offset")
     between = math.fsum(d * b for d, b, _ in sources) / df
     within = math.fsum(d * w for d, _, w in sources) / df
-    return math.sqrt(max(0.0, between - within)), between, float(df)
+    # Var(pooled) = 2 sum(d b_true²) / df²; b² overstates b_true² by (d + 2) / d
+    spread = math.fsum(d * b * b * d / (d + 2) for d, b, _ in sources)
+    eff = between * between * df * df / spread if spread > 0 else float(df)
+    return math.sqrt(max(0.0, between - within)), between, min(float(df), eff)
+
+
+def offset_differs(
+    own: Sequence[tuple[int, float, float]], others: Sequence[tuple[int, float, float]]
+) -> float:
+    """The one-sided p-value that a row's own service starts scatter more than the
+    restart offset the other rows' starts estimate allows (an F test of the row's
+    between-start variance against its own within-start part plus the others' offset);
+    1.0 where either side has no two starts."""
+    if sum(s[0] for s in own) < 1 or sum(s[0] for s in others) < 1:
+        return 1.0
+    _, between, df_own = offset_point(own)
+    within = math.fsum(d * w for d, _, w in own) / sum(d for d, _, _ in own)
+    offset, _, df_others = offset_point(others)
+    expected = within + offset**2
+    if expected <= 0:
+        return 0.0 if between > 0 else 1.0
+    return float(fdtrc(df_own, df_others, between / expected))
 
 
 def compare(
@@ -196,30 +231,43 @@ def compare(
     # the box's within-start variance, pooled over both sides and the noise record: an
     # unchanged release scatters like its baseline (one that scatters more only widens
     # the interval, and :func:`more_scattered` names it); a three-sample baseline alone
-    # would leave the t test two degrees of freedom
+    # would leave the t test two degrees of freedom. A side measured one sample a start
+    # ("whole") has no within-start scatter of its own: its starts' scatter is the
+    # offset and the within-start noise together, so its mean's variance is that scatter
+    # over its starts, with its own degrees of freedom (a t test on start means), and no
+    # offset is added on top. Only a given offset (taken as known) models it instead.
+    given = offset_evidence is None and offset > 0
+    whole = tuple(not given and s.df == 0 and s.starts >= 2 for s in (sb, sc))
     ss = sb.within * sb.df + sc.within * sc.df + (prior[0] * prior[1] if prior else 0.0)
     df_w = sb.df + sc.df + (prior[0] if prior else 0)
     pooled = ss / df_w if df_w > 0 else 0.0
-    vb, vc = pooled * sb.factor, pooled * sc.factor
-    within = vb + vc
-    df = float(df_w) if within > 0 and df_w > 0 else math.inf
+    vb, vc = (s.between / s.starts if w else pooled * s.factor
+              for s, w in zip((sb, sc), whole, strict=True))  # fmt: skip
     kb = sb.starts if bb else max(starts[0], 1)
     kc = sc.starts if bc else max(starts[1], 1)
-    g = 1 / kb + 1 / kc
+    g = (0.0 if whole[0] else 1 / kb) + (0.0 if whole[1] else 1 / kc)
+    within = vb + vc
     se = math.sqrt(within + offset**2 * g)
-    if offset_evidence is not None and offset_evidence[1] > 0 and se > 0:
-        spread_var = offset_evidence[0] * g
-        parts = (within**2 / df if df > 0 and not math.isinf(df) else 0.0) + (
-            spread_var**2 / offset_evidence[1]
-        )
-        if parts > 0:
-            df = max(1.0, min(df, se**4 / parts))
+    # Welch-Satterthwaite over the parts: the pooled within-start variance, each whole
+    # side's scatter, and a measured offset's evidence; never more than they hold
+    shared = math.fsum(v for v, w in zip((vb, vc), whole, strict=True) if not w)
+    parts = shared**2 / df_w if shared > 0 else 0.0
+    most = float(df_w) if shared > 0 else 0.0
+    for v, w, side in zip((vb, vc), whole, (sb, sc), strict=True):
+        if w and v > 0:
+            parts, most = parts + v**2 / (side.starts - 1), most + side.starts - 1
+    if offset_evidence is not None and offset_evidence[1] > 0 and g > 0:
+        parts += (offset_evidence[0] * g) ** 2 / offset_evidence[1]
+        most += offset_evidence[1]
+    elif given and g > 0:
+        most = math.inf  # a given offset is taken as known
+    df = max(1.0, min(most, se**4 / parts)) if parts > 0 else math.inf
     if se == 0:
         se = 1e-12  # two exactly repeated sample sets: any loss at all is decisive
     spread = offset**2 if kc > 1 else 0.0
     return Comparison(
-        d, se, df, len(lb), len(lc), math.sqrt(sb.within), math.sqrt(sc.within), spread,
-        (kb, kc), (vb, vc),
+        d, se, df, len(lb), len(lc), sb.sd, sc.sd, spread,
+        (kb, kc), (vb, vc), (sb.sd_df, sc.sd_df),
     )  # fmt: skip
 
 
@@ -305,7 +353,8 @@ def more_scattered(c: Comparison, alpha: float, at_least: float = 2.0) -> float 
     ratio = c.sd_cand / math.sqrt(allowed)
     if ratio < at_least:
         return None
-    p = float(fdtrc(c.n_cand - 1, c.n_base - 1, ratio**2))
+    df_b, df_c = (d or n - 1 for d, n in zip(c.sd_df, (c.n_base, c.n_cand), strict=True))
+    p = float(fdtrc(df_c, df_b, ratio**2))
     return ratio if p < alpha else None
 
 
@@ -384,7 +433,8 @@ def _resolved(
 ) -> float:  # fmt: skip
     """The smallest loss a gate that ends at ``n`` a side tells from none at these rates."""
     schedule = [_se(cv, offset, m, starts) ** 2 for m in range(min(reps, n), n + 1)]
-    df = max(2 * (n - starts), 1) + prior_df
+    # one repetition a start: a t test on the starts' means (no within-start part)
+    df = 2 * (starts - 1) if n == starts else max(2 * (n - starts), 1) + prior_df
     z_pass = t_quantile(1 - _final_level(miss, schedule), df)
     z_power = t_quantile(1 - false_alarm / 2 / max(rows, 1), math.inf)
     return 1 - math.exp(-(z_pass + z_power) * _se(cv, offset, n, starts))

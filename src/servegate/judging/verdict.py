@@ -159,10 +159,16 @@ def evaluate(
     # unchanged release left open at the cap is rolled back too)
     levels = stats.Levels.split(st.false_alarm / 2, st.miss, deciding_rows, 1)
     pooled = _slow_counts(covered, baseline)
+    evidence = _offset_evidence(covered, baseline, st)
     decided = [
-        (_decide(cid, cs, rule, baseline, st, levels, final, pooled.get(rule.metric)), cs, rule)
+        (
+            _decide(cid, cs, rule, baseline, st, levels, final, pooled.get(rule.metric),
+                    evidence),
+            cs,
+            rule,
+        )
         for cid, cs, rule in covered
-    ]
+    ]  # fmt: skip
     rows = [_selected(row, cs, rule, st, final) for row, cs, rule in decided]
     if not rows:
         rows.append(_row("(none)", "-", True, verdict=FAIL, why="the candidate has no cases"))
@@ -232,6 +238,7 @@ def _decide(
     levels: stats.Levels,
     final: bool,
     pooled: tuple[int, int, int, int] | None = None,
+    evidence: Mapping[str, list[Source]] | None = None,
 ) -> dict[str, Any]:
     row = _row(cid, rule.metric, cs.required, floor=rule.floor or None)
     undecided = REPORT if not cs.required else None
@@ -264,7 +271,7 @@ def _decide(
         row.update(verdict=undecided or FAIL, why=bad)
         return row
     row["baseline_median"] = round(_median(base), 4)
-    verdict, why = _measured(row, cid, cs, bcs, rule, st, levels, final, pooled)
+    verdict, why = _measured(row, cid, cs, bcs, rule, st, levels, final, pooled, evidence)
     row.update(verdict=undecided or verdict, why=why)
     return row
 
@@ -279,35 +286,26 @@ def _measured(
     levels: stats.Levels,
     final: bool,
     pooled: tuple[int, int, int, int] | None = None,
+    evidence: Mapping[str, list[Source]] | None = None,
 ) -> tuple[str, str]:
-    """The statistics of one row with samples on both sides (fills ``row``)."""
+    """The statistics of one row with samples on both sides (fills ``row``);
+    ``evidence``: per "case:metric", the restart-offset evidence of the deciding rows."""
     base, cand = bcs.metrics[rule.metric], cs.metrics[rule.metric]
     bblocks, cblocks = bcs.blocks_of(rule.metric), cs.blocks_of(rule.metric)
-    ob, oc = stats.outliers(base, cand)
     lower = rule.direction == "lower"
-    slow_b, slow_c = _slow(base, cand, lower)
-    # set apart what cannot favour the candidate: its own far samples (its far-slow ones
-    # are judged by the tail test below, never averaged away) and the baseline's far-slow
-    # ones; the baseline's far-fast ones only as many as the candidate shows
-    fast_b = [i for i in ob if i not in slow_b]
-    fast_c = [i for i in oc if i not in slow_c]
-    out_b = set(slow_b) | set(fast_b[: len(fast_c)])
-    out_c = set(oc)
-    keep_b = [i for i in range(len(base)) if i not in out_b]
-    keep_c = [i for i in range(len(cand)) if i not in out_c]
+    bulk = _Bulk.of(base, cand, bblocks, cblocks, lower)
+    ob, oc, slow_b, slow_c, fast_c = bulk.ob, bulk.oc, bulk.slow_b, bulk.slow_c, bulk.fast_c
     if ob or oc:
         row["outliers"] = {
             "baseline": [base[i] for i in ob],
             "candidate": [cand[i] for i in oc],
             "slow": [len(slow_b), len(slow_c)],
-            "set_apart": [len(out_b), len(out_c)],
+            "set_apart": [len(base) - len(bulk.base), len(cand) - len(bulk.cand)],
         }
-    bulk_b, bulk_c = [base[i] for i in keep_b], [cand[i] for i in keep_c]
-    blocks = (
-        [bblocks[i] for i in keep_b] if bblocks else None,
-        [cblocks[i] for i in keep_c] if cblocks else None,
-    )
-    offset, source, known = _offset(cid, rule.metric, bulk_b, bulk_c, blocks, bcs, cs, st)
+    bulk_b, bulk_c, blocks = bulk.base, bulk.cand, bulk.blocks
+    key = f"{cid}:{rule.metric}"
+    others = [src for other, srcs in (evidence or {}).items() if other != key for src in srcs]
+    offset, source, known = _offset(cid, rule.metric, bulk, st, others)
     row["offset"] = {"log_sd": round(offset, 5), "from": source}
     if known is not None:
         row["offset"]["df"] = round(known[1], 1)
@@ -385,38 +383,128 @@ def _measured(
     return _flat(st, why)
 
 
+#: (degrees of freedom, variance of a start's mean, its within-start part): one set of
+#: service starts' evidence on the restart offset (:func:`stats.offset_point`)
+Source = tuple[int, float, float]
+#: a row whose own starts scatter beyond the other rows' offset at this one-sided level
+#: is judged on its own starts alone
+POOL_LEVEL = 0.01
+
+
+@dataclass(frozen=True)
+class _Bulk:
+    """One row's samples with its outliers set apart: what the comparison reads."""
+
+    base: list[float]
+    cand: list[float]
+    blocks: tuple[list[int] | None, list[int] | None]
+    ob: list[int]
+    oc: list[int]
+    slow_b: list[int]
+    slow_c: list[int]
+    fast_c: list[int]
+
+    @classmethod
+    def of(
+        cls,
+        base: Sequence[float],
+        cand: Sequence[float],
+        bblocks: Sequence[int] | None,
+        cblocks: Sequence[int] | None,
+        lower: bool,
+    ) -> _Bulk:
+        ob, oc = stats.outliers(base, cand)
+        slow_b, slow_c = _slow(base, cand, lower)
+        # set apart what cannot favour the candidate: its own far samples (its far-slow
+        # ones are judged by the tail test, never averaged away) and the baseline's
+        # far-slow ones; the baseline's far-fast ones only as many as the candidate shows
+        fast_b = [i for i in ob if i not in slow_b]
+        fast_c = [i for i in oc if i not in slow_c]
+        out_b = set(slow_b) | set(fast_b[: len(fast_c)])
+        keep_b = [i for i in range(len(base)) if i not in out_b]
+        keep_c = [i for i in range(len(cand)) if i not in set(oc)]
+        blocks = (
+            [bblocks[i] for i in keep_b] if bblocks else None,
+            [cblocks[i] for i in keep_c] if cblocks else None,
+        )
+        return cls([base[i] for i in keep_b], [cand[i] for i in keep_c], blocks, ob, oc,
+                   slow_b, slow_c, fast_c)  # fmt: skip
+
+    def own_sources(self, prior: tuple[int, float] | None = None) -> list[Source]:
+        """The restart-offset evidence of this row's own service starts, a side each;
+        ``prior``: the box's within-start variance from ``bench noise`` (df, variance),
+        pooled with the sides' own."""
+        sides = [
+            (stats.SideStats.of([math.log(v) for v in values if v > 0], bl), bl)
+            for values, bl in ((self.base, self.blocks[0]), (self.cand, self.blocks[1]))
+            if len(values) >= 2
+        ]
+        df = sum(s.df for s, _ in sides) + (prior[0] if prior else 0)
+        ss = math.fsum(s.within * s.df for s, _ in sides) + (prior[0] * prior[1] if prior else 0)
+        within = ss / df if df > 0 else None
+        found = [s.own_offset(within) for s, bl in sides if bl is not None]
+        return [f for f in found if f is not None]
+
+
+def _usable(values: Sequence[float]) -> bool:
+    return len(values) >= 2 and all(v > 0 and math.isfinite(v) for v in values)
+
+
+def _offset_evidence(
+    covered: Sequence[tuple[str, CaseSamples, Rule]], baseline: Samples | None, st: Settings
+) -> dict[str, list[Source]]:
+    """Per "case:metric", the restart-offset evidence a row carries (``bench noise``'s
+    record and its own starts): what the other rows pool with theirs."""
+    out: dict[str, list[Source]] = {}
+    for cid, cs, rule in covered:
+        bcs = baseline.cases.get(cid) if baseline else None
+        if bcs is None or rule.tolerance >= 1 or f"{cid}:{rule.metric}" in st.offsets:
+            continue
+        base, cand = bcs.metrics.get(rule.metric) or [], cs.metrics.get(rule.metric) or []
+        if not (cs.valid and bcs.valid and _usable(base) and _usable(cand)):
+            continue
+        bulk = _Bulk.of(base, cand, bcs.blocks_of(rule.metric), cs.blocks_of(rule.metric),
+                        rule.direction == "lower")  # fmt: skip
+        found = st.noise.get(f"{cid}:{rule.metric}")
+        key = f"{cid}:{rule.metric}"
+        sources = ([found.evidence()] if found else []) + bulk.own_sources(_within(st, key))
+        out[key] = sources
+    return out
+
+
 def _offset(
-    cid: str,
-    metric: str,
-    base: Sequence[float],
-    cand: Sequence[float],
-    blocks: tuple[Sequence[int] | None, Sequence[int] | None],
-    bcs: CaseSamples,
-    cs: CaseSamples,
-    st: Settings,
+    cid: str, metric: str, bulk: _Bulk, st: Settings, others: Sequence[Source] = ()
 ) -> tuple[float, str, tuple[float, float] | None]:
     """The restart offset (log SD) this row's error carries, where it came from, and
     (variance of a start's mean, degrees of freedom) where it was estimated:
-    ``bench noise``'s record and the gate's own service starts pooled; else the prior.
-    Never zero by default: the two sides always ran in different service starts."""
+    ``bench noise``'s record and the gate's own service starts, pooled with the other
+    rows' (``others``: a restart moves the whole server, and a row's own few
+    starts barely measure a variance) unless this row's starts scatter beyond what
+    theirs allow; else the prior. Never zero by default: the two sides always ran in
+    different service starts."""
     key = f"{cid}:{metric}"
     if key in st.offsets:
         return st.offsets[key], "given", None
-    sources: list[tuple[int, float, float]] = []
+    own: list[Source] = []
     about: list[str] = []
     if key in st.noise:
-        sources.append(st.noise[key].evidence())
+        own.append(st.noise[key].evidence())
         about.append("bench noise")
-    for values, bl in ((base, blocks[0]), (cand, blocks[1])):
-        if bl is None:
-            continue
-        own = stats.SideStats.of([math.log(v) for v in values], bl).own_offset
-        if own is not None:
-            sources.append(own)
-    own_starts = sum(s[0] + 1 for s in sources[len(about) :])
+    mine = bulk.own_sources(_within(st, key))
+    own.extend(mine)
+    own_starts = sum(s[0] + 1 for s in mine)
     if own_starts:
         about.append(f"the gate's own {own_starts} starts")
-    if sources:
+    sources = own
+    if others:
+        p = stats.offset_differs(own, others)
+        if p < POOL_LEVEL:
+            about.append(f"not pooled: its starts scatter beyond the other rows' (p {p:.3f})")
+        else:
+            sources = [*own, *others]
+            n_others = sum(s[0] for s in others)
+            about.append(f"pooled with the other rows' ({n_others} degrees of freedom)")
+    if sum(s[0] for s in sources) >= 1:
         point, between, df = stats.offset_point(sources)
         return point, " + ".join(about), (between, df)
     return (
