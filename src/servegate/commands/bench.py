@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import os
@@ -17,6 +18,7 @@ from servegate import config as config_mod
 from servegate import envfile, hostpaths
 from servegate.bench import cases, document, driver, load, loadreport, loadspec, probes, results
 from servegate.bench.cases import METRICS
+from servegate.commands import args as common_args
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import adapters, lint, logscan, openai
 from servegate.engine.launch import LaunchSpec, engine_of, launch_spec
@@ -575,3 +577,197 @@ def export(out: Output, path: Path, fmt: str, dest: str | None) -> int:
         return out.emit({"file": str(target), "format": fmt, "lines": lines})
     out.line(f"wrote {target} ({fmt}, {lines} line(s))")
     return 0
+
+
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    """``servegate bench`` and its subcommands (compare, gate, noise, aa, load, export)."""
+    common_args.bench_run(b)
+    b.add_argument("--server-command", default="", help="the server's launch command (recorded)")
+    b.add_argument("--system", default="", help="cards, OS, driver, engine version (recorded)")
+    b.add_argument("--server-log", type=Path, help="the server's log file (scanned for JIT)")
+    b.add_argument(
+        "--probes", default="", help="also run: correctness,prefix_reuse,vision,spec_decode"
+    )
+    b.add_argument("--baseline", type=Path, help="judge this run against a result file")
+    b.add_argument("--lenient", action="store_true", help="allow another harness's baseline")
+    common_args.common(b)
+    bsub = b.add_subparsers(
+        dest="bench_command", required=False, metavar="[compare|gate|noise|aa|load|export]"
+    )
+    cmp_ = bsub.add_parser("compare", help="A/B: two result files, or two live servers (ABAB…)")
+    cmp_.add_argument("files", nargs="*", type=Path, metavar="FILE", help="A.json B.json")
+    cmp_.add_argument("--a-url", help="live server A")
+    cmp_.add_argument("--b-url", help="live server B")
+    cmp_.add_argument("--rounds", type=int, default=3, help="ABAB rounds per case (default 3)")
+    cmp_.add_argument("--confidence", type=float, default=0.90, help="interval level (0.90)")
+    cmp_.add_argument("--lenient", action="store_true", help="allow another harness's file")
+    common_args.bench_run(cmp_)
+    common_args.common(cmp_)
+    gat = bsub.add_parser("gate", help="judge a candidate result file against a baseline file")
+    gat.add_argument("baseline", type=Path)
+    gat.add_argument("candidate", type=Path)
+    gat.add_argument("--lenient", action="store_true", help="allow another harness's file")
+    common_args.common(gat)
+    noi = bsub.add_parser(
+        "noise", help="measure the box's noise on the live release (restarts it) and plan the gate"
+    )
+    noi.add_argument("--restarts", type=int, default=2, help="service restarts (default 2)")
+    noi.add_argument("--repetitions", type=int, default=5, help="groups a start (default 5)")
+    common_args.common(noi)
+    aa = bsub.add_parser(
+        "aa",
+        help="the live release against itself N times with the gate's own rule and design "
+        "(restarts it): how often this box rolls back an unchanged release",
+    )
+    aa.add_argument("--runs", type=int, default=10, help="gates to run (default 10)")
+    aa.add_argument("--out", type=Path, help="the result file (default: bench results dir)")
+    common_args.common(aa)
+    _load_arguments(bsub)
+    exp = bsub.add_parser(
+        "export", help="a result file (bench or load) as PyTorch benchmark JSON lines or CSV"
+    )
+    exp.add_argument("file", type=Path, metavar="FILE", help="a servegate result file")
+    exp.add_argument("--format", choices=("pytorch", "csv"), default="pytorch")
+    exp.add_argument(
+        "--out",
+        help="where to write: a file, or a folder (an existing one, or "
+        "one given with a trailing /) to write FILE's name in (default: beside FILE)",
+    )
+    common_args.common(exp)
+
+
+def _load_arguments(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lo = bsub.add_parser(
+        "load", help="a load sweep: open-loop rates or closed-loop concurrencies, to the knee"
+    )
+    how = lo.add_mutually_exclusive_group(required=True)
+    how.add_argument("--rates", metavar="LIST", help="requests a second, e.g. 0.5,1,2,4")
+    how.add_argument("--concurrencies", metavar="LIST", help="clients, e.g. 1,2,4,8")
+    lo.add_argument("--duration", type=float, default=30.0, help="seconds a point (30)")
+    lo.add_argument(
+        "--burstiness", type=float, default=1.0,
+        help="gamma shape of the arrival gaps: 1 Poisson, <1 burstier (1)",
+    )  # fmt: skip
+    lo.add_argument("--load-seed", type=int, default=0, help="arrivals and prompt draws (0)")
+    lo.add_argument("--goodput", default="", metavar="SLOS", help="e.g. ttft:2s,itl:80ms")
+    lo.add_argument("--workload", choices=("cold", "shared-prefix"), default="cold")
+    lo.add_argument(
+        "--prefix-share", type=float, default=0.0,
+        help="shared-prefix: the share of every prompt that is common (e.g. 0.8)",
+    )  # fmt: skip
+    lo.add_argument(
+        "--no-stop", action="store_true", help="run every point, past the first saturated one"
+    )
+    common_args.bench_run(lo)
+    common_args.common(lo)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    remote = _remote_bench(args.argv_seen, out)
+    return remote if remote is not None else _local(args, out)
+
+
+def _remote_bench(argv: Sequence[str], out: Output) -> int | None:
+    """`servegate bench …` with a config of remote hosts: run there, as typed here."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config", type=Path, default=Path("servegate.toml"))
+    known, rest = parser.parse_known_args(list(argv))
+    if not known.config.exists():
+        return None
+    cfg = config_mod.load(known.config, os.environ, build_only=True)
+    if not cfg.remote_hosts:
+        return None
+    from servegate.commands import fleet
+
+    after = rest[rest.index("bench") + 1 :] if "bench" in rest else rest
+    return fleet.bench(cfg, out, [a for a in after if a != "--json"])
+
+
+def _local(args: argparse.Namespace, out: Output) -> int:
+    sub = getattr(args, "bench_command", None)
+    if sub == "noise":
+        from servegate.commands import noise
+
+        return noise.run(args.config, out, args.restarts, args.repetitions)
+    if sub == "aa":
+        from servegate.commands import aa
+
+        return aa.run(args.config, out, args.runs, args.out)
+    if sub == "gate":
+        return gate_files(args.config, out, args.baseline, args.candidate, args.lenient)
+    if sub == "export":
+        return export(out, args.file, args.format, args.out or None)
+    opts = Options(
+        url=args.url,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        profiles=args.profiles,
+        tiers=args.tiers,
+        repetitions=args.repetitions,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        tolerance=args.tolerance,
+        no_warmup=args.no_warmup,
+        ignore_eos=args.ignore_eos,
+        output=args.output,
+        server_command=getattr(args, "server_command", ""),
+        system=getattr(args, "system", ""),
+        server_log=getattr(args, "server_log", None),
+        probes=getattr(args, "probes", ""),
+        baseline=getattr(args, "baseline", None),
+        lenient=args.lenient,
+        lease=not args.no_lease,
+        seed=args.seed,
+        engine=args.engine,
+        tokenizer=args.tokenizer or "",
+        tokenizer_python=args.tokenizer_python or "",
+    )
+    if sub == "load":
+        given = [f for f, v in (("--repetitions", args.repetitions),
+                                ("--concurrency", args.concurrency)) if v is not None]  # fmt: skip
+        if given:
+            raise ConfigError(
+                f"bench load takes no {' or '.join(given)}: those shape the single-stream "
+                "bench's groups; a load sweep sends its own load",
+                hint="--concurrencies 1,2,4 for closed-loop clients, --rates for arrivals, "
+                "--duration for how long a point runs",
+            )
+        return load_sweep(args.config, out, opts, _load_spec(args))
+    if sub == "compare":
+        if args.a_url and args.b_url:
+            return compare_live(
+                args.config, out, opts, args.a_url, args.b_url, args.rounds, args.confidence
+            )
+        if len(args.files) != 2:
+            raise ConfigError(
+                "bench compare needs two result files, or --a-url and --b-url",
+                hint="servegate bench compare A.json B.json",
+            )
+        return compare_files(out, args.files[0], args.files[1], args.lenient, args.confidence)
+    return run(args.config, out, opts)
+
+
+def _load_spec(args: argparse.Namespace) -> loadspec.LoadSpec:
+    rates = args.rates is not None
+    text = args.rates if rates else args.concurrencies
+    try:
+        points = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{'--rates' if rates else '--concurrencies'} {text!r}: give numbers",
+            hint="e.g. --rates 0.5,1,2,4",
+        ) from None
+    settings = config_mod.Load(
+        rates=points if rates else (),
+        # whole numbers or not, LoadSpec.check says so below with the option's name
+        concurrencies=() if rates else points,  # type: ignore[arg-type]
+        duration=args.duration,
+        burstiness=args.burstiness,
+        seed=args.load_seed,
+        goodput=args.goodput,
+        workload=args.workload,
+        prefix_share=args.prefix_share,
+    )
+    spec = loadspec.spec_from(settings, stop_at_saturation=not args.no_stop)
+    spec.check()
+    return spec

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import os
 from pathlib import Path
 
 from servegate.archs import check_arch_names
+from servegate.commands import args as common_args
 from servegate.config import Config, fill
 from servegate.engine.launch import placeholders
 from servegate.kernels.targets import build_all
@@ -71,3 +74,26 @@ def run(
     if not results:
         out.line("no [[build.targets]] in the config: nothing to build")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
+    p.add_argument(
+        "--cache-dir", type=Path, help="build cache (default: ~/.cache/servegate/build-cache)"
+    )
+    p.add_argument("--no-cache", action="store_true", help="always compile")
+    p.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="build for ARCH instead of build.archs (repeatable), e.g. sm_90",
+    )
+    common_args.common(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    from servegate import config as config_mod
+
+    cfg = config_mod.load(args.config, os.environ, build_only=True)
+    return run(cfg, out, args.dir, args.cache_dir, not args.no_cache, tuple(args.arch))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import tempfile
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import envfile, hostpaths
+from servegate.commands import args as common_args
 from servegate.commands import config_box
 from servegate.config import Config
 from servegate.engine import lint as lint_mod
@@ -96,3 +98,16 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
     for warning in warnings:
         out.err.print(f"warning: {warning}", markup=False)
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common_args.common(p)
+    p.add_argument(
+        "--offline", action="store_true", help="skip what needs the network (the remote)"
+    )
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    from servegate import config as config_mod
+
+    return run(config_mod.load(args.config, os.environ), out, args.offline)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from servegate import config as config_mod
+from servegate.commands import args as common_args
 from servegate.demo import sandbox, scenario, vllm_env
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.errors import ConfigError
@@ -166,3 +168,48 @@ def _stack_only(out: Output, workdir: Path, python: Path) -> int:
     out.line(f'  servegate init --from-command launch.sh --build "bash build.sh" '
              f"--host-root {sb.host_root} --gate smoke")  # fmt: skip
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("demo-sandbox"),
+        help="sandbox directory (default: ./demo-sandbox)",
+    )
+    p.add_argument(
+        "--keep-running", action="store_true", help="leave the demo service running at the end"
+    )
+    p.add_argument(
+        "--stack-only",
+        action="store_true",
+        help="only make the demo stack (origin, clone with launch.sh and build.sh, model); "
+        "promote nothing (the walkthrough in docs/box-setup.md)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("vllm", "transformers"),
+        default="vllm",
+        help="the server the stack runs: vLLM's CPU build (default) or Hugging Face's "
+        "`transformers serve` (on a GPU with --arch sm_90)",
+    )
+    p.add_argument(
+        "--arch",
+        default="gfx1030",
+        help="the GPU arch the stack's kernels are built for (default gfx1030, hipcc); an "
+        "NVIDIA arch such as sm_90 (nvcc) serves on that GPU with --engine transformers",
+    )
+    p.add_argument(
+        "--python",
+        type=Path,
+        help="--engine transformers: the Python with torch, transformers and its serving "
+        "extras (default: this one on a GPU, the demo's vLLM environment on a CPU)",
+    )
+    common_args.output(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    return run(
+        out, args.workdir, args.keep_running, args.stack_only,
+        engine=args.engine, arch=args.arch, python=args.python,
+    )  # fmt: skip

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -7,6 +8,7 @@ import tempfile
 from pathlib import Path
 from xml.etree import ElementTree
 
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.errors import ConfigError, GpuTestsSkipped, NoGpuVisible
 from servegate.kernels import gpu
@@ -149,3 +151,26 @@ def _tally(report: Path) -> tuple[int, int]:
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     return (sum(int(s.get("tests", 0)) for s in suites),
             sum(int(s.get("skipped", 0)) for s in suites))  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
+    p.add_argument("--base", help="diff base (default: focus.base from the config)")
+    p.add_argument("--label", action="append", default=[], help="a pull-request label (repeatable)")
+    p.add_argument("--run", action="store_true", help="run the selected tests with pytest")
+    p.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="with --run: fail (exit 21) when no GPU is visible instead of skipping (a GPU CI job)",
+    )
+    p.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
+    common_args.common(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    from servegate import config as config_mod
+
+    cfg = config_mod.load(args.config, os.environ, build_only=True)
+    return run(
+        cfg, out, args.dir, args.base, args.label, args.run, args.pytest_args, args.require_gpu
+    )

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from servegate import hostpaths
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.output import Output
 from servegate.release import trend
@@ -68,3 +70,12 @@ def _shifts(found: list[dict[str, Any]]) -> str:
 
 def _p(value: float) -> str:
     return "p < 0.001" if value < 0.001 else f"p {value:.3f}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", type=int, default=20, help="show the last N (0: all)")
+    common_args.common(p)
+
+
+def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    return run(cfg, out, args.n)

@@ -17,6 +17,7 @@ then checks the config as ``config check`` would and prints the next three comma
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import shutil
@@ -26,6 +27,7 @@ from typing import Any
 
 from servegate import config as config_mod
 from servegate import hostpaths
+from servegate.commands import args as common_args
 from servegate.engine import lint as lint_mod
 from servegate.engine import shellimport
 from servegate.engine.launch import launch_spec
@@ -336,3 +338,45 @@ def run(
     for i, step in enumerate(steps, 1):
         out.line(f"  {i}. {step}")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", type=Path, default=Path("."), help="the stack checkout (default: .)")
+    p.add_argument(
+        "--from-command",
+        type=Path,
+        metavar="SCRIPT",
+        help="your shell launch script: its exports and arguments become launch.toml",
+    )
+    p.add_argument("--model", default="", help="without a script: the model vLLM serves")
+    p.add_argument("--python", default="python3", help="without a script: the Python that has vLLM")
+    p.add_argument("--port", type=int, help="the service port (default: the script's, or 8000)")
+    p.add_argument(
+        "--host-root",
+        type=Path,
+        help="where releases and records live (default: ~/.local/share/servegate/NAME)",
+    )
+    p.add_argument("--unit", default="", help="the service's name (default: the checkout's)")
+    p.add_argument("--build", default="", help='the build command, e.g. "bash build.sh"')
+    p.add_argument(
+        "--artifacts",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="what the build makes (repeatable; default with --build: build/*.so)",
+    )
+    p.add_argument(
+        "--gate", default="smoke,bench", help="gate checks, comma-separated (default smoke,bench)"
+    )
+    p.add_argument("--tiers", default="16k", help="bench tiers, comma-separated (default 16k)")
+    p.add_argument("--force", action="store_true", help="replace files init would write")
+    common_args.output(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    return run(
+        out, args.dir, args.from_command, args.model, args.python, args.port,
+        args.host_root, args.unit, args.build, args.artifacts,
+        [c for c in args.gate.split(",") if c], [t for t in args.tiers.split(",") if t],
+        args.force,
+    )  # fmt: skip

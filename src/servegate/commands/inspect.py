@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 from servegate.archs import check_arch_names
+from servegate.commands import args as common_args
 from servegate.errors import BuildFailed, ConfigError
 from servegate.kernels.inspect import Container, containers, gaps
 from servegate.output import Output
@@ -52,3 +54,19 @@ def _list(out: Output, path: Path, found: list[Container]) -> None:
             )
     if not found:
         out.line("  no GPU code objects")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE", help="built *.so files")
+    p.add_argument(
+        "--arch",
+        action="append",
+        default=[],
+        metavar="ARCH",
+        help="fail (exit 5) unless every file holds code for ARCH (repeatable)",
+    )
+    common_args.output(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    return run(out, args.files, tuple(args.arch))

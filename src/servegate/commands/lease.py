@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 from pathlib import Path
@@ -29,3 +30,23 @@ def run(
         state = config_mod.load(config, os.environ, build_only=True).host.state_dir
     path = lease_path(os.environ, state)
     return run_holding(path, what or shlex.join(argv), timeout, argv, os.environ)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds to wait for the lease (default 3600)"
+    )
+    p.add_argument("--what", help="how the holder is named to those who wait")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="the config whose host.state_dir holds the lease (default: ./servegate.toml "
+        "where it exists; a --config that does not exist is an error)",
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    p.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    return run(out, args.argv, args.timeout, args.what, args.config)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
+from servegate.commands import args as common_args
 from servegate.commands.render import Target
 from servegate.engine import lint as lint_mod
 from servegate.engine.rules import RuleSet
@@ -55,3 +57,21 @@ def list_rules(out: Output, ruleset: RuleSet) -> int:
     out.table("rules", ["kind", "id", "severity", "message"], rows)
     out.line("files: " + ", ".join(ruleset.files))
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rules", action="store_true", help="list the rules instead")
+    common_args.launch(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    from servegate import config as config_mod
+    from servegate.commands.render import target
+    from servegate.engine.lint import ruleset
+
+    if args.rules:
+        # the shipped rules need no config or profile; a config's [lint] files add to them
+        base = config_mod.load(args.config, os.environ) if args.config.exists() else None
+        return list_rules(out, ruleset(base or config_mod.bare()))
+    t = target(args.config, args.profile, args.param, args.release, args.sha, args.port)
+    return run(out, t, ruleset(t.cfg))

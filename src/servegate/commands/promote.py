@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import argparse
 import os
 
+from servegate.commands import args as common_args
 from servegate.commands.bench import print_gate
 from servegate.config import Config
 from servegate.errors import RollbackFailed, ServegateError
@@ -57,3 +59,17 @@ def run(cfg: Config, out: Output, sha: str, allow_non_ff: bool) -> int:
             )
         )
     return outcome.exit_code
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sha", help="the commit to release (on the configured branch)")
+    p.add_argument(
+        "--allow-non-ff",
+        action="store_true",
+        help="allow a SHA that is not a descendant of the live release",
+    )
+    common_args.common(p)
+
+
+def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    return run(cfg, out, args.sha, args.allow_non_ff)

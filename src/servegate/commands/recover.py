@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from servegate import hostpaths
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.output import Output
 from servegate.pipeline.lease import WaitReporter
@@ -61,3 +63,25 @@ def _rebuild(cfg: Config, out: Output) -> int:
         out.line(f"  previous: {result['previous'][:12]}")
     out.line("check the live service with `release verify`; `release history` shows the rest")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--rebuild-state",
+        action="store_true",
+        help="make the host state again from this host's release notes and release "
+        "directories (the damaged file is kept aside)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait up to this long for a promote or rollback still running on this host to "
+        "end, then recover what it left (default: fail at once, exit 4)",
+    )
+    common_args.common(p)
+
+
+def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    return run(cfg, out, args.rebuild_state, args.wait)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from servegate import config as config_mod
 from servegate import hostpaths
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.engine import render as render_mod
 from servegate.engine.launch import LaunchSpec, launch_spec, load_profile
@@ -150,3 +152,13 @@ def run(out: Output, t: Target, fmt: str) -> int:
     print(f"# --- systemd unit {spec.unit}.service ---")
     print(parts["unit"], end="")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("all", "shell", "env", "unit", "json"), default="all")
+    common_args.launch(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    t = target(args.config, args.profile, args.param, args.release, args.sha, args.port)
+    return run(out, t, args.format)

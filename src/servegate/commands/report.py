@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -10,6 +11,7 @@ from typing import Any
 
 from servegate import config as config_mod
 from servegate.bench import charts, export, loadspec, results
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.errors import ConfigError, NothingToDo, ResultFileError
 from servegate.output import Output
@@ -140,3 +142,13 @@ def run(cfg_path: Path, out: Output, outdir: Path, files: list[Path]) -> int:
     if curves:
         out.line(f"{len(curves)} load sweep(s) → {written['load_png']} and {written['load_html']}")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("servegate-report"), help="output directory")
+    p.add_argument("files", nargs="*", type=Path, metavar="FILE", help="extra result files")
+    common_args.common(p)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    return run(args.config, out, args.out, args.files)

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import argparse
 import os
 
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.errors import ServegateError
 from servegate.output import Output
@@ -23,3 +25,12 @@ def run(cfg: Config, out: Output, to: str | None) -> int:
     out.stages(f"release rollback → {result['sha'][:12]}", result["stages"])
     out.line(f"{result['sha']} is live again and verified ({result['seconds']:.1f}s)")
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--to", metavar="SHA", help="an earlier release of this host")
+    common_args.common(p)
+
+
+def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    return run(cfg, out, args.to)

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from servegate.commands import args as common_args
 from servegate.engine.managers.systemd import unit_dir
 from servegate.errors import ConfigError, PreflightFailed
 from servegate.output import Output
@@ -155,3 +156,72 @@ def run_serve(out: Output, args: argparse.Namespace) -> int:
             markup=False,
         )
     return code
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="runner_command", required=True, metavar="COMMAND")
+    inst = sub.add_parser("install", help="register an ephemeral runner as a systemd user service")
+    inst.add_argument("--url", required=True, help="https://github.com/OWNER/REPO")
+    inst.add_argument("--labels", default="self-hosted,linux,gfx1030", help="comma-separated")
+    inst.add_argument("--name", help="runner name (default: the host name)")
+    inst.add_argument(
+        "--dir",
+        type=Path,
+        default=Path.home() / "actions-runner",
+        help="where the Actions runner is unpacked (default: ~/actions-runner)",
+    )
+    inst.add_argument(
+        "--token-env",
+        default="RUNNER_TOKEN",
+        help="environment variable holding the registration token",
+    )
+    inst.add_argument(
+        "--no-start", action="store_true", help="register and write the unit, do not start it"
+    )
+    inst.add_argument("--release-ref", default="", help=common_args.RELEASE_REF_HELP)
+    inst.add_argument("--release-repo", default="", help=common_args.RELEASE_REPO_HELP)
+    inst.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show what would be registered, written and started; do none of it (no token needed)",
+    )
+    common_args.output(inst)
+    srv = sub.add_parser(
+        "serve", help="keep one fresh just-in-time runner ready (one runner a job, forever)"
+    )
+    srv.add_argument("--url", required=True, help="https://github.com/OWNER/REPO (or /ORG)")
+    srv.add_argument("--labels", default="self-hosted,linux,gfx1030", help="comma-separated")
+    srv.add_argument("--name", help="runner name prefix (default: the host name)")
+    srv.add_argument(
+        "--dir", type=Path, default=Path.home() / "actions-runner",
+        help="where the Actions runner is unpacked (default: ~/actions-runner)",
+    )  # fmt: skip
+    srv.add_argument("--api-url", default="https://api.github.com", help="the REST API's URL")
+    srv.add_argument("--runner-group", type=int, default=1, help="runner group id (1: Default)")
+    srv.add_argument("--token-env", default="GITHUB_TOKEN", help="variable holding a token")
+    srv.add_argument("--token-file", default="", help="a file (mode 0600) holding a token")
+    srv.add_argument("--app-id", default="", help="a GitHub App's id (with the two below)")
+    srv.add_argument("--installation-id", default="", help="the App's installation id")
+    srv.add_argument("--app-key", default="", help="the App's private key file (PEM, 0600)")
+    srv.add_argument("--turns", type=int, default=0, help="stop after N jobs (0: never)")
+    srv.add_argument("--release-ref", default="", help=common_args.RELEASE_REF_HELP)
+    srv.add_argument("--release-repo", default="", help=common_args.RELEASE_REPO_HELP)
+    srv.add_argument(
+        "--write-unit", action="store_true",
+        help="write (and enable) the systemd user unit that keeps this manager running",
+    )  # fmt: skip
+    common_args.output(srv)
+    hook = sub.add_parser("hook", help="a job hook (the runner calls it)")
+    hook.add_argument("event", choices=["started", "completed"])
+    hook.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    if args.runner_command == "hook":
+        return run_hook(args.event)
+    if args.runner_command == "serve":
+        return run_serve(out, args)
+    return run_install(
+        out, args.url, args.labels, args.name, args.dir, args.token_env, not args.no_start,
+        args.dry_run, args.release_ref, args.release_repo,
+    )  # fmt: skip

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from servegate import documents, hostpaths
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.engine import openai
 from servegate.engine.launch import engine_of
@@ -105,3 +107,11 @@ def _problem(state: HostState, healthy: bool, why: str, pid: int | None) -> Serv
             "what runs",
         )
     return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common_args.common(p)
+
+
+def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    return run(cfg, out)

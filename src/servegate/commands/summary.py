@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import html
 import json
 from pathlib import Path
@@ -159,3 +160,12 @@ def run(out: Output, path: Path) -> int:
         )
     out.line(markdown(doc))
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="output of `release promote --json`")
+    p.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
+
+
+def main(args: argparse.Namespace, out: Output) -> int:
+    return run(out, args.file)

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from servegate.commands import args as common_args
 from servegate.config import Config
 from servegate.errors import NothingToDo, ProvenanceMismatch, ServegateError
 from servegate.output import Output
@@ -95,3 +97,11 @@ def _recorded_artifacts(
                 "with origin's: `git notes --ref refs/notes/servegate show <sha>` in a clone)",
             )
     return kept[-1] if kept else None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common_args.common(p)
+
+
+def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    return run(cfg, out)
