@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -200,3 +201,15 @@ def hold_lock(path: Path) -> Iterator[subprocess.Popen[str]]:
         holder.wait()
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def release_record(**fields: Any) -> Any:
+    """A ``ReleaseRecord`` as a test's fake live release: ``fields`` over plain defaults
+    (read through the record's own strict reader, as a sealed note line is)."""
+    from servegate import documents
+    from servegate.release.record import ReleaseRecord
+
+    base = {"verdict": "released", "sha": "a" * 40, "previous_sha": None, "host": "h",
+            "host_id": "", "branch": "main", "remote": "origin", "strategy": "worktree",
+            "at": "2026-01-01T00:00:00.000+00:00", "servegate_commit": ""}  # fmt: skip
+    return documents.read(ReleaseRecord, {**base, **fields})

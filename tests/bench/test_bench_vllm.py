@@ -22,7 +22,7 @@ from servegate.demo.local_server import Server, vllm_server
 from servegate.engine import adapters
 from servegate.engine.openai import Endpoint
 from servegate.judging import verdict
-from tests.conftest import REAL_HOME
+from tests.conftest import REAL_HOME, release_record
 
 pytestmark = [
     pytest.mark.vllm,
@@ -432,8 +432,8 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     assert Path(first["result_file"]).exists()
     assert json.loads(Path(first["result_file"]).read_text())["run"]["release"] == "a" * 40
 
-    record = {"sha": "a" * 40, "host_id": host_id(cfg),
-              "gate": {"checks": [{"name": "load", "evidence": first}]}}  # fmt: skip
+    record = release_record(sha="a" * 40, host_id=host_id(cfg),
+                            gate={"checks": [{"name": "load", "evidence": first}]})  # fmt: skip
     second = load_gate.run(cfg, endpoint, "demo", "b" * 40, record, QuietReporter(), os.environ)
     assert second["baseline"] == f"live release {'a' * 12}"
     row, reported = second["rows"]

@@ -12,6 +12,7 @@ import pytest
 
 from servegate.bench.results import CaseSamples, Samples
 from servegate.judging import stats, trend, verdict
+from tests.conftest import release_record
 
 METRIC = "generation_tps"
 KEY = f"regular-16k:{METRIC}"
@@ -184,12 +185,14 @@ def test_a_change_of_the_box_is_inconclusive_and_a_report_only_case_never_decide
 
 
 def test_history_samples_keep_this_hosts_releases_measured_alike() -> None:
+    kept_samples: dict[str, dict[str, Any] | None] = {}
+
     def rec(sha: str, verdict_: str = "released", host: str = "me", digest: str = "abc",
-            with_samples: bool = True) -> dict[str, object]:  # fmt: skip
+            with_samples: bool = True) -> Any:  # fmt: skip
         s = samples([100.0, 101.0]).as_dict()
         s["fingerprint"] = {"digest": digest}
-        return {"sha": sha * 40, "verdict": verdict_, "host_id": host, "at": sha,
-                "samples": s if with_samples else None}  # fmt: skip
+        kept_samples[sha * 40] = s if with_samples else None
+        return release_record(sha=sha * 40, verdict=verdict_, host_id=host, at=sha)
 
     records = [rec("b"), rec("a"), rec("c", "rolled_back"), rec("d", host="other"),
                rec("e", digest="zzz"), rec("f", with_samples=False)]  # fmt: skip
@@ -197,7 +200,7 @@ def test_history_samples_keep_this_hosts_releases_measured_alike() -> None:
         records,
         digest="abc",
         host="me",
-        samples_of=lambda r: r["samples"],
+        samples_of=lambda r: kept_samples[r.sha],
     )
     assert [p.sha[0] for p in kept] == ["a", "b"]  # oldest first
     assert skipped == [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,6 +13,7 @@ from servegate import config
 from servegate.bench import results
 from servegate.release import bench_gate
 from servegate.release.record import host_id
+from tests.conftest import release_record
 
 CFG = """
 [stack]
@@ -31,21 +33,21 @@ def cfg(extra: str = "") -> config.Config:
 FP = {"digest": "abc", "harness": "servegate-bench/1", "max_tokens": 1024, "cases": ["regular-16k"]}
 
 
-def record(fp: dict[str, object], host: str | None = None) -> dict[str, object]:
+def record(fp: dict[str, object], host: str | None = None) -> Any:
     samples = results.Samples("x", "servegate-bench/1", fp, {
         "regular-16k": results.CaseSamples("regular-16k", True, True, 3, {"generation_tps": [63.0, 64.0, 65.0]}),
     })  # fmt: skip
-    return {
-        "sha": "a" * 40,
-        "host": socket.gethostname(),
-        "host_id": host or host_id(cfg()),
-        "verdict": "released",
-        "gate": {
+    return release_record(
+        sha="a" * 40,
+        host=socket.gethostname(),
+        host_id=host or host_id(cfg()),
+        verdict="released",
+        gate={
             "checks": [
                 {"name": "bench", "verdict": "PASS", "evidence": {"samples": samples.as_dict()}}
             ]
         },
-    }
+    )
 
 
 def test_the_live_release_samples_are_the_baseline() -> None:
@@ -60,14 +62,14 @@ def test_the_live_release_samples_are_the_baseline() -> None:
     [
         (None, "no live release recorded"),
         (
-            {"sha": "b" * 40, "gate": {"checks": [{"name": "smoke"}]}},
+            release_record(sha="b" * 40, gate={"checks": [{"name": "smoke"}]}),
             "has no recorded bench samples",
         ),
         (record(FP, host="machine:other"), "was measured on another host (machine:other"),
         (record({**FP, "digest": "zzz", "max_tokens": 512}), "measured differently (max_tokens)"),
     ],
 )
-def test_no_comparable_baseline_says_why(rec: dict[str, object] | None, why: str) -> None:
+def test_no_comparable_baseline_says_why(rec: Any, why: str) -> None:
     base, about = bench_gate.baseline(cfg(), rec, FP)
     assert base is None
     assert why in about
@@ -77,7 +79,7 @@ def test_the_host_identity_survives_a_new_hostname() -> None:
     """Containers get a new hostname at each start: host.id (or the machine id) decides."""
     unnamed = cfg()
     rec = record(FP, host="box-7")
-    rec["host"] = "container-1234"
+    rec.host = "container-1234"
     named = config.parse(
         CFG.replace('root = "/tmp/sg"', 'root = "/tmp/sg"\nid = "box-7"'), environ={}
     )

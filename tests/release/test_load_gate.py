@@ -15,6 +15,7 @@ from servegate.config import LoadRule
 from servegate.errors import ConfigError
 from servegate.judging import stats
 from servegate.release import load_gate
+from tests.conftest import release_record
 
 BASE_TOML = """
 [stack]
@@ -276,15 +277,16 @@ def test_a_load_check_that_cannot_run_is_refused_at_load(toml: str, message: str
 def test_a_baseline_from_another_host_or_another_sweep_is_none() -> None:
     cfg = cfg_of("[load]\nrates = [1]\n")
     digest = load_gate.fingerprint(cfg, "bench-digest")
-    record = {"sha": "a" * 40, "host_id": "machine-id:other",
-              "gate": {"checks": [{"name": "load", "evidence": {
-                  "sweep": {"fingerprint": digest, "points": [point(1.0, span=30.0)]}}}]}}  # fmt: skip
+    record = release_record(
+        sha="a" * 40, host_id="machine-id:other",
+        gate={"checks": [{"name": "load", "evidence": {
+            "sweep": {"fingerprint": digest, "points": [point(1.0, span=30.0)]}}}]})  # fmt: skip
     base, why = load_gate.baseline(cfg, record, digest)
     assert base is None
     assert "another host" in why
     from servegate.release.record import host_id
 
-    record["host_id"] = host_id(cfg)
+    record.host_id = host_id(cfg)
     base, why = load_gate.baseline(cfg, record, digest)
     assert base is not None
     other = load_gate.fingerprint(cfg_of("[load]\nrates = [1]\nduration = 60\n"), "bench-digest")
@@ -325,10 +327,10 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
     digest = load_gate.fingerprint(cfg, "d")
     from servegate.release.record import host_id
 
-    def record(p: Any) -> dict[str, Any]:
-        return {"sha": "a" * 40, "host_id": host_id(cfg),
-                "gate": {"checks": [{"name": "load", "evidence": {
-                    "sweep": {"fingerprint": digest, "points": [p]}}}]}}  # fmt: skip
+    def record(p: Any) -> Any:
+        return release_record(sha="a" * 40, host_id=host_id(cfg),
+                              gate={"checks": [{"name": "load", "evidence": {
+                                  "sweep": {"fingerprint": digest, "points": [p]}}}]})  # fmt: skip
 
     good = point(1.0, n=50, span=30.0, failed=5)  # [load] duration: 30 s
     assert load_gate.baseline(cfg, record(good), digest)[0] is not None

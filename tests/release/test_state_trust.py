@@ -184,7 +184,8 @@ def test_a_note_line_of_wrong_types_is_skipped_with_a_warning_by_rebuild(
     assert release_main(["promote", first, "--config", str(host.path), "--json"]) == 0
     mine = json.loads(capsys.readouterr().out)["result"]["record"]["host_id"]
     planted = {"host_id": mine, "sha": first, "verdict": "released", "at": "2099",
-               "startup_seconds": "fast", "artifacts": ["x"]}  # fmt: skip
+               "previous_sha": None, "host": "h", "branch": "main", "remote": "origin",
+               "strategy": "worktree", "startup_seconds": "fast", "artifacts": ["x"]}  # fmt: skip
     # sealed with the host's own key (a record only this host could have written)
     sealed = {**planted, "seal": record.seal(planted, host_salt(host.cfg.host_root))}
     repo = host.cfg.host_root / "repo.git"
@@ -197,7 +198,7 @@ def test_a_note_line_of_wrong_types_is_skipped_with_a_warning_by_rebuild(
     assert "1 record(s) of " in io.err  # the unsealed one
     assert "carry no seal of its key" in io.err
     assert "warning: a record of " in io.err  # the sealed one, of the wrong types
-    assert "startup_seconds is not a number" in io.err
+    assert "startup_seconds is str 'fast', not a number" in io.err
     state = json.loads((host.cfg.host_root / "state.json").read_text())
     assert state["current"]["sha"] == first
     assert [e["at"] for e in state["history"]] != ["2099"]
@@ -407,8 +408,8 @@ def test_a_record_pushed_to_origin_in_this_hosts_name_is_not_this_hosts(
     ctx.deployer.repo.fetch()  # what every release command does first
     baseline = bringup.live_record(ctx)
     assert baseline is not None
-    assert baseline["at"] == genuine["at"]
-    assert [r["at"] for r in bringup.host_released(ctx, live)] == [genuine["at"]]
+    assert baseline.at == genuine["at"]
+    assert [r.at for r in bringup.host_released(ctx, live)] == [genuine["at"]]
     assert release_main(["verify", "--config", str(host.path)]) == 0
     (host.cfg.host_root / "state.json").write_text("{")
     assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0
@@ -443,7 +444,7 @@ def test_a_note_origin_removed_or_poisoned_does_not_take_this_hosts_records(
     ctx = host.context()
     ctx.deployer.repo.fetch()
     assert ctx.deployer.repo.notes(live).strip() == ""  # gone from the note
-    assert [r["at"] for r in bringup.host_released(ctx, live)] == [genuine["at"]]
+    assert [r.at for r in bringup.host_released(ctx, live)] == [genuine["at"]]
     assert release_main(["verify", "--config", str(host.path)]) == 0
     assert "no release record of this host" not in capsys.readouterr().out
 
@@ -454,7 +455,7 @@ def test_a_note_origin_removed_or_poisoned_does_not_take_this_hosts_records(
     git("push", "-q", "origin", "refs/notes/servegate")
     ctx.deployer.repo.fetch()
     assert "\u00e9" in ctx.deployer.repo.notes(live) or "\\u00e9" in ctx.deployer.repo.notes(live)
-    assert [r["at"] for r in bringup.host_released(ctx, live)] == [genuine["at"]]
+    assert [r.at for r in bringup.host_released(ctx, live)] == [genuine["at"]]
     assert release_main(["verify", "--config", str(host.path)]) == 0
     (host.cfg.host_root / "state.json").write_text("{")
     assert release_main(["recover", "--rebuild-state", "--config", str(host.path)]) == 0

@@ -35,6 +35,7 @@ from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.release import bench_gate, bringup
 from servegate.release.context import Context
+from servegate.release.record import ReleaseRecord
 from servegate.release.rollback import restore
 
 ROLLED_BACK = (verdict.FAIL, verdict.INCONCLUSIVE)
@@ -124,7 +125,7 @@ def _one(
     cfg: config_mod.Config,
     model: str,
     sha: str,
-    record: dict[str, Any] | None,
+    record: ReleaseRecord | None,
     restart: Callable[[], dict[str, Any]],
     facts: dict[str, Any],
 ) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 from servegate import config as config_mod
 from servegate.bench import charts, export, loadspec, results
@@ -16,32 +15,32 @@ from servegate.config import Config
 from servegate.errors import ConfigError, NothingToDo, ResultFileError
 from servegate.output import Output
 from servegate.release import bench_gate, trend
+from servegate.release.record import ReleaseRecord
 
 #: the config a command reads when --config is not given
 DEFAULT_CONFIG = Path("servegate.toml")
 
 
-def collect(records: list[dict[str, Any]], files: list[Path]) -> list[charts.Point]:
+def collect(records: list[ReleaseRecord], files: list[Path]) -> list[charts.Point]:
     """Every release record with bench samples (oldest first), then the given files."""
     points: list[charts.Point] = []
     for rec in records:
         doc = bench_gate.recorded_samples(rec)
         if doc is None:
             continue
-        checks = [c for c in rec["gate"]["checks"] if isinstance(c, dict)]
+        checks = [c for c in (rec.gate or {})["checks"] if isinstance(c, dict)]
         gate = next(c for c in checks if c.get("name") == bench_gate.CHECK)
-        sha = str(rec.get("sha", ""))[:12]
+        sha = rec.sha[:12]
         points += charts.points_from(
-            results.from_record(doc, sha), sha, str(rec.get("at", "")),
-            str(gate.get("verdict", "")), str(rec.get("verdict")),
-        )  # fmt: skip
+            results.from_record(doc, sha), sha, rec.at, str(gate.get("verdict", "")), rec.verdict
+        )
     for path in files:
         s = results.load(path)
         points += charts.points_from(s, path.stem, "", "", "result file")
     return points
 
 
-def change_points(cfg: Config | None, records: list[dict[str, Any]]) -> list[charts.Change]:
+def change_points(cfg: Config | None, records: list[ReleaseRecord]) -> list[charts.Change]:
     """The change points of the host's released records measured like the newest one."""
     found = trend.summary(cfg, records).get("change_points", {}) if cfg is not None else {}
     return [

@@ -80,8 +80,7 @@ def _recorded_artifacts(
     library and wrote its hash there) is refused, not believed. Only this host's sealed
     records count, so the latest is its own last build of the SHA (a promote of the SHA
     again may rebuild it with other hashes)."""
-    kept = [r["artifacts"] for r in bringup.host_released(ctx, sha)
-            if isinstance(r.get("artifacts"), dict)]  # fmt: skip
+    kept = [r.artifacts for r in bringup.host_released(ctx, sha) if r.artifacts is not None]
     for recorded in kept[-1:]:
         if dict(recorded) != dict(state_artifacts):
             differ = sorted(

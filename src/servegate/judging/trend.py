@@ -59,7 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from servegate.bench import results
 from servegate.bench.results import CaseSamples, Samples
@@ -88,12 +88,31 @@ class Past:
     samples: Samples
 
 
+class Released(Protocol):
+    """What the trend reads of a release record (``servegate.release.record.
+    ReleaseRecord``)."""
+
+    @property
+    def sha(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def host_id(self) -> str: ...
+    @property
+    def at(self) -> str: ...
+
+
+R = TypeVar("R", bound=Released)
+
+
 def history_samples(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[R],
     *,
     digest: str,
     host: str,
-    samples_of: Callable[[Mapping[str, Any]], Mapping[str, Any] | None],
+    samples_of: Callable[[R], Mapping[str, Any] | None],
 ) -> tuple[list[Past], list[str]]:
     """The released records of ``host`` with bench samples measured with the fingerprint
     ``digest``, oldest first; and why each other released record was left out.
@@ -103,11 +122,11 @@ def history_samples(
     rollbacks, are no releases of their own and are not listed."""
     kept: list[Past] = []
     skipped: list[str] = []
-    for rec in sorted(records, key=lambda r: str(r.get("at", ""))):
-        if rec.get("verdict") != "released":
+    for rec in sorted(records, key=lambda r: r.at):
+        if rec.verdict != "released":
             continue
-        sha = str(rec.get("sha", ""))
-        theirs = rec.get("host_id") or f"hostname:{rec.get('host')}"
+        sha = rec.sha
+        theirs = rec.host_id or f"hostname:{rec.host}"
         doc = samples_of(rec)
         if theirs != host:
             skipped.append(f"{sha[:12]}: measured on another host ({theirs})")
@@ -122,7 +141,7 @@ def history_samples(
             if samples.fingerprint.get("digest") != digest or not digest:
                 skipped.append(f"{sha[:12]}: measured with other bench settings")
                 continue
-            kept.append(Past(sha, str(rec.get("at", "")), samples))
+            kept.append(Past(sha, rec.at, samples))
     return kept, skipped
 
 

@@ -40,7 +40,7 @@ from servegate.engine.openai import Endpoint
 from servegate.errors import BenchFailed, ResultFileError, ServegateError
 from servegate.judging import noise, stats, verdict
 from servegate.pipeline.stages import Reporter
-from servegate.release.record import host_id
+from servegate.release.record import ReleaseRecord, host_id
 
 CHECK = "bench"
 
@@ -149,9 +149,9 @@ def results_dir(cfg: Config) -> Path:
     return hostpaths.of(cfg).bench if cfg.host.root else Path("bench-results")
 
 
-def recorded_samples(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def recorded_samples(record: ReleaseRecord | None) -> dict[str, Any] | None:
     """The bench samples a release record's gate kept, if any."""
-    gate = record.get("gate") if record else None
+    gate = record.gate if record else None
     checks = gate.get("checks") if isinstance(gate, dict) else None
     for check in checks if isinstance(checks, list) else []:  # a note may hold anything
         if not isinstance(check, dict):
@@ -163,7 +163,7 @@ def recorded_samples(record: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def baseline(
-    cfg: Config, previous_record: Mapping[str, Any] | None, fingerprint: Mapping[str, Any]
+    cfg: Config, previous_record: ReleaseRecord | None, fingerprint: Mapping[str, Any]
 ) -> tuple[results.Samples | None, str]:
     """(samples, what they are). A configured result file must match; the live release's
     samples that don't match are no baseline (and the note says why)."""
@@ -183,12 +183,12 @@ def baseline(
         return base, f"result file {cfg.gate.baseline}{said}"
     if previous_record is None:
         return None, "no live release recorded"
-    sha = str(previous_record.get("sha", ""))[:12]
+    sha = previous_record.sha[:12]
     doc = recorded_samples(previous_record)
     if doc is None:
         return None, f"the live release {sha} has no recorded bench samples"
     mine = host_id(cfg)
-    theirs = previous_record.get("host_id") or f"hostname:{previous_record.get('host')}"
+    theirs = previous_record.host_id or f"hostname:{previous_record.host}"
     if theirs != mine:
         return None, f"the live release {sha} was measured on another host ({theirs}, not {mine})"
     base = results.from_record(doc, f"live release {sha}")
@@ -335,7 +335,7 @@ def run(
     endpoint: Endpoint,
     model: str,
     sha: str,
-    previous_record: Mapping[str, Any] | None,
+    previous_record: ReleaseRecord | None,
     log_file: Path | None,
     reporter: Reporter,
     environ: Mapping[str, str],

@@ -41,7 +41,7 @@ from servegate.release.gate import (
     build_checks,
     run_gate,
 )
-from servegate.release.record import host_records, seal
+from servegate.release.record import ReleaseRecord, host_records, seal
 
 
 @dataclass
@@ -255,7 +255,7 @@ def check_checkout(release_dir: Path, sha: str, report: provenance.Report) -> No
         )
 
 
-def live_record(ctx: Context) -> dict[str, Any] | None:
+def live_record(ctx: Context) -> ReleaseRecord | None:
     """The release record of the release serving before this promote (its note)."""
     current = ctx.state.current
     if current is None:
@@ -264,13 +264,13 @@ def live_record(ctx: Context) -> dict[str, Any] | None:
     return released[-1] if released else None
 
 
-def host_released(ctx: Context, sha: str) -> list[dict[str, Any]]:
+def host_released(ctx: Context, sha: str) -> list[ReleaseRecord]:
     """This host's ``released`` records of ``sha``, oldest first. An unreadable note is
     an error, not "no record" (the gate must not skip its comparison because git
     failed): it propagates and fails the check."""
     text = ctx.deployer.repo.notes(sha)
     return [  # every host writes the same notes ref: only what this host sealed
-        r for r in host_records(ctx.cfg, text, sha) if r.get("verdict") == "released"
+        r for r in host_records(ctx.cfg, text, sha) if r.verdict == "released"
     ]
 
 

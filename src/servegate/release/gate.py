@@ -21,6 +21,7 @@ from servegate.engine import openai
 from servegate.errors import ConfigError
 from servegate.pipeline.stages import QuietReporter, Reporter
 from servegate.release import bench_gate, load_gate
+from servegate.release.record import ReleaseRecord
 
 
 class Verdict(enum.StrEnum):
@@ -37,7 +38,7 @@ class GateContext:
     sha: str
     release_dir: Path
     #: the record of the release that served before this one, if any
-    previous_record: dict[str, Any] | None
+    previous_record: ReleaseRecord | None
     #: the service log since the restart (for checks that scan it)
     service_log: Callable[[int], str]
     #: the file the service logs to, if it is a file (the bench scans measured windows)

@@ -48,7 +48,7 @@ from servegate.judging import stats
 from servegate.judging.verdict import FAIL, INCONCLUSIVE, PASS, REPORT
 from servegate.pipeline.stages import Reporter
 from servegate.release.bench_gate import results_dir
-from servegate.release.record import host_id
+from servegate.release.record import ReleaseRecord, host_id
 
 CHECK = "load"
 #: the gate's latency figures → the request row's field (``request_itl_ms`` is each
@@ -572,18 +572,18 @@ def decide(
 
 
 def baseline(
-    cfg: Config, previous_record: Mapping[str, Any] | None, digest: str
+    cfg: Config, previous_record: ReleaseRecord | None, digest: str
 ) -> tuple[dict[str, Any] | None, str]:
     if previous_record is None:
         return None, "no live release recorded"
-    sha = str(previous_record.get("sha", ""))[:12]
+    sha = previous_record.sha[:12]
     doc = None
-    for check in (previous_record.get("gate") or {}).get("checks") or []:
+    for check in (previous_record.gate or {}).get("checks") or []:
         if check.get("name") == CHECK and isinstance(check.get("evidence"), dict):
             doc = check["evidence"].get("sweep")
     if not isinstance(doc, dict):
         return None, f"the live release {sha} has no recorded load sweep"
-    theirs = previous_record.get("host_id") or f"hostname:{previous_record.get('host')}"
+    theirs = previous_record.host_id or f"hostname:{previous_record.host}"
     if theirs != host_id(cfg):
         return None, f"the live release {sha} was measured on another host ({theirs})"
     if doc.get("fingerprint") != digest:
@@ -602,7 +602,7 @@ def run(
     endpoint: Endpoint,
     model: str,
     sha: str,
-    previous_record: Mapping[str, Any] | None,
+    previous_record: ReleaseRecord | None,
     reporter: Reporter,
     environ: Mapping[str, str],
     *,

@@ -19,6 +19,7 @@ from typing import Any
 
 from servegate import hostpaths
 from servegate.config import Config
+from servegate.pipeline import redact
 from servegate.release import record as rec
 from servegate.release.deploy import InPlaceDeploy, WorktreeDeploy, make_deployer
 from servegate.release.state import SHA, Entry, HostState
@@ -57,9 +58,11 @@ def rebuild(cfg: Config) -> dict[str, Any]:
     logged = {str(r.get("sha")) for r in own}  # a note origin removed included
     for sha in sorted(s for s in noted | logged if SHA.match(s)):
         text = deployer.repo.notes(sha) if sha in noted else ""
-        sealed = rec.host_records(cfg, text, sha, own)
+        sealed, unread = rec.sealed_records(cfg, text, sha, own)
+        skipped += unread
+        salt = redact.host_salt(cfg.host_root)
         unsealed = [r for r in rec.parse_notes(text) if r.get("host_id") == mine
-                    and r not in sealed]  # fmt: skip
+                    and not rec.sealed(r, salt)]  # fmt: skip
         if unsealed:
             skipped.append(
                 f"{len(unsealed)} record(s) of {sha[:12]} name this host but carry no "
@@ -68,30 +71,21 @@ def rebuild(cfg: Config) -> dict[str, Any]:
             )
         # a released record that a later one supersedes (recover found the run that wrote
         # it died before its state said so, and rolled it back) is no release
-        overridden = {
-            str(r["supersedes"].get("at")) for r in sealed if isinstance(r.get("supersedes"), dict)
-        }
+        overridden = {str(r.supersedes.get("at")) for r in sealed if r.supersedes}
         for r in sealed:
-            if r.get("verdict") == "released" and str(r.get("at")) in overridden:
-                continue
-            why = _wrong_types(r)
-            if why:
-                skipped.append(
-                    f"a record of {sha[:12]} at {str(r.get('at'))[:40]!r} is skipped: {why} "
-                    "(not a record servegate writes)"
-                )
+            if r.verdict == "released" and r.at in overridden:
                 continue
             release_dir = deployer.release_dir(sha)
             entries.append(
                 Entry(
                     sha=sha,
                     release_dir=str(release_dir) if release_dir.is_dir() else "",
-                    verdict=str(r.get("verdict", "")),
-                    at=str(r.get("at", "")),
-                    tag=str(r.get("tag") or (r.get("supersedes") or {}).get("tag", "")),
-                    reason=str(r.get("reason", "")),
-                    startup_seconds=float(r.get("startup_seconds") or 0.0),
-                    artifacts={str(k): str(v) for k, v in (r.get("artifacts") or {}).items()},
+                    verdict=r.verdict,
+                    at=r.at,
+                    tag=r.tag or (r.supersedes or {}).get("tag", ""),
+                    reason=r.reason or "",
+                    startup_seconds=r.startup_seconds or 0.0,
+                    artifacts=dict(r.artifacts or {}),
                 )
             )
     entries.sort(key=lambda e: e.at)
@@ -132,29 +126,3 @@ def rebuild(cfg: Config) -> dict[str, Any]:
         "previous": previous.sha if previous else None,
         "skipped": skipped,
     }
-
-
-def _wrong_types(r: dict[str, Any]) -> str:
-    """Why a note line of this host cannot be a release record servegate wrote ("" when
-    its fields have the types it writes)."""
-    for name in ("verdict", "at"):
-        if not isinstance(r.get(name), str):
-            return f"{name} is not a string"
-    for name in ("tag", "reason"):
-        if r.get(name) is not None and not isinstance(r.get(name), str):
-            return f"{name} is not a string"
-    seconds = r.get("startup_seconds")
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float)):
-        return "startup_seconds is not a number"
-    artifacts = r.get("artifacts")
-    if artifacts is not None and not (
-        isinstance(artifacts, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in artifacts.items())
-    ):
-        return "artifacts is not an object of path → sha256 strings"
-    supersedes = r.get("supersedes")
-    if supersedes is not None and not (
-        isinstance(supersedes, dict) and isinstance(supersedes.get("tag", ""), str)
-    ):
-        return "supersedes is not an object with a tag"
-    return ""

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servegate import __version__, about, hostpaths
+from servegate import __version__, about, documents, hostpaths
 from servegate.config import Config
 from servegate.errors import CommandFailed
 from servegate.pipeline import atomic
@@ -63,7 +63,7 @@ def host_id(cfg: Config) -> str:
 OPTIONAL = frozenset(
     ["tag", "total_seconds", "startup_seconds", "artifacts", "code_objects", "build_targets",
      "build_log", "launch", "lint", "startup_log", "service_manager", "service_pid",
-     "provenance", "gate", "reason", "rollback", "supersedes", "warnings", "run"]
+     "provenance", "gate", "reason", "rollback", "supersedes", "warnings", "run", "seal"]
 )  # fmt: skip
 
 
@@ -111,6 +111,8 @@ class ReleaseRecord:
     #: the run (promote, rollback, recover) that wrote it, as its pending marker names it:
     #: a recover finds what an interrupted run recorded by this, not by the clock
     run: str | None = None
+    #: the host's seal of the record as written (:func:`seal`; added by :func:`publish`)
+    seal: str | None = None
 
     @classmethod
     def new(cls, cfg: Config, sha: str, previous: str | None, verdict: str) -> ReleaseRecord:
@@ -151,27 +153,46 @@ def seal(doc: Mapping[str, Any], salt: str) -> str:
     return hmac.new(key, blob, hashlib.sha256).hexdigest()
 
 
+def sealed(doc: Mapping[str, Any], salt: str) -> bool:
+    """Whether ``doc`` carries this host's seal (``salt``: the host's secret salt)."""
+    mark = doc.get("seal")
+    return isinstance(mark, str) and hmac.compare_digest(mark.encode(), seal(doc, salt).encode())
+
+
 def host_records(
     cfg: Config, text: str, sha: str, kept: list[dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """This host's records of ``sha``, oldest first: those it sealed, in the note's
-    ``text`` and in its own copy (:func:`logged`), once each. A record that names this
-    host but carries no seal of its key (pushed to origin by someone else, or written
-    before servegate sealed records) is not this host's; one removed from the note (a
-    push to origin can rewrite the notes ref) is still found in the copy (``kept``: the
-    copy already read, by a caller that reads many SHAs' records)."""
+) -> list[ReleaseRecord]:
+    """This host's records of ``sha``, oldest first (:func:`sealed_records`, less those
+    that do not read as a record)."""
+    return sealed_records(cfg, text, sha, kept)[0]
+
+
+def sealed_records(
+    cfg: Config, text: str, sha: str, kept: list[dict[str, Any]] | None = None
+) -> tuple[list[ReleaseRecord], list[str]]:
+    """This host's records of ``sha``, oldest first, typed: those it sealed, in the
+    note's ``text`` and in its own copy (:func:`logged`), once each; and why each sealed
+    line that is not a release record as this servegate reads it was left out. A record
+    that names this host but carries no seal of its key (pushed to origin by someone
+    else, or written before servegate sealed records) is not this host's; one removed
+    from the note (a push to origin can rewrite the notes ref) is still found in the copy
+    (``kept``: the copy already read, by a caller that reads many SHAs' records)."""
     salt = host_salt(cfg.host_root)
     mine = host_id(cfg)
     found: dict[str, dict[str, Any]] = {}
     for r in [*parse_notes(text), *(logged(cfg) if kept is None else kept)]:
-        if (
-            r.get("sha") == sha
-            and r.get("host_id") == mine
-            and isinstance(r.get("seal"), str)
-            and hmac.compare_digest(r["seal"].encode(), seal(r, salt).encode())  # any text
-        ):
+        if r.get("sha") == sha and r.get("host_id") == mine and sealed(r, salt):
             found.setdefault(r["seal"], r)
-    return sorted(found.values(), key=lambda r: str(r.get("at", "")))
+    records, skipped = [], []
+    for r in found.values():
+        try:
+            records.append(documents.read(ReleaseRecord, r))
+        except documents.DocumentError as exc:
+            skipped.append(
+                f"a record of {sha[:12]} at {str(r.get('at'))[:40]!r} is skipped: {exc} "
+                "(not a record servegate writes)"
+            )
+    return sorted(records, key=lambda r: r.at), skipped
 
 
 def logged(cfg: Config) -> list[dict[str, Any]]:

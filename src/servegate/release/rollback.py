@@ -250,9 +250,9 @@ def _released_before(ctx: Context, sha: str, since: str, run: str = "") -> dict[
         text = ""
     records = rec.host_records(ctx.cfg, text, sha)
     for r in reversed(records):
-        mine = r.get("run") == run if run else str(r.get("at", "")) >= since
-        if r.get("verdict") == "released" and mine:
-            return {"verdict": "released", "tag": str(r.get("tag", "")), "at": str(r.get("at"))}
+        mine = r.run == run if run else r.at >= since
+        if r.verdict == "released" and mine:
+            return {"verdict": "released", "tag": r.tag or "", "at": r.at}
     return None
 
 

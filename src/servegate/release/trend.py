@@ -15,11 +15,11 @@ from servegate.errors import ServegateError
 from servegate.judging import noise, trend
 from servegate.release import bench_gate
 from servegate.release.deploy import make_deployer
-from servegate.release.record import host_id, host_records, logged
+from servegate.release.record import ReleaseRecord, host_id, host_records, logged
 from servegate.release.state import HostState
 
 
-def records(cfg: Config) -> list[dict[str, Any]]:
+def records(cfg: Config) -> list[ReleaseRecord]:
     """This host's records of every SHA in its history (each SHA once), oldest first by
     SHA's first appearance, then by time; a SHA whose note cannot be read is left out."""
     if not cfg.host.root or not hostpaths.of(cfg).state.exists():
@@ -27,7 +27,7 @@ def records(cfg: Config) -> list[dict[str, Any]]:
     state = HostState.load(hostpaths.of(cfg).state)
     repo = make_deployer(cfg).repo
     kept = logged(cfg)
-    out: list[dict[str, Any]] = []
+    out: list[ReleaseRecord] = []
     for sha in dict.fromkeys(e.sha for e in state.history):
         try:
             out += host_records(cfg, repo.notes(sha), sha, kept)
@@ -36,15 +36,15 @@ def records(cfg: Config) -> list[dict[str, Any]]:
     return out
 
 
-def summary(cfg: Config, recs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def summary(cfg: Config, recs: list[ReleaseRecord] | None = None) -> dict[str, Any]:
     """The newest released record with bench samples judged against the trend of those
     before it (:func:`servegate.judging.trend.judge`, with ``[trend]``'s window and anchor
     and the gate's error rates), and the change points per ``case:metric`` of every
     released record measured like it. ``why`` alone when there is nothing to judge."""
     recs = records(cfg) if recs is None else recs
     newest = next(
-        (doc for r in reversed(sorted(recs, key=lambda r: str(r.get("at", ""))))
-         if r.get("verdict") == "released" and (doc := bench_gate.recorded_samples(r))),
+        (doc for r in reversed(sorted(recs, key=lambda r: r.at))
+         if r.verdict == "released" and (doc := bench_gate.recorded_samples(r))),
         None,
     )  # fmt: skip
     if newest is None:
