@@ -239,7 +239,17 @@ def test_config_check_warns_about_the_box_and_refuses_an_empty_gate(
     assert "the gate cannot plan its repetitions: no noise measurement" in capsys.readouterr().err
     _noise_file(tmp_path, config.load(path, {}), cv=0.01, offset=0.03)
     assert main(["config", "check", "--config", str(path), "--offline"]) == 0
-    assert "this box resolves" in capsys.readouterr().err
+    io = capsys.readouterr()
+    assert "this box resolves" in io.err
+    # what the plan costs: the starts a side and those of the ABAB design
+    cap = config.load(path, {}).bench.max_repetitions
+    assert f"the gate's plan: {cap} repetitions a side over " in io.out
+    assert "starts with the fresh baseline's ABAB design" in io.out
+    _noise_file(tmp_path, config.load(path, {}), cv=0.005, offset=0.0)
+    assert main(["config", "check", "--config", str(path), "--offline"]) == 0
+    assert "in one service start (the restart offset does not need more)" in (
+        capsys.readouterr().out
+    )
     with pytest.raises(ConfigError, match="a gate without checks would pass every release"):
         config.parse(CFG.format(root=tmp_path).replace('["smoke", "bench"]', "[]"), environ={})
 

@@ -77,6 +77,8 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
     ]
     # what this box shows before any promote: port, remote, build, program, engine, model
     box = config_box.check(cfg, filled or spec, offline, failed)
+    if "bench" in checks and (planned := bench_gate.plan_line(cfg)):
+        box.append(planned)
     if any(f.severity == "fail" for f in findings):  # promote lints after its build
         where = f"profile {spec.profile}" if spec.profile else "service.command"
         failed.insert(len([e for e in failed if e.exit_code != 7]),

@@ -41,6 +41,7 @@ from servegate.errors import BenchFailed, ResultFileError, ServegateError
 from servegate.judging import noise, stats, verdict
 from servegate.pipeline.stages import Reporter
 from servegate.release.record import ReleaseRecord, host_id
+from servegate.release.state import HostState
 
 CHECK = "bench"
 
@@ -141,6 +142,35 @@ def noise_warnings(cfg: Config) -> list[str]:
     if not found:
         return [f"the gate cannot plan its repetitions: {about}"]
     return unresolved(plan(cfg, found), cfg.bench.max_repetitions, cfg.bench.max_starts)
+
+
+def plan_line(cfg: Config) -> str:
+    """What the gate's plan costs on this box, from its noise record ("" without one):
+    repetitions, service starts a side and, where the live release's start-up time is
+    known, the minutes of start-ups the ABAB design spends (a fresh baseline alternates
+    live and candidate: ``2k - 1`` starts)."""
+    spec = spec_from_config(cfg.bench, Endpoint(""), cfg.service.model)
+    found, _ = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
+    if not found:
+        return ""
+    b = cfg.bench
+    first, starts = design(plan(cfg, found), b.repetitions, b.max_repetitions, b.max_starts)
+    line = f"the gate's plan: {first} repetitions a side"
+    if starts <= 1:
+        return line + " in one service start (the restart offset does not need more)"
+    line += f" over {starts} service starts (the restart offset needs them; bench.max_starts"
+    line += f" caps it): {2 * starts - 1} starts with the fresh baseline's ABAB design"
+    state_file = hostpaths.of(cfg).state
+    if state_file.exists():
+        try:
+            current = HostState.load(state_file).current
+        except ServegateError:
+            current = None
+        if current is not None and current.startup_seconds > 0:
+            minutes = (2 * starts - 1) * current.startup_seconds / 60
+            line += (f", about {minutes:.0f} min of start-ups at the live release's "
+                     f"{current.startup_seconds:.0f} s")  # fmt: skip
+    return line
 
 
 def results_dir(cfg: Config) -> Path:
