@@ -482,3 +482,18 @@ def test_a_row_borrows_the_other_rows_restart_evidence_unless_its_starts_differ(
     assert "not pooled: its starts scatter beyond the other rows'" in wild["offset"]["from"]
     assert wild["offset"]["df"] <= alone["offset"]["df"]
     assert wild["verdict"] != "PASS" or wild["interval"][0] >= 0.95
+
+
+def test_one_sample_a_start_without_a_within_variance_is_judged_on_its_scatter() -> None:
+    """With nothing measured within a start (no noise record, one sample a start on both
+    sides), a stated offset cannot stand in for the samples' own scatter: the sides'
+    scatter decides, as a t test on their means."""
+    base = [100.0, 96.0, 104.0, 99.0, 101.5, 97.0]
+    cand = [98.0, 103.0, 95.5, 101.0, 99.0, 104.5]
+    blocks = list(range(6))
+    c = stats.compare(base, cand, offset=0.001, blocks=(blocks, blocks))
+    assert c is not None
+    lb, lc = [math.log(x) for x in base], [math.log(x) for x in cand]
+    assert c.se == pytest.approx(
+        math.sqrt(statistics.variance(lb) / 6 + statistics.variance(lc) / 6)
+    )

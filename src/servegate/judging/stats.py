@@ -235,11 +235,14 @@ def compare(
     # ("whole") has no within-start scatter of its own: its starts' scatter is the
     # offset and the within-start noise together, so its mean's variance is that scatter
     # over its starts, with its own degrees of freedom (a t test on start means), and no
-    # offset is added on top. Only a given offset (taken as known) models it instead.
+    # offset is added on top. Only a given offset (taken as known), with a within-start
+    # variance measured elsewhere, models it instead.
     given = offset_evidence is None and offset > 0
-    whole = tuple(not given and s.df == 0 and s.starts >= 2 for s in (sb, sc))
     ss = sb.within * sb.df + sc.within * sc.df + (prior[0] * prior[1] if prior else 0.0)
     df_w = sb.df + sc.df + (prior[0] if prior else 0)
+    # a given offset models a whole side only where a within-start variance is known
+    modelled = given and df_w > 0
+    whole = tuple(not modelled and s.df == 0 and s.starts >= 2 for s in (sb, sc))
     pooled = ss / df_w if df_w > 0 else 0.0
     vb, vc = (s.between / s.starts if w else pooled * s.factor
               for s, w in zip((sb, sc), whole, strict=True))  # fmt: skip
