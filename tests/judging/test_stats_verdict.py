@@ -324,9 +324,9 @@ def test_plan_and_resolution_follow_the_box_noise() -> None:
     assert 3 <= quiet <= 6
     assert noisy > 2 * quiet  # the repetitions grow with the square of the noise
     # a restart-to-restart offset no number of trials in one start averages away
-    assert plan(0.01, offset=0.02, cap=1000) is None
+    assert plan(0.01, offset=0.02, cap=200) is None
     levels = stats.Levels.split(0.05, 0.01, rows=2, looks=1)
-    assert stats.resolvable(0.01, 0.02, levels, 1000) > 0.05
+    assert stats.resolvable(0.01, 0.02, levels, 200) > 0.05
     assert stats.resolvable(0.005, 0.0, levels, 5) < 0.05
 
 
