@@ -79,7 +79,11 @@ def _demo(tmp_path: Path, arch: str, env: dict[str, str]) -> None:
         argv += ["--arch", arch]
     # written as they come: a run cut short still shows how far it got
     with (tmp_path / "demo.json").open("w") as out, (tmp_path / "demo.stderr").open("w") as err:
-        run = subprocess.run(argv, stdout=out, stderr=err, timeout=1800, env=env, check=False)
+        try:
+            run = subprocess.run(argv, stdout=out, stderr=err, timeout=1800, env=env, check=False)
+        except subprocess.TimeoutExpired:
+            _stop_sandbox(workdir)  # the demo was killed: its service must not outlive it
+            raise
     doc = json.loads((tmp_path / "demo.json").read_text())["result"]
     steps = doc["steps"]
     summary = [(s["step"], s["verdict"], s["reason"][:300]) for s in steps]
@@ -124,3 +128,13 @@ def _demo(tmp_path: Path, arch: str, env: dict[str, str]) -> None:
     assert slow["exit_code"] == 9
     assert slow["rollback"]["ok"] is True
     assert slow["rollback"]["sha"] == second["sha"]
+
+
+def _stop_sandbox(workdir: Path) -> None:
+    """Stop the sandbox's supervisord and the service under it, where the demo got as far
+    as writing its config."""
+    from servegate import config
+    from servegate.engine.managers.supervisor import Supervisor
+
+    if (workdir / "servegate.toml").exists():
+        Supervisor(config.load(workdir / "servegate.toml", {})).shutdown_daemon()
