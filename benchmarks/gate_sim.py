@@ -239,6 +239,11 @@ def scenarios() -> list[Scenario]:
          Box(0.01, 0.005, offsets={"regular-16k:generation_tps": 0.04}), two),
         ("5% loss on the row whose restarts scatter 4 % (the rest 0.5 %)",
          Box(0.01, 0.005, loss=one_row, offsets={"regular-16k:generation_tps": 0.04}), two),
+        # an offset the F test barely tells from the rest's: pooled, it must not hide a loss
+        ("5% loss on the row whose restarts scatter 2 % (the rest 0.5 %)",
+         Box(0.005, 0.005, loss=one_row, offsets={"regular-16k:generation_tps": 0.02}), two),
+        ("5% loss on the row whose restarts scatter 3 % (the rest 0.5 %)",
+         Box(0.005, 0.005, loss=one_row, offsets={"regular-16k:generation_tps": 0.03}), two),
     ]  # fmt: skip
     for i, (name, box, cases) in enumerate(extra):
         for mode in ("known", "measured"):
