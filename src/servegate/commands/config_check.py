@@ -47,7 +47,7 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
     # the launch resolves (profile, includes, parameters, placeholders) and the rules load
     spec = launch_spec(cfg, hostpaths.of(cfg).current, "0" * 40)
     rules = ruleset(cfg)
-    warnings = bench_gate.noise_warnings(cfg) if "bench" in checks else []
+    warnings, planned = bench_gate.noise_check(cfg) if "bench" in checks else ([], "")
     # the secrets file is checked (owner, mode, format); references it and the
     # environment leave unfilled would stop a promote (exit 2) before the service is touched
     environ = envfile.environ_with(cfg.service.env_file, os.environ)
@@ -77,7 +77,7 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
     ]
     # what this box shows before any promote: port, remote, build, program, engine, model
     box = config_box.check(cfg, filled or spec, offline, failed)
-    if "bench" in checks and (planned := bench_gate.plan_line(cfg)):
+    if planned:
         box.append(planned)
     if any(f.severity == "fail" for f in findings):  # promote lints after its build
         where = f"profile {spec.profile}" if spec.profile else "service.command"

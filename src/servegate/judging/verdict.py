@@ -238,7 +238,7 @@ def _decide(
     levels: stats.Levels,
     final: bool,
     pooled: tuple[int, int, int, int] | None = None,
-    evidence: Mapping[str, list[Source]] | None = None,
+    evidence: Mapping[str, _Evidence] | None = None,
 ) -> dict[str, Any]:
     row = _row(cid, rule.metric, cs.required, floor=rule.floor or None)
     undecided = REPORT if not cs.required else None
@@ -286,14 +286,17 @@ def _measured(
     levels: stats.Levels,
     final: bool,
     pooled: tuple[int, int, int, int] | None = None,
-    evidence: Mapping[str, list[Source]] | None = None,
+    evidence: Mapping[str, _Evidence] | None = None,
 ) -> tuple[str, str]:
     """The statistics of one row with samples on both sides (fills ``row``);
-    ``evidence``: per "case:metric", the restart-offset evidence of the deciding rows."""
+    ``evidence``: per "case:metric", the deciding rows' bulk and restart-offset evidence
+    (:func:`_offset_evidence`, worked out once for all rows)."""
     base, cand = bcs.metrics[rule.metric], cs.metrics[rule.metric]
     bblocks, cblocks = bcs.blocks_of(rule.metric), cs.blocks_of(rule.metric)
     lower = rule.direction == "lower"
-    bulk = _Bulk.of(base, cand, bblocks, cblocks, lower)
+    key = f"{cid}:{rule.metric}"
+    mine = (evidence or {}).get(key)
+    bulk = mine.bulk if mine else _Bulk.of(base, cand, bblocks, cblocks, lower)
     ob, oc, slow_b, slow_c, fast_c = bulk.ob, bulk.oc, bulk.slow_b, bulk.slow_c, bulk.fast_c
     if ob or oc:
         row["outliers"] = {
@@ -303,9 +306,8 @@ def _measured(
             "set_apart": [len(base) - len(bulk.base), len(cand) - len(bulk.cand)],
         }
     bulk_b, bulk_c, blocks = bulk.base, bulk.cand, bulk.blocks
-    key = f"{cid}:{rule.metric}"
-    others = [src for other, srcs in (evidence or {}).items() if other != key for src in srcs]
-    offset, source, known = _offset(cid, rule.metric, bulk, st, others)
+    others = [s for k, e in (evidence or {}).items() if k != key for s in e.sources]
+    offset, source, known = _offset(key, mine or _Evidence.of(bulk, st, key), st, others)
     row["offset"] = {"log_sd": round(offset, 5), "from": source}
     if known is not None:
         row["offset"]["df"] = round(known[1], 1)
@@ -450,12 +452,31 @@ def _usable(values: Sequence[float]) -> bool:
     return len(values) >= 2 and all(v > 0 and math.isfinite(v) for v in values)
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """One row's bulk and its restart-offset evidence: ``bench noise``'s record and the
+    gate's own service starts."""
+
+    bulk: _Bulk
+    record: Source | None
+    starts: list[Source]
+
+    @classmethod
+    def of(cls, bulk: _Bulk, st: Settings, key: str) -> _Evidence:
+        found = st.noise.get(key)
+        return cls(bulk, found.evidence() if found else None, bulk.own_sources(_within(st, key)))
+
+    @property
+    def sources(self) -> list[Source]:
+        return ([self.record] if self.record else []) + self.starts
+
+
 def _offset_evidence(
     covered: Sequence[tuple[str, CaseSamples, Rule]], baseline: Samples | None, st: Settings
-) -> dict[str, list[Source]]:
-    """Per "case:metric", the restart-offset evidence a row carries (``bench noise``'s
-    record and its own starts): what the other rows pool with theirs."""
-    out: dict[str, list[Source]] = {}
+) -> dict[str, _Evidence]:
+    """Per "case:metric", a deciding row's bulk and restart-offset evidence: what the
+    other rows pool with theirs."""
+    out: dict[str, _Evidence] = {}
     for cid, cs, rule in covered:
         bcs = baseline.cases.get(cid) if baseline else None
         if bcs is None or rule.tolerance >= 1 or f"{cid}:{rule.metric}" in st.offsets:
@@ -465,15 +486,13 @@ def _offset_evidence(
             continue
         bulk = _Bulk.of(base, cand, bcs.blocks_of(rule.metric), cs.blocks_of(rule.metric),
                         rule.direction == "lower")  # fmt: skip
-        found = st.noise.get(f"{cid}:{rule.metric}")
         key = f"{cid}:{rule.metric}"
-        sources = ([found.evidence()] if found else []) + bulk.own_sources(_within(st, key))
-        out[key] = sources
+        out[key] = _Evidence.of(bulk, st, key)
     return out
 
 
 def _offset(
-    cid: str, metric: str, bulk: _Bulk, st: Settings, others: Sequence[Source] = ()
+    key: str, ev: _Evidence, st: Settings, others: Sequence[Source] = ()
 ) -> tuple[float, str, tuple[float, float] | None]:
     """The restart offset (log SD) this row's error carries, where it came from, and
     (variance of a start's mean, degrees of freedom) where it was estimated:
@@ -482,17 +501,11 @@ def _offset(
     starts barely measure a variance) unless this row's starts scatter beyond what
     theirs allow; else the prior. Never zero by default: the two sides always ran in
     different service starts."""
-    key = f"{cid}:{metric}"
     if key in st.offsets:
         return st.offsets[key], "given", None
-    own: list[Source] = []
-    about: list[str] = []
-    if key in st.noise:
-        own.append(st.noise[key].evidence())
-        about.append("bench noise")
-    mine = bulk.own_sources(_within(st, key))
-    own.extend(mine)
-    own_starts = sum(s[0] + 1 for s in mine)
+    own = ev.sources
+    about = ["bench noise"] if ev.record else []
+    own_starts = sum(s[0] + 1 for s in ev.starts)
     if own_starts:
         about.append(f"the gate's own {own_starts} starts")
     sources = own

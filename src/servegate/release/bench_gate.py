@@ -134,27 +134,24 @@ def unresolved(rows: list[dict[str, Any]], cap: int, max_starts: int = 1) -> lis
     ]
 
 
-def noise_warnings(cfg: Config) -> list[str]:
-    """What ``config check`` says about the box's measured noise and the gate's rules."""
-
+def noise_check(cfg: Config) -> tuple[list[str], str]:
+    """What ``config check`` says about the box's measured noise and the gate's rules:
+    (warnings, the plan and its cost on this box, "" without a noise record)."""
     spec = spec_from_config(cfg.bench, Endpoint(""), cfg.service.model)
     found, about = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
     if not found:
-        return [f"the gate cannot plan its repetitions: {about}"]
-    return unresolved(plan(cfg, found), cfg.bench.max_repetitions, cfg.bench.max_starts)
-
-
-def plan_line(cfg: Config) -> str:
-    """What the gate's plan costs on this box, from its noise record ("" without one):
-    repetitions, service starts a side and, where the live release's start-up time is
-    known, the minutes of start-ups the ABAB design spends (a fresh baseline alternates
-    live and candidate: ``2k - 1`` starts)."""
-    spec = spec_from_config(cfg.bench, Endpoint(""), cfg.service.model)
-    found, _ = noise.load(cfg.host_root, str(fingerprint(spec)["digest"]))
-    if not found:
-        return ""
+        return [f"the gate cannot plan its repetitions: {about}"], ""
     b = cfg.bench
-    first, starts = design(plan(cfg, found), b.repetitions, b.max_repetitions, b.max_starts)
+    planned = plan(cfg, found)
+    return unresolved(planned, b.max_repetitions, b.max_starts), _plan_line(cfg, planned)
+
+
+def _plan_line(cfg: Config, planned: list[dict[str, Any]]) -> str:
+    """What the gate's plan costs on this box: repetitions, service starts a side and,
+    where the live release's start-up time is known, the minutes of start-ups the ABAB
+    design spends (a fresh baseline alternates live and candidate: ``2k - 1`` starts)."""
+    b = cfg.bench
+    first, starts = design(planned, b.repetitions, b.max_repetitions, b.max_starts)
     line = f"the gate's plan: {first} repetitions a side"
     if starts <= 1:
         return line + " in one service start (the restart offset does not need more)"

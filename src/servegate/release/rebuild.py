@@ -53,6 +53,7 @@ def rebuild(cfg: Config) -> dict[str, Any]:
     entries: list[Entry] = []
     skipped: list[str] = []
     mine = rec.host_id(cfg)
+    salt = redact.host_salt(cfg.host_root)
     noted = set(deployer.repo.noted())
     own = rec.logged(cfg)
     logged = {str(r.get("sha")) for r in own}  # a note origin removed included
@@ -60,7 +61,6 @@ def rebuild(cfg: Config) -> dict[str, Any]:
         text = deployer.repo.notes(sha) if sha in noted else ""
         sealed, unread = rec.sealed_records(cfg, text, sha, own)
         skipped += unread
-        salt = redact.host_salt(cfg.host_root)
         unsealed = [r for r in rec.parse_notes(text) if r.get("host_id") == mine
                     and not rec.sealed(r, salt)]  # fmt: skip
         if unsealed:
