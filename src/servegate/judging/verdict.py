@@ -449,7 +449,7 @@ class _Bulk:
 
 
 def _usable(values: Sequence[float]) -> bool:
-    return len(values) >= 2 and all(v > 0 and math.isfinite(v) for v in values)
+    return len(values) >= 2 and not _unloggable(values, "", "")
 
 
 @dataclass(frozen=True)
