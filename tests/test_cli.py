@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import re
@@ -15,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from servegate import config, errors
+from servegate import cli, config, errors, flags
 from servegate.cli import main, release_main
+from servegate.commands import bench as bench_cmd
 from tests.conftest import Host, Stack
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -297,3 +299,101 @@ def test_the_gate_s_statistics_settings_default_as_the_config_declares() -> None
     assert len(shared) >= 6
     for f in shared:
         assert _declared_default(f) == declared[f.name], f"gate.{f.name}"
+
+
+def _flagged() -> list[tuple[str, type[Any], dataclasses.Field[Any], flags.Flag]]:
+    hints = typing.get_type_hints(config.Config)
+    return [
+        (s.name, hints[s.name], f, flag)
+        for s in dataclasses.fields(config.Config)
+        if s.name != "path"
+        for f, flag in flags.declared(hints[s.name])
+    ]
+
+
+def test_each_flag_is_declared_once_with_its_setting_and_named_in_its_doc_row() -> None:
+    """A setting's flag lives in the config field's declaration (servegate.flags): its
+    row in docs/config.md names the flag, and the command's help shows the field's own
+    default, so neither can drift from the code."""
+    text = (DOCS / "config.md").read_text()
+    found = _flagged()
+    assert {f"{s}.{f.name}" for s, _c, f, _ in found} >= {
+        "bench.tiers", "bench.repetitions", "bench.max_tokens", "load.duration", "load.workload"
+    }  # fmt: skip
+    for section, _cls, f, flag in found:
+        row = next(
+            line for line in text.splitlines() if line.startswith(f"| `{section}.{f.name}` |")
+        )
+        assert f"`{flag.name}`" in row, f"{section}.{f.name}: its row does not name {flag.name}"
+    helps = {a.dest: a.help or "" for a in _bench_parser("bench")._actions}
+    assert helps["bench__repetitions"].endswith(
+        f"(default: bench.repetitions, {config.Bench().repetitions})"
+    )
+
+
+def _bench_parser(*words: str) -> argparse.ArgumentParser:
+    parser = cli.servegate_parser(["bench", *words[1:]])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bench: argparse.ArgumentParser = sub.choices["bench"]
+    if len(words) == 1:
+        return bench
+    bsub = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    chosen: argparse.ArgumentParser = bsub.choices[words[1]]
+    return chosen
+
+
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        (["--tiers", "16K,128k", "--concurrency", "1,4"],
+         {"tiers": ("16k", "128k"), "concurrency": (1, 4)}),
+        (["--no-warmup", "--ignore-eos", "--seed", "-1", "--tolerance", "12"],
+         {"warmup": False, "ignore_eos": True, "seed": -1, "tolerance_pct": 12.0}),
+        (["--repetitions", "14"], {"repetitions": 14, "max_repetitions": 14}),
+        ([], {}),
+    ],
+)  # fmt: skip
+def test_a_typed_flag_overrides_its_setting_and_the_rest_stand(
+    argv: list[str], want: dict[str, Any]
+) -> None:
+    cfg = config.parse(
+        '[stack]\nremote = "x"\n[bench]\ntiers = ["8k"]\nseed = 7\nmax_tokens = 64\n',
+        environ={},
+        build_only=True,
+    )
+    args = cli.servegate_parser(["bench"]).parse_args(["bench", *argv])
+    got = bench_cmd.bench_settings(
+        cfg, bench_cmd.Options(bench=flags.overrides(config.Bench, args))
+    )
+    expected = dataclasses.replace(cfg.bench, **want)
+    assert got == expected
+    assert got.max_tokens == 64  # the config's value, where no flag was typed
+
+
+def test_a_bad_flag_value_is_argparse_s_error_naming_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv, says in (
+        (["bench", "--concurrency", "1,x"], "argument --concurrency: '1,x': give whole numbers"),
+        (["bench", "--repetitions", "three"], "argument --repetitions: 'three' is not a whole"),
+        (["bench", "load", "--rates", "1", "--workload", "hot"],
+         "argument --workload: 'hot' is not one of cold, shared-prefix"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as ended:
+            main(argv)
+        assert ended.value.code == 2
+        assert says in capsys.readouterr().err
+
+
+def test_bench_load_takes_the_load_settings_flags_over_the_declared_defaults() -> None:
+    args = cli.servegate_parser(["bench", "load"]).parse_args(
+        ["bench", "load", "--rates", "0.5,1", "--duration", "12", "--workload", "shared-prefix",
+         "--prefix-share", "0.5", "--load-seed", "3", "--seed", "-1"]
+    )  # fmt: skip
+    spec = bench_cmd._load_spec(args)
+    assert (spec.duration_s, spec.workload, spec.prefix_share, spec.seed) == (
+        12.0, "shared-prefix", 0.5, 3
+    )  # fmt: skip
+    assert spec.burstiness == config.Load().burstiness
+    # --seed is the bench's per-request seed, --load-seed the sweep's: two settings
+    assert flags.overrides(config.Bench, args) == {"seed": -1}

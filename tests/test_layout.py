@@ -43,6 +43,7 @@ ALLOWED = {
 BASE = {
     "errors",
     "config",
+    "flags",
     "documents",
     "hostpaths",
     "archs",

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from servegate.archs import check_arch_names
 from servegate.bench.tiers import TIERS
 from servegate.errors import ConfigError, did_you_mean
+from servegate.flags import setting
 
 Strategy = Literal["worktree", "in-place"]
 Manager = Literal["supervisor", "systemd-user"]
@@ -219,40 +220,52 @@ class Bench:
     """The long-context bench (``servegate bench`` and the ``bench`` gate check)."""
 
     #: ``regular`` (prose) and/or ``coding`` (source code)
-    profiles: tuple[str, ...] = ("regular", "coding")
+    profiles: tuple[str, ...] = setting(
+        ("regular", "coding"), "--profiles", "regular,coding", "LIST"
+    )
     #: of 8k 16k 32k 64k 128k (tokens of the served model's tokenizer)
-    tiers: tuple[str, ...] = ("16k",)
+    tiers: tuple[str, ...] = setting(
+        ("16k",), "--tiers", "of 8k,16k,32k,64k,128k, or 1k,2k,4k for smoke-sized runs", "LIST",
+        normalise=str.lower,
+    )  # fmt: skip
     #: streams started together per group; one case per value
-    concurrency: tuple[int, ...] = (1,)
-    repetitions: int = 3
+    concurrency: tuple[int, ...] = setting(
+        (1,), "--concurrency", "streams started together, e.g. 1,4", "LIST"
+    )
+    repetitions: int = setting(3, "--repetitions", "groups per case", "N")
     #: the gate measures more (up to this many) while a required row is INCONCLUSIVE;
     #: 10 a side, one a service start, is what the plan needs at CV 2 % with a 1 % restart
     #: offset (docs/bench.md, "Figures"); clear cases stop at the first looks
     max_repetitions: int = 10
     #: the model's tokenizer files (a model directory), to size prompts exactly for a
     #: server without /tokenize (transformers serve); "": /tokenize, else an estimate
-    tokenizer: str = ""
+    tokenizer: str = setting(
+        "", "--tokenizer", "the model's tokenizer files, to size prompts for a server "
+        "without /tokenize", "DIR",
+    )  # fmt: skip
     #: the Python (with transformers) that reads ``tokenizer`` ("": servegate's own)
-    tokenizer_python: str = ""
+    tokenizer_python: str = setting(
+        "", "--tokenizer-python", "a Python with transformers that reads --tokenizer", "PATH"
+    )
     #: when the box's measured restart offset (``servegate bench noise``) needs it, the
     #: gate spreads the candidate's repetitions over up to this many service starts (the
     #: service is restarted, re-proven and warmed up in between; with the fresh baseline
     #: the live release and the candidate alternate, ABAB); 1: never restart; never more
     #: than ``max_repetitions`` (one repetition a start)
     max_starts: int = 10
-    max_tokens: int = 1024
+    max_tokens: int = setting(1024, "--max-tokens", "exact output tokens", "N")
     #: allowed drift of the prompt from the tier, in percent
-    tolerance_pct: float = 2.0
-    warmup: bool = True
+    tolerance_pct: float = setting(2.0, "--tolerance", "prompt size tolerance in %%", "PCT")
+    warmup: bool = setting(True, "--no-warmup", "skip the warm-up request")
     #: never on a measured request unless set here (the output would be forced)
-    ignore_eos: bool = False
+    ignore_eos: bool = setting(False, "--ignore-eos", "force the output length (recorded)")
     temperature: float = 1.0
     top_p: float = 0.95
     top_k: int = 20
     min_p: float = 0.0
     #: per-request seed; -1: not sent (vLLM's CPU backend crashes on per-request seeds
     #: once a prompt is prefilled in chunks: "CPU Generator does not use offset")
-    seed: int = 3407
+    seed: int = setting(3407, "--seed", "per-request seed; -1: none sent")
     #: JSON object passed through, e.g. '{"enable_thinking": false}'
     chat_template_kwargs: str = ""
     #: seconds per request
@@ -320,13 +333,19 @@ class Load:
     rates: tuple[float, ...] = ()
     concurrencies: tuple[int, ...] = ()
     #: seconds a point
-    duration: float = 30.0
-    burstiness: float = 1.0
-    seed: int = 0
+    duration: float = setting(30.0, "--duration", "seconds a point")
+    burstiness: float = setting(
+        1.0, "--burstiness", "gamma shape of the arrival gaps: 1 Poisson, <1 burstier"
+    )
+    seed: int = setting(0, "--load-seed", "arrivals and prompt draws")
     #: SLOs for goodput, e.g. "ttft:2s,itl:80ms"
-    goodput: str = ""
-    workload: Literal["cold", "shared-prefix"] = "cold"
-    prefix_share: float = 0.0
+    goodput: str = setting("", "--goodput", "SLOs, e.g. ttft:2s,itl:80ms", "SLOS")
+    workload: Literal["cold", "shared-prefix"] = setting(
+        "cold", "--workload", "cold, or shared-prefix: prompts that share a prefix"
+    )
+    prefix_share: float = setting(
+        0.0, "--prefix-share", "shared-prefix: the share of every prompt that is common (e.g. 0.8)"
+    )
     #: the prompts' tiers (empty: bench.tiers) and output length (0: bench.max_tokens)
     tiers: tuple[str, ...] = ()
     max_tokens: int = 0

@@ -8,14 +8,14 @@ import datetime as dt
 import os
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from servegate import config as config_mod
-from servegate import envfile, hostpaths
+from servegate import envfile, flags, hostpaths
 from servegate.bench import cases, document, driver, load, loadreport, loadspec, probes, results
 from servegate.bench.cases import METRICS
 from servegate.commands import args as common_args
@@ -38,14 +38,8 @@ class Options:
     url: str | None = None
     model: str | None = None
     api_key_env: str | None = None
-    profiles: str | None = None
-    tiers: str | None = None
-    repetitions: int | None = None
-    concurrency: str | None = None
-    max_tokens: int | None = None
-    tolerance: float | None = None
-    no_warmup: bool = False
-    ignore_eos: bool = False
+    #: the ``[bench]`` settings typed on the command line (:func:`servegate.flags.overrides`)
+    bench: Mapping[str, Any] = field(default_factory=dict)
     output: Path | None = None
     server_command: str = ""
     system: str = ""
@@ -54,13 +48,9 @@ class Options:
     baseline: Path | None = None
     lenient: bool = False
     lease: bool = True
-    seed: int | None = None
     #: vllm, transformers, openai, or None: the config's engine (with --url: detected from
     #: /v1/models)
     engine: str | None = None
-    #: the model's tokenizer files, for a server without /tokenize
-    tokenizer: str = ""
-    tokenizer_python: str = ""
 
 
 def load_config(path: Path, environ: Mapping[str, str], need: bool) -> Config | None:
@@ -81,34 +71,12 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def bench_settings(cfg: Config | None, o: Options) -> config_mod.Bench:
+    """The config's ``[bench]`` (or the defaults) with the flags typed. A ``--repetitions``
+    above ``bench.max_repetitions`` raises the cap with it."""
     b = cfg.bench if cfg else config_mod.Bench()
-    changes: dict[str, Any] = {}
-    if o.profiles:
-        changes["profiles"] = _csv(o.profiles)
-    if o.tiers:
-        changes["tiers"] = tuple(t.lower() for t in _csv(o.tiers))
-    if o.concurrency:
-        try:
-            changes["concurrency"] = tuple(int(c) for c in _csv(o.concurrency))
-        except ValueError:
-            raise ConfigError(f"--concurrency {o.concurrency!r}: give numbers, e.g. 1,4") from None
-    if o.repetitions is not None:
-        changes["repetitions"] = o.repetitions
-        changes["max_repetitions"] = max(o.repetitions, b.max_repetitions)
-    if o.max_tokens is not None:
-        changes["max_tokens"] = o.max_tokens
-    if o.tolerance is not None:
-        changes["tolerance_pct"] = o.tolerance
-    if o.seed is not None:
-        changes["seed"] = o.seed
-    if o.no_warmup:
-        changes["warmup"] = False
-    if o.ignore_eos:
-        changes["ignore_eos"] = True
-    if o.tokenizer:
-        changes["tokenizer"] = o.tokenizer
-    if o.tokenizer_python:
-        changes["tokenizer_python"] = o.tokenizer_python
+    changes = dict(o.bench)
+    if "repetitions" in changes:
+        changes["max_repetitions"] = max(changes["repetitions"], b.max_repetitions)
     return replace(b, **changes)
 
 
@@ -643,18 +611,8 @@ def _load_arguments(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     how = lo.add_mutually_exclusive_group(required=True)
     how.add_argument("--rates", metavar="LIST", help="requests a second, e.g. 0.5,1,2,4")
     how.add_argument("--concurrencies", metavar="LIST", help="clients, e.g. 1,2,4,8")
-    lo.add_argument("--duration", type=float, default=30.0, help="seconds a point (30)")
-    lo.add_argument(
-        "--burstiness", type=float, default=1.0,
-        help="gamma shape of the arrival gaps: 1 Poisson, <1 burstier (1)",
-    )  # fmt: skip
-    lo.add_argument("--load-seed", type=int, default=0, help="arrivals and prompt draws (0)")
-    lo.add_argument("--goodput", default="", metavar="SLOS", help="e.g. ttft:2s,itl:80ms")
-    lo.add_argument("--workload", choices=("cold", "shared-prefix"), default="cold")
-    lo.add_argument(
-        "--prefix-share", type=float, default=0.0,
-        help="shared-prefix: the share of every prompt that is common (e.g. 0.8)",
-    )  # fmt: skip
+    # a sweep of its own: the config's [load] (the load gate check's) does not apply
+    flags.add(lo, config_mod.Load, None)
     lo.add_argument(
         "--no-stop", action="store_true", help="run every point, past the first saturated one"
     )
@@ -701,14 +659,7 @@ def _local(args: argparse.Namespace, out: Output) -> int:
         url=args.url,
         model=args.model,
         api_key_env=args.api_key_env,
-        profiles=args.profiles,
-        tiers=args.tiers,
-        repetitions=args.repetitions,
-        concurrency=args.concurrency,
-        max_tokens=args.max_tokens,
-        tolerance=args.tolerance,
-        no_warmup=args.no_warmup,
-        ignore_eos=args.ignore_eos,
+        bench=flags.overrides(config_mod.Bench, args),
         output=args.output,
         server_command=getattr(args, "server_command", ""),
         system=getattr(args, "system", ""),
@@ -717,14 +668,10 @@ def _local(args: argparse.Namespace, out: Output) -> int:
         baseline=getattr(args, "baseline", None),
         lenient=args.lenient,
         lease=not args.no_lease,
-        seed=args.seed,
         engine=args.engine,
-        tokenizer=args.tokenizer or "",
-        tokenizer_python=args.tokenizer_python or "",
     )
     if sub == "load":
-        given = [f for f, v in (("--repetitions", args.repetitions),
-                                ("--concurrency", args.concurrency)) if v is not None]  # fmt: skip
+        given = [f"--{k}" for k in ("repetitions", "concurrency") if k in opts.bench]
         if given:
             raise ConfigError(
                 f"bench load takes no {' or '.join(given)}: those shape the single-stream "
@@ -761,12 +708,7 @@ def _load_spec(args: argparse.Namespace) -> loadspec.LoadSpec:
         rates=points if rates else (),
         # whole numbers or not, LoadSpec.check says so below with the option's name
         concurrencies=() if rates else points,  # type: ignore[arg-type]
-        duration=args.duration,
-        burstiness=args.burstiness,
-        seed=args.load_seed,
-        goodput=args.goodput,
-        workload=args.workload,
-        prefix_share=args.prefix_share,
+        **flags.overrides(config_mod.Load, args),
     )
     spec = loadspec.spec_from(settings, stop_at_saturation=not args.no_stop)
     spec.check()
