@@ -17,7 +17,7 @@ import pytest
 
 from servegate import config as config_mod
 from servegate.config import Config
-from servegate.demo.sandbox import free_port
+from servegate.demo import sandbox
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.pipeline.git import Identity, commit_all, init_repo, push_branch
 from servegate.pipeline.stages import QuietReporter
@@ -26,6 +26,51 @@ from servegate.release.context import Context
 STACK_TEMPLATE = Path(__file__).parent / "stack"
 REAL_HOME = Path.home()
 DEV = Identity("Test Developer", "dev@test.invalid")
+
+
+def free_port() -> int:
+    """A free port for a test's server. With the suite spread over several test processes
+    (pytest-xdist), each takes only the ports that are its number modulo their count, so
+    two processes never pick the same port between choosing it and binding it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    while True:
+        port = sandbox.free_port()
+        if port % count == index:
+            return port
+
+
+#: test files that use something of the box beyond their temporary directories: with the
+#: suite spread over test processes (``scripts/test``: pytest-xdist, ``--dist
+#: loadgroup``), each group runs in one process, one test at a time
+SHARED = {
+    # network namespaces numbered from the pid, and sshd
+    "tests/release/test_ssh.py": "sshlab",
+    "tests/release/test_ansible.py": "sshlab",
+    # the runner hooks end every process of the box marked with their runner's name
+    "tests/runners/test_runner.py": "runner-marker",
+    "tests/runners/test_manager.py": "runner-marker",
+    # a system user, added and removed
+    "tests/release/test_neighbour.py": "neighbour",
+    # the demo's vLLM environment in the real home (and vLLM's own caches there)
+    "tests/bench/test_local_tokenizer.py": "vllm",
+}
+#: tests that judge the box's own speed: never beside another test process (``scripts/
+#: test`` runs them on their own, after the rest)
+QUIET = ("tests/bench/test_reference.py", "tests/bench/test_cpuwait.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        group = "vllm" if item.get_closest_marker("vllm") else SHARED.get(where)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if where in QUIET:
+            item.add_marker(pytest.mark.quiet)
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +83,10 @@ def no_writes_to_home(
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
-    for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+    # the GPU lease and host state: each test its own, never a neighbour's (nor a file a
+    # parallel test process holds)
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    for key in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "SERVEGATE_STATE_DIR"):
         monkeypatch.delenv(key, raising=False)
     return home
 

@@ -6,11 +6,15 @@ server with CUDA graphs, the 16k tier, 5 % on prefill and 15 % on decode) and on
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from servegate import config
+from servegate.demo import vllm_env
+from servegate.pipeline.stages import QuietReporter
 from servegate.demo.sandbox import Sandbox, config_text
 from servegate.engine.launch import engine_of, launch_spec
 
@@ -60,3 +64,34 @@ def test_the_vllm_sandbox_keeps_its_launcher_and_cpu_profile(tmp_path: Path) -> 
     sb.config.write_text(config_text(sb))
     cfg = config.load(sb.config, {})
     assert cfg.service.profile == "cpu-demo"
+
+
+def test_two_demos_at_once_install_the_vllm_environment_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second waits on the lock beside the venv and finds it ready; it never deletes
+    the venv the first is still installing."""
+    venv = tmp_path / "vllm-cpu"
+    installs: list[int] = []
+
+    def install(path: Path, python: Path, reporter: object) -> None:
+        assert not (path / vllm_env.READY).exists()
+        installs.append(threading.get_ident())
+        python.parent.mkdir(parents=True)
+        python.write_text("")
+        time.sleep(0.3)  # the other caller arrives while this one installs
+        (path / vllm_env.READY).write_text("ready\n")
+
+    monkeypatch.setattr(vllm_env, "_install", install)
+    environ = {"SERVEGATE_DEMO_VENV": str(venv)}
+    got: list[Path] = []
+    callers = [
+        threading.Thread(target=lambda: got.append(vllm_env.ensure(environ, QuietReporter())))
+        for _ in range(2)
+    ]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=30)
+    assert got == [venv / "bin" / "python"] * 2
+    assert len(installs) == 1

@@ -13,11 +13,10 @@ import pytest
 
 from servegate import config as config_mod
 from servegate.cli import main, release_main
-from servegate.demo.sandbox import free_port
 from servegate.engine import profiles, shellimport
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.pipeline.git import commit_all, push_branch
-from tests.conftest import DEV, Stack
+from tests.conftest import DEV, Stack, free_port
 from tests.engine.test_profiles import BUILTINS, REPO, SEED_BLOCK, seed_command
 
 

@@ -405,6 +405,7 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     against the first's recorded sweep, request by request, and is never a FAIL."""
     from servegate import config
     from servegate.pipeline.stages import QuietReporter
+    from servegate import documents
     from servegate.release import load_gate
     from servegate.release.record import host_id
 
@@ -437,7 +438,8 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     second = load_gate.run(cfg, endpoint, "demo", "b" * 40, record, QuietReporter(), os.environ)
     assert second["baseline"] == f"live release {'a' * 12}"
     row, reported = second["rows"]
-    assert row["baseline"] == pytest.approx(load_gate.figure(swept, "ttft_s.p50"))
+    kept = documents.read(load_gate.Point, swept)  # as the record keeps it, read back
+    assert row["baseline"] == pytest.approx(load_gate.figure(kept, "ttft_s.p50"))
     assert row["interval"][0] <= row["ratio"] <= row["interval"][1]
     # the same server: no evidence of a loss (a busy box may leave it undecided)
     assert second["verdict"] in ("PASS", "INCONCLUSIVE"), second["rows"]

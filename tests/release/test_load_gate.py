@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from servegate import config
+from servegate import config, documents
 from servegate.bench import loadspec
 from servegate.config import LoadRule
 from servegate.errors import ConfigError
@@ -55,8 +55,18 @@ def point(value: float, scale: float = 1.0, n: int = 400, seed: int = 1,
 LEVELS = stats.Levels.split(0.05, 0.01, 1, 1)
 
 
+def typed(p: dict[str, Any] | None) -> load_gate.Point | None:
+    """A point as the gate reads it back from a record: through the strict reader."""
+    return None if p is None else documents.read(load_gate.Point, p, "point")
+
+
+def sweep(*points: dict[str, Any], clocked: bool = True) -> load_gate.Sweep:
+    """``clocked``: the engine's TTFT clock checked the first texts (vLLM)."""
+    return load_gate.Sweep("", [documents.read(load_gate.Point, p) for p in points], clocked)
+
+
 def judge(rule: LoadRule, base: Any, cand: Any, **kw: Any) -> dict[str, Any]:
-    return load_gate.judge(rule, base, cand, LEVELS, kw.get("policy", "fail"),
+    return load_gate.judge(rule, typed(base), typed(cand), LEVELS, kw.get("policy", "fail"),
                            kw.get("first", False))  # fmt: skip
 
 
@@ -172,8 +182,11 @@ def test_one_transient_error_is_not_a_regression() -> None:
         for s in range(20)
     )  # fmt: skip
     assert fails <= 2
-    assert not load_gate.more_failed(point(4.0, n=50), point(4.0, n=50, failed=1), 0.05)
-    assert load_gate.more_failed(point(4.0, n=50), point(4.0, n=50, failed=8), 0.05)
+    base, one, eight = (
+        documents.read(load_gate.Point, point(4.0, n=50, failed=k)) for k in (0, 1, 8)
+    )
+    assert not load_gate.more_failed(base, one, 0.05)
+    assert load_gate.more_failed(base, eight, 0.05)
 
 
 def test_rows_are_reported_only_unless_required() -> None:
@@ -199,9 +212,8 @@ def test_a_load_check_that_no_row_decides_is_refused_and_never_passes() -> None:
         assert "servegate bench load" in err.value.hint
     with pytest.raises(ConfigError, match="no required"):
         build_checks(cfg_of("[load]\nrates = [1, 2]\nduration = 30\n"))  # no rows at all
-    base = {"points": [point(1.0), point(2.0)]}
-    slow = load_gate.decide(reported, base, {"first_text_checked": True,
-                                             "points": [point(1.0, 5.0), point(2.0, 5.0)]})  # fmt: skip
+    base = sweep(point(1.0), point(2.0))
+    slow = load_gate.decide(reported, base, sweep(point(1.0, 5.0), point(2.0, 5.0)))
     assert slow["verdict"] == "FAIL"
     assert slow["why"] == "no required row: nothing decides"
     assert [r["verdict"] for r in slow["rows"]] == ["REPORT"]
@@ -231,20 +243,16 @@ def test_the_check_verdict_is_decided_by_required_rows_only() -> None:
         '[[load.rules]]\nmetric = "ttft_s.p50"\npoint = 2\nrequired = true\ntolerance = 0.1\n'
         '[[load.rules]]\nmetric = "ttft_s.p99"\npoint = 1\n'
     )
-    base = {"points": [point(1.0), point(2.0)]}
-    clocked = {"first_text_checked": True}  # vLLM's TTFT clock checked the first texts
-    same = load_gate.decide(cfg, base, {**clocked, "points": [point(1.0, 5.0, seed=4),
-                                                              point(2.0, seed=5)]})  # fmt: skip
+    base = sweep(point(1.0), point(2.0))
+    same = load_gate.decide(cfg, base, sweep(point(1.0, 5.0, seed=4), point(2.0, seed=5)))
     assert same["verdict"] == "PASS", same  # the reported row's 5x does not decide
     assert [r["verdict"] for r in same["rows"]] == ["PASS", "REPORT"]
-    slow = load_gate.decide(cfg, base, {**clocked,
-                                        "points": [point(1.0), point(2.0, 1.5, seed=5)]})  # fmt: skip
+    slow = load_gate.decide(cfg, base, sweep(point(1.0), point(2.0, 1.5, seed=5)))
     assert slow["verdict"] == "FAIL"
     assert "ttft_s.p50 at 2" in slow["why"]
     # an engine without a TTFT clock (transformers serve): a first text under load
     # cannot be shown to be the model's, so a TTFT row cannot pass, however fast
-    fast = load_gate.decide(cfg, base, {"first_text_checked": False,
-                                        "points": [point(1.0), point(2.0, 0.1, seed=5)]})  # fmt: skip
+    fast = load_gate.decide(cfg, base, sweep(point(1.0), point(2.0, 0.1, seed=5), clocked=False))
     assert fast["verdict"] == "INCONCLUSIVE", fast
     assert "the engine keeps no TTFT clock" in fast["why"]
 
@@ -389,10 +397,10 @@ def test_answers_that_came_in_a_burst_leave_decode_rules_undecided() -> None:
         assert "of the baseline's" in held_base["why"]
     goodput = LoadRule("goodput_rps", 4.0, tolerance=0.10, required=True)
     reads = load_gate.Reads(slo=loadspec.parse_goodput("ttft:2s,itl:80ms"))
-    row = load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)
+    row = load_gate.judge(goodput, typed(base), typed(cand), LEVELS, "fail", False, reads)
     assert row["verdict"] == "INCONCLUSIVE", row
     reads = load_gate.Reads(slo=loadspec.parse_goodput("ttft:2s,e2el:5s"))
-    timed_whole = load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)
+    timed_whole = load_gate.judge(goodput, typed(base), typed(cand), LEVELS, "fail", False, reads)
     assert "burst" not in timed_whole["why"]  # SLOs of TTFT and E2E only: judged on counts
     ttft = judge(LoadRule("ttft_s.p50", 4.0, tolerance=0.10, required=True), base, cand)
     assert ttft["verdict"] == "PASS", ttft
@@ -412,9 +420,9 @@ def test_shorter_answers_leave_end_to_end_rows_undecided() -> None:
     assert "400 of the candidate's 400 answers at 4 were shorter than max_tokens" in row["why"]
     reads = load_gate.Reads(slo=loadspec.parse_goodput("e2el:5s"))
     goodput = LoadRule("goodput_rps", 4.0, tolerance=0.10, required=True)
-    assert load_gate.judge(goodput, base, cand, LEVELS, "fail", False, reads)["verdict"] == (
-        "INCONCLUSIVE"
-    )
+    assert load_gate.judge(goodput, typed(base), typed(cand), LEVELS, "fail", False, reads)[
+        "verdict"
+    ] == ("INCONCLUSIVE")
     for metric in ("request_throughput", "goodput_rps"):  # shorter answers finish sooner
         row = judge(LoadRule(metric, 4.0, tolerance=0.10, required=True), base, cand)
         assert row["verdict"] == "INCONCLUSIVE", row

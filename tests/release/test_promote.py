@@ -13,13 +13,12 @@ import pytest
 
 from servegate import config as config_mod
 from servegate.cli import release_main
-from servegate.demo.sandbox import free_port
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.errors import GitRefusal, LockHeld
 from servegate.release.promote import promote
 from servegate.release.rollback import rollback
 from servegate.release.state import HostState
-from tests.conftest import Host, Stack, config_text, hold_lock
+from tests.conftest import Host, Stack, config_text, free_port, hold_lock
 
 
 def released(host: Host, stack: Stack, mode: str = "ok") -> str:

@@ -17,10 +17,9 @@ import pytest
 from servegate import config as config_mod
 from servegate import envfile
 from servegate.cli import main, release_main
-from servegate.demo.sandbox import free_port
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.errors import ConfigError
-from tests.conftest import Stack, config_text
+from tests.conftest import Stack, config_text, free_port
 
 SECRETS = ("hunter2", "sk-live-123", "hf_abcdefSECRET", "pa55w0rd", "sk-second-456",
            "sk-under-789", "hf_json_SECRET", "redis_SECRET", "qs_SECRET")  # fmt: skip

