@@ -434,7 +434,7 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     assert json.loads(Path(first["result_file"]).read_text())["run"]["release"] == "a" * 40
 
     record = release_record(sha="a" * 40, host_id=host_id(cfg),
-                            gate={"checks": [{"name": "load", "evidence": first}]})  # fmt: skip
+                            gate={"checks": [{"name": "load", "verdict": "PASS", "evidence": first}]})  # fmt: skip
     second = load_gate.run(cfg, endpoint, "demo", "b" * 40, record, QuietReporter(), os.environ)
     assert second["baseline"] == f"live release {'a' * 12}"
     row, reported = second["rows"]

@@ -62,7 +62,7 @@ def test_the_live_release_samples_are_the_baseline() -> None:
     [
         (None, "no live release recorded"),
         (
-            release_record(sha="b" * 40, gate={"checks": [{"name": "smoke"}]}),
+            release_record(sha="b" * 40, gate={"checks": [{"name": "smoke", "verdict": "PASS"}]}),
             "has no recorded bench samples",
         ),
         (record(FP, host="machine:other"), "was measured on another host (machine:other"),

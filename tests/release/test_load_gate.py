@@ -287,7 +287,7 @@ def test_a_baseline_from_another_host_or_another_sweep_is_none() -> None:
     digest = load_gate.fingerprint(cfg, "bench-digest")
     record = release_record(
         sha="a" * 40, host_id="machine-id:other",
-        gate={"checks": [{"name": "load", "evidence": {
+        gate={"checks": [{"name": "load", "verdict": "PASS", "evidence": {
             "sweep": {"fingerprint": digest, "points": [point(1.0, span=30.0)]}}}]})  # fmt: skip
     base, why = load_gate.baseline(cfg, record, digest)
     assert base is None
@@ -337,7 +337,7 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
 
     def record(p: Any) -> Any:
         return release_record(sha="a" * 40, host_id=host_id(cfg),
-                              gate={"checks": [{"name": "load", "evidence": {
+                              gate={"checks": [{"name": "load", "verdict": "PASS", "evidence": {
                                   "sweep": {"fingerprint": digest, "points": [p]}}}]})  # fmt: skip
 
     good = point(1.0, n=50, span=30.0, failed=5)  # [load] duration: 30 s

@@ -37,8 +37,9 @@ def release(host: Host, sha: str, day: int, level: float, verdict: str = "releas
     """One promote's record, in the release note of ``sha`` (and the host's own copy)."""
     rec = record.ReleaseRecord.new(host.cfg, sha, None, verdict)
     rec.at = f"2026-01-{day:02d}T00:00:00.000+00:00"
-    rec.gate = {"checks": [{"name": "bench", "verdict": "PASS",
-                            "evidence": {"samples": bench_samples(level)}}]}  # fmt: skip
+    rec.gate = record.GateRecord(
+        "PASS", [record.CheckRecord("bench", "PASS", evidence={"samples": bench_samples(level)})]
+    )
     record.publish(host.cfg, make_deployer(host.cfg).repo, rec, None)
     return Entry(sha=sha, release_dir="", verdict=verdict, at=rec.at)
 

@@ -28,11 +28,10 @@ def collect(records: list[ReleaseRecord], files: list[Path]) -> list[charts.Poin
         doc = bench_gate.recorded_samples(rec)
         if doc is None:
             continue
-        checks = [c for c in (rec.gate or {})["checks"] if isinstance(c, dict)]
-        gate = next(c for c in checks if c.get("name") == bench_gate.CHECK)
+        check = rec.gate.check(bench_gate.CHECK) if rec.gate else None
         sha = rec.sha[:12]
         points += charts.points_from(
-            results.from_record(doc, sha), sha, rec.at, str(gate.get("verdict", "")), rec.verdict
+            results.from_record(doc, sha), sha, rec.at, check.verdict if check else "", rec.verdict
         )
     for path in files:
         s = results.load(path)

@@ -178,15 +178,9 @@ def results_dir(cfg: Config) -> Path:
 
 def recorded_samples(record: ReleaseRecord | None) -> dict[str, Any] | None:
     """The bench samples a release record's gate kept, if any."""
-    gate = record.gate if record else None
-    checks = gate.get("checks") if isinstance(gate, dict) else None
-    for check in checks if isinstance(checks, list) else []:  # a note may hold anything
-        if not isinstance(check, dict):
-            continue
-        if check.get("name") == CHECK and isinstance(check.get("evidence"), dict):
-            samples = check["evidence"].get("samples")
-            return samples if isinstance(samples, dict) else None
-    return None
+    check = record.gate.check(CHECK) if record and record.gate else None
+    samples = check.evidence.get("samples") if check else None
+    return samples if isinstance(samples, dict) else None
 
 
 def baseline(

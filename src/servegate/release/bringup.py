@@ -41,7 +41,7 @@ from servegate.release.gate import (
     build_checks,
     run_gate,
 )
-from servegate.release.record import ReleaseRecord, host_records, seal
+from servegate.release.record import GateRecord, ReleaseRecord, host_records, seal
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Evidence:
 
     startup_seconds: float = 0.0
     provenance: dict[str, Any] = field(default_factory=dict)
-    gate: dict[str, Any] = field(default_factory=dict)
+    gate: GateRecord | None = None
     launch: dict[str, Any] = field(default_factory=dict)
     service_pid: int | None = None
     #: lint findings (warnings; a fail stops before the switch)
@@ -490,7 +490,7 @@ def gate(
     )
     selected: list[GateCheck] = [SmokeCheck()] if smoke_only else build_checks(ctx.cfg)
     decision = run_gate(selected, gctx)
-    evidence.gate = decision.as_dict()
+    evidence.gate = decision.record()
     if decision.verdict is not Verdict.PASS:
         lines = "\n".join(f"  - {r.name}: {r.verdict} — {r.reason}" for r in decision.failures)
         raise GateFailed(

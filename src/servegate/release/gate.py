@@ -21,7 +21,7 @@ from servegate.engine import openai
 from servegate.errors import ConfigError
 from servegate.pipeline.stages import QuietReporter, Reporter
 from servegate.release import bench_gate, load_gate
-from servegate.release.record import ReleaseRecord
+from servegate.release.record import CheckRecord, GateRecord, ReleaseRecord
 
 
 class Verdict(enum.StrEnum):
@@ -227,6 +227,14 @@ class Decision:
 
     def as_dict(self) -> dict[str, Any]:
         return {"verdict": str(self.verdict), "checks": [r.as_dict() for r in self.results]}
+
+    def record(self) -> GateRecord:
+        """The decision as the release record keeps it."""
+        return GateRecord(
+            str(self.verdict),
+            [CheckRecord(r.name, str(r.verdict), r.reason, round(r.seconds, 3), r.evidence)
+             for r in self.results],
+        )  # fmt: skip
 
 
 def decide(results: list[CheckResult]) -> Verdict:

@@ -603,10 +603,8 @@ def baseline(
     if previous_record is None:
         return None, "no live release recorded"
     sha = previous_record.sha[:12]
-    doc = None
-    for check in (previous_record.gate or {}).get("checks") or []:
-        if check.get("name") == CHECK and isinstance(check.get("evidence"), dict):
-            doc = check["evidence"].get("sweep")
+    check = previous_record.gate.check(CHECK) if previous_record.gate else None
+    doc = check.evidence.get("sweep") if check else None
     if not isinstance(doc, dict):
         return None, f"the live release {sha} has no recorded load sweep"
     theirs = previous_record.host_id or f"hostname:{previous_record.host}"

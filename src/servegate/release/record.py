@@ -68,6 +68,33 @@ OPTIONAL = frozenset(
 
 
 @dataclass
+class CheckRecord:
+    """One gate check as a release record keeps it."""
+
+    name: str
+    #: PASS, FAIL or INCONCLUSIVE
+    verdict: str
+    reason: str = ""
+    seconds: float = 0.0
+    #: what the check measured and judged, in its own shape (the bench check's samples
+    #: and rows, the load check's sweep: each read by its check, typed there)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GateRecord:
+    """The gate's verdict and its checks, in the order they ran ("" and none: the run
+    ended before the gate)."""
+
+    verdict: str = ""
+    checks: list[CheckRecord] = field(default_factory=list)
+
+    def check(self, name: str) -> CheckRecord | None:
+        """The check of that name, if it ran."""
+        return next((c for c in self.checks if c.name == name), None)
+
+
+@dataclass
 class ReleaseRecord:
     """One line of a release note: every promote, automatic rollback, requested rollback
     and recovery writes one (docs/records.md, "The release record")."""
@@ -100,7 +127,7 @@ class ReleaseRecord:
     service_manager: str | None = None
     service_pid: int | None = None
     provenance: dict[str, Any] | None = None
-    gate: dict[str, Any] | None = None
+    gate: GateRecord | None = None
     reason: str | None = None
     rollback: dict[str, Any] | None = None
     #: a released record (and its tag) this one overrides: ``{verdict, tag, at}``

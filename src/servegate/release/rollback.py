@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from servegate import hostpaths
+from servegate import documents, hostpaths
 from servegate.engine import managers
 from servegate.engine.launch import placeholders
 from servegate.errors import (
@@ -106,7 +106,7 @@ def _restore(ctx: Context, target: Entry) -> dict[str, Any]:
         "startup_seconds": round(evidence.startup_seconds, 3),
         "seconds": round(time.monotonic() - start, 3),
         "provenance_ok": evidence.provenance.get("ok", False),
-        "gate": evidence.gate,
+        "gate": documents.plain(evidence.gate) if evidence.gate else {},
     }
 
 
