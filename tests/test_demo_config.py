@@ -14,9 +14,9 @@ import pytest
 
 from servegate import config
 from servegate.demo import vllm_env
-from servegate.pipeline.stages import QuietReporter
 from servegate.demo.sandbox import Sandbox, config_text
 from servegate.engine.launch import engine_of, launch_spec
+from servegate.pipeline.stages import QuietReporter
 
 
 @pytest.mark.parametrize(

@@ -403,9 +403,8 @@ def test_load_gate_check_judges_a_real_sweep_against_the_live_releases(
     """The `load` gate check twice on one server: the first release has no baseline (its
     required row passes only by the explicit first-release policy), the second is judged
     against the first's recorded sweep, request by request, and is never a FAIL."""
-    from servegate import config
+    from servegate import config, documents
     from servegate.pipeline.stages import QuietReporter
-    from servegate import documents
     from servegate.release import load_gate
     from servegate.release.record import host_id
 

@@ -359,8 +359,9 @@ def problem(p: Point, duration: float | None = None) -> str:
         return f"window {p.window_s!r} is not a positive number of seconds"
     if not math.isfinite(p.value) or p.value <= 0:
         return f"the point's load {p.value!r} is not a positive number"
-    per_request: dict[str, Sequence[object] | None] = {"ok": p.ok, "ended": p.ended, "good": p.good, "burst": p.burst,
-                   "short": p.short}  # fmt: skip
+    per_request: dict[str, Sequence[object] | None] = {
+        "ok": p.ok, "ended": p.ended, "good": p.good, "burst": p.burst, "short": p.short
+    }  # fmt: skip
     for key, values in per_request.items():
         if values is not None and len(values) != kept:
             return f"{key} does not hold one entry a kept request"
