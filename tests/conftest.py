@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -29,16 +31,26 @@ DEV = Identity("Test Developer", "dev@test.invalid")
 
 
 def free_port() -> int:
-    """A free port for a test's server. With the suite spread over several test processes
-    (pytest-xdist), each takes only the ports that are its number modulo their count, so
-    two processes never pick the same port between choosing it and binding it."""
+    """A free port for a test's server, below the kernel's ephemeral range (where a bind
+    to port 0, the demo sandbox's or a client's connection, takes its ports), in a band of
+    its own for each test process when the suite is spread over several (pytest-xdist):
+    two never pick the same port between choosing it and binding it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
-    while True:
-        port = sandbox.free_port()
-        if port % count == index:
-            return port
+    low, high = 20000, 32000  # ip_local_port_range starts at 32768 by default
+    width = (high - low) // count
+    start = low + index * width
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(start, start + width)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return sandbox.free_port()
 
 
 #: test files that use something of the box beyond their temporary directories: with the
