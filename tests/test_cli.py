@@ -299,6 +299,16 @@ def test_the_gate_s_statistics_settings_default_as_the_config_declares() -> None
     assert len(shared) >= 6
     for f in shared:
         assert _declared_default(f) == declared[f.name], f"gate.{f.name}"
+    # and a config's values reach the rule, every one of them
+    gate = config.parse(
+        '[stack]\nremote = "x"\n[gate]\nfalse_alarm = 0.02\nmiss = 0.05\ndrift = 0.03\n'
+        'inconclusive = "fail"\nno_baseline = "first-release"\nrestart_offset = 0.04\n',
+        environ={}, build_only=True,
+    ).gate  # fmt: skip
+    st = verdict.Settings.of(gate, first_release=True)
+    for f in shared:
+        assert getattr(st, f.name) == getattr(gate, f.name) != _declared_default(f), f.name
+    assert st.first_release
 
 
 def _flagged() -> list[tuple[str, type[Any], dataclasses.Field[Any], flags.Flag]]:

@@ -346,10 +346,7 @@ def load_pair(
 
 def judge(cfg: Config | None, base: results.Samples, cand: results.Samples) -> dict[str, Any]:
     """The gate's decision with the config's rules (the defaults without a config)."""
-    g = cfg.gate if cfg else config_mod.Gate()
-    st = verdict.Settings(false_alarm=g.false_alarm, miss=g.miss, inconclusive=g.inconclusive,
-                          no_baseline=g.no_baseline, drift=g.drift,
-                          restart_offset=g.restart_offset)  # fmt: skip
+    st = verdict.Settings.of(cfg.gate if cfg else config_mod.Gate())
     return verdict.evaluate(
         base, cand, bench_gate.rules(cfg) if cfg else list(verdict.DEFAULT_RULES), st
     )

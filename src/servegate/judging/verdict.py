@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from servegate.bench.results import CaseSamples, Samples
+from servegate.config import Gate
 from servegate.judging import sequential, stats
 from servegate.judging.noise import Noise
 
@@ -72,35 +73,51 @@ DEFAULT_RULES = (
 )
 
 
+#: the ``[gate]`` settings as the config declares them: the rule's defaults
+_GATE = Gate()
+
+
 @dataclass(frozen=True)
 class Settings:
+    """How the rule decides. A field named as one of ``config.Gate``'s is that setting:
+    its default is the config's declaration (never a second copy) and :meth:`of` fills it
+    from a config's ``[gate]``."""
+
     #: probability that an unchanged release is rolled back, per check (all deciding rows
     #: together): half for a false FAIL, half for a row the plan leaves open at the cap
-    false_alarm: float = 0.05
+    false_alarm: float = _GATE.false_alarm
     #: probability that a loss of the tolerance PASSes, per row
-    miss: float = 0.01
+    miss: float = _GATE.miss
     #: the looks a sequential gate plans: the first at ``first`` candidate samples, one
     #: more sample each look after it (``first`` 0: this is the only look)
     looks: int = 1
     first: int = 0
     #: what a row still INCONCLUSIVE at the cap becomes: ``inconclusive`` (rolled back),
     #: ``fail``, or ``pass`` (the user's explicit choice: no evidence is then a pass)
-    inconclusive: Literal["inconclusive", "fail", "pass"] = "inconclusive"
+    inconclusive: Literal["inconclusive", "fail", "pass"] = _GATE.inconclusive
     #: rows without a baseline: "first-release" (only when ``first_release`` is true: the
     #: host has no released record; floors and validity decide), or "fail"
-    no_baseline: Literal["first-release", "fail"] = "fail"
+    no_baseline: Literal["first-release", "fail"] = _GATE.no_baseline
     first_release: bool = False
     #: a significant change of the reference workload beyond this fraction is a change
     #: of the box (judged both as measured and credited)
-    drift: float = 0.01
+    drift: float = _GATE.drift
     #: per "case:metric", the box's noise measured by ``bench noise``: its restart offset
     #: is pooled with the gate's own starts, its within-start variance with both sides'
     noise: Mapping[str, Noise] = field(default_factory=dict)
     #: the restart offset (log SD) assumed where neither ``bench noise`` nor the gate's
     #: own service starts measured it
-    restart_offset: float = 0.02
+    restart_offset: float = _GATE.restart_offset
     #: per "case:metric", a restart offset to use as it is (a log SD; overrides the rest)
     offsets: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, gate: Gate, **rest: Any) -> Settings:
+        """The settings ``gate`` (a config's ``[gate]``) holds, with ``rest``."""
+        shared = {f.name for f in dataclasses.fields(cls)} & {
+            f.name for f in dataclasses.fields(Gate)
+        }
+        return cls(**{name: getattr(gate, name) for name in shared}, **rest)
 
 
 def covers(rule: Rule, case_id: str) -> bool:

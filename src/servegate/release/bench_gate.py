@@ -65,18 +65,8 @@ def settings(
 ) -> verdict.Settings:
     """The verdict's settings from the config: ``looks`` planned looks from ``first``
     candidate samples, the box's noise record ``found`` (``bench noise``)."""
-    g = cfg.gate
-    return verdict.Settings(
-        false_alarm=g.false_alarm,
-        miss=g.miss,
-        looks=looks,
-        first=first,
-        inconclusive=g.inconclusive,
-        no_baseline=g.no_baseline,
-        first_release=first_release,
-        drift=g.drift,
-        noise=dict(found or {}),
-        restart_offset=g.restart_offset,
+    return verdict.Settings.of(
+        cfg.gate, looks=looks, first=first, first_release=first_release, noise=dict(found or {})
     )
 
 
