@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servegate.bench import fixtures, measure
 from servegate.bench.tiers import TIERS
 from servegate.engine.openai import Endpoint
 from servegate.errors import ConfigError
+
+if TYPE_CHECKING:  # the config imports the bench's tiers: a type, not an import cycle
+    from servegate.config import Bench as BenchSettings
 
 SCHEMA = 1
 #: bumped whenever a definition, a validity rule or the prompt layout changes
@@ -122,7 +125,7 @@ def parse_cases(
 
 
 def spec_from_config(
-    b: Any, endpoint: Endpoint, model: str, command: str = "", system: str = ""
+    b: BenchSettings, endpoint: Endpoint, model: str, command: str = "", system: str = ""
 ) -> Spec:
     """A :class:`Spec` from the config's ``[bench]`` section."""
     return Spec(
