@@ -330,6 +330,21 @@ def test_plan_and_resolution_follow_the_box_noise() -> None:
     assert stats.resolvable(0.005, 0.0, levels, 5) < 0.05
 
 
+def test_the_plan_counts_the_rows_that_must_all_pass() -> None:
+    """Every deciding row must PASS, so the plan splits the error rates over them: a box
+    (CV 2 %, restart offset 1 %) whose four rows resolve 5 % at the default caps cannot
+    resolve it for sixteen, and the plan says so before anything is measured (config
+    check and the gate name the loss it resolves) instead of rolling back an unchanged
+    release one time in seven."""
+    caps = (3, 10, 10, 1000)  # repetitions, max_repetitions, max_starts, a known noise
+    four = stats.plan_starts(0.02, 0.01, 0.05, 0.05, 0.01, 4, *caps)
+    assert four is not None
+    assert four[0] <= 10
+    assert stats.plan_starts(0.02, 0.01, 0.05, 0.05, 0.01, 16, *caps) is None
+    sixteen = stats.Levels.split(0.025, 0.01, 16, 1)
+    assert 0.05 < stats.resolvable(0.02, 0.01, sixteen, 10, 10, 1000) < 0.06
+
+
 def test_unknown_floor_set_is_a_config_error() -> None:
     from servegate.errors import ConfigError
 
