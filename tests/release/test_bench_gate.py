@@ -75,6 +75,31 @@ def test_no_comparable_baseline_says_why(rec: Any, why: str) -> None:
     assert why in about
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ({"valid": "no"}, "samples.cases.regular-16k.valid"),  # once read as true
+        ({"trials": "12"}, "samples.cases.regular-16k.trials"),
+        ({"metrics": {"generation_tps": [63.0, "64"]}}, "generation_tps[1]"),
+        ({"starts": True}, "samples.cases.regular-16k.starts"),
+        ({"id": "coding-16k"}, "samples.cases.regular-16k.id"),
+        ({"surprise": 1}, "samples.cases.regular-16k.surprise"),
+    ],
+)
+def test_damaged_recorded_samples_are_no_baseline(damage: dict[str, Any], named: str) -> None:
+    """The live release's samples come from its record, which a hand-edited note could
+    make anything: a field of the wrong type is no baseline (the row then follows
+    gate.no_baseline), and the reason names the field, never a value coerced."""
+    rec = record(FP)
+    assert rec.gate is not None
+    samples = rec.gate.checks[0].evidence["samples"]
+    samples["cases"]["regular-16k"].update(damage)
+    base, about = bench_gate.baseline(cfg(), rec, FP)
+    assert base is None
+    assert "recorded bench samples are damaged" in about
+    assert named in about
+
+
 def test_the_host_identity_survives_a_new_hostname() -> None:
     """Containers get a new hostname at each start: host.id (or the machine id) decides."""
     unnamed = cfg()

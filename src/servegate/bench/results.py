@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servegate import documents
 from servegate.bench.cases import METRICS, SCHEMA
 from servegate.bench.tiers import TIERS
 from servegate.errors import ResultFileError
@@ -97,26 +98,32 @@ class Samples:
         }
 
 
-def from_record(doc: Mapping[str, Any], source: str) -> Samples:
-    """Samples kept in a release record (the inverse of :meth:`Samples.as_dict`)."""
-    cases = {
-        cid: CaseSamples(
-            cid,
-            bool(c.get("required", True)),
-            bool(c.get("valid")),
-            int(c.get("trials", 0)),
-            {k: [float(v) for v in vs] for k, vs in (c.get("metrics") or {}).items()},
-            dict(c.get("reasons") or {}),
-            [float(v) for v in c.get("reference") or []],
-            str(c.get("reference_workload") or ""),
-            max(1, int(c.get("starts") or 1)),
-            {str(k): int(v) for k, v in (c.get("missing") or {}).items()},
-            {str(k): [int(b) for b in v] for k, v in (c.get("blocks") or {}).items()},
-        )
-        for cid, c in (doc.get("cases") or {}).items()
-    }
-    return Samples(source, str(doc.get("harness")), dict(doc.get("fingerprint") or {}), cases,
-                   str(doc.get("status", "complete")))  # fmt: skip
+@dataclass
+class _Kept:
+    """Samples as a release record keeps them (:meth:`Samples.as_dict`)."""
+
+    harness: str
+    fingerprint: dict[str, Any]
+    #: per case id, a :class:`CaseSamples` without its id
+    cases: dict[str, Any]
+    status: str = "complete"
+    source: str = ""
+
+
+def from_record(doc: Any, source: str) -> Samples:
+    """Samples kept in a release record (the inverse of :meth:`Samples.as_dict`), read by
+    the strict document reader: a field of the wrong type (a note edited by hand, a
+    damaged record) is a :class:`servegate.documents.DocumentError` that names it, never
+    a value coerced ("no" read as true, "12" as 12)."""
+    kept = documents.read(_Kept, doc, "samples")
+    cases: dict[str, CaseSamples] = {}
+    for cid, case in kept.cases.items():
+        where = f"samples.cases.{cid}"
+        if isinstance(case, dict) and "id" in case:
+            raise documents.DocumentError(f"{where}.id", "is not a field of this document")
+        cases[cid] = documents.read(CaseSamples, {"id": cid, **case} if isinstance(case, dict)
+                                    else case, where)  # fmt: skip
+    return Samples(source, kept.harness, kept.fingerprint, cases, kept.status)
 
 
 def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:

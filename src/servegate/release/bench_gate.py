@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from servegate import hostpaths
+from servegate import documents, hostpaths
 from servegate.bench import results
 from servegate.bench.cases import Spec, parse_cases, spec_from_config
 from servegate.bench.document import fingerprint
@@ -202,7 +202,10 @@ def baseline(
     theirs = previous_record.host_id or f"hostname:{previous_record.host}"
     if theirs != mine:
         return None, f"the live release {sha} was measured on another host ({theirs}, not {mine})"
-    base = results.from_record(doc, f"live release {sha}")
+    try:
+        base = results.from_record(doc, f"live release {sha}")
+    except documents.DocumentError as exc:
+        return None, f"the live release {sha}'s recorded bench samples are damaged: {exc}"
     if base.fingerprint.get("digest") != fingerprint.get("digest"):
         diffs = [
             k for k in sorted(set(base.fingerprint) | set(fingerprint))
