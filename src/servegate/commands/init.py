@@ -368,7 +368,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gate", default="smoke,bench", help="gate checks, comma-separated (default smoke,bench)"
     )
-    p.add_argument("--tiers", default="16k", help="bench tiers, comma-separated (default 16k)")
+    tiers = ",".join(config_mod.Bench().tiers)  # the config's own default, declared once
+    p.add_argument("--tiers", default=tiers, help=f"bench tiers, comma-separated (default {tiers})")
     p.add_argument("--force", action="store_true", help="replace files init would write")
     common_args.output(p)
 
