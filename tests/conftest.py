@@ -95,7 +95,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class SharedGroups(LoadScopeScheduling):
+    class SharedGroups(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
         def _split_scope(self, nodeid: str) -> str:
             return shared_group(nodeid) or nodeid
 
