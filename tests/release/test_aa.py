@@ -191,16 +191,34 @@ def test_a_build_that_slows_the_live_release_gets_no_fair_baseline(
 
 
 def test_bench_noise_measures_the_live_release_over_its_restarts(
-    host: Host, stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    host: Host,
+    stack: Stack,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from servegate.cli import main
+    from servegate.errors import BenchFailed
+    from servegate.judging import noise
 
     good = stack.commit("ok")
     assert promote(host.context(), good).verdict == "released"
     benched = _with_bench(host, tmp_path)
-    argv = ["bench", "noise", "--restarts", "1", "--repetitions", "2", "--config"]
+    # four groups a start: on a busy box a group whose client timings were dropped still
+    # leaves the two a start an estimate needs
+    argv = ["bench", "noise", "--restarts", "1", "--repetitions", "4", "--config"]
     assert main([*argv, str(benched.path), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)["result"]
     assert Path(doc["file"]).is_file()
-    assert "regular-1k:generation_tps" in doc["rows"]
+    assert "regular-1k:generation_tps" in doc["rows"], doc["unmeasured"]
+    assert benched.live_root() == benched.release_dir(good)
+    # a run that estimates nothing fails and keeps the record there was
+    kept = Path(doc["file"]).read_bytes()
+    with monkeypatch.context() as m:
+        m.setattr(noise, "measure", lambda starts, metrics: {})
+        assert main([*argv, str(benched.path), "--json"]) == BenchFailed.exit_code
+    failed = json.loads(capsys.readouterr().out)["error"]
+    assert failed["message"].startswith("the noise could not be estimated for any case")
+    assert "more --repetitions" in failed["hint"]
+    assert Path(doc["file"]).read_bytes() == kept
     assert benched.live_root() == benched.release_dir(good)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
 from servegate import config as config_mod
@@ -84,7 +85,15 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
             starts.append(results.from_result(bench.finish(), str(output)))
             files.append(str(output))
     found = noise.measure(starts, METRICS)
-    fingerprint = results.Samples("", "", {}, {}) if not starts else starts[-1]
+    missing = _unmeasured(starts, found)
+    if not found:  # an empty record would replace a good one: keep what was there
+        raise BenchFailed(
+            "the noise could not be estimated for any case: " + "; ".join(missing),
+            hint="each start needs two valid groups of a case; run again with more "
+            "--repetitions, or on a quieter box (the result files say why trials were "
+            f"dropped: {', '.join(files)})",
+        )
+    fingerprint = starts[-1]
     path = noise.save(cfg.host_root, found, fingerprint.fingerprint, live.sha,
                       socket.gethostname(), files)  # fmt: skip
     planned = bench_gate.plan(cfg, found)
@@ -94,6 +103,7 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
         "rows": {k: v.as_dict() for k, v in found.items()},
         "plan": planned,
         "unresolved": unresolved,
+        "unmeasured": missing,
     }
     if out.json_mode:
         return out.emit(doc)
@@ -113,7 +123,20 @@ def run(cfg_path: Path, out: Output, restarts: int, repetitions: int) -> int:
           str(r["starts"]) if r["starts"] else "-",
           f"{r['resolves']:.1%}"] for r in planned],
     )  # fmt: skip
-    for line in unresolved:
+    for line in [*unresolved, *missing]:
         out.line(line)
     out.line(f"kept in {path}: the gate plans its repetitions from it")
     return 0
+
+
+def _unmeasured(starts: list[results.Samples], found: Mapping[str, noise.Noise]) -> list[str]:
+    """Each case and metric measured in some start but given no estimate, and why: the
+    valid samples each start had (two a start are needed)."""
+    lines = []
+    for cid in sorted({c for s in starts for c in s.cases}):
+        for m in METRICS:
+            counts = [len(s.cases[cid].metrics.get(m, [])) if cid in s.cases else 0 for s in starts]
+            if f"{cid}:{m}" not in found and any(counts):
+                lines.append(f"{cid} {m}: not estimated (valid samples a start: "
+                             f"{', '.join(map(str, counts))}; two a start are needed)")  # fmt: skip
+    return lines
