@@ -59,6 +59,19 @@ def test_a_release_that_loads_the_box_is_not_credited_with_its_own_load() -> Non
     assert d["verdict"] != "PASS", row
 
 
+@pytest.mark.parametrize("bad", [0.0, -30.0, math.nan, math.inf])
+def test_reference_readings_that_are_no_rate_are_no_measure_of_the_box(bad: float) -> None:
+    """A result file is the user's: a reference reading of 0 (or worse) divided by zero
+    in the drift check and crashed the gate. The box's change is then unmeasured, and
+    the rows are judged as they are."""
+    ref = [30.0, 30.2, 29.9, 30.1, 30.0]
+    base = _with_reference(samples({"generation_tps": BASE}), [bad] * 5)
+    cand = _with_reference(samples({"generation_tps": [0.75 * v for v in BASE]}), ref)
+    d = verdict.evaluate(base, cand, RULES, QUIET)
+    assert d["verdict"] == "FAIL", d["rows"]
+    assert "not all positive rates" in str(d)
+
+
 def test_copies_of_a_group_mean_are_not_independent_samples() -> None:
     """At concurrency > 1 every trial of a group carries the group's engine-clock rate
     (runner._engine_clock: "the group's mean above"), so 3 groups at concurrency 4 give

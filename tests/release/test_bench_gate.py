@@ -84,6 +84,12 @@ def test_no_comparable_baseline_says_why(rec: Any, why: str) -> None:
         ({"starts": True}, "samples.cases.regular-16k.starts"),
         ({"id": "coding-16k"}, "samples.cases.regular-16k.id"),
         ({"surprise": 1}, "samples.cases.regular-16k.surprise"),
+        # counts no bench records, each of which would narrow the gate's interval
+        ({"starts": 10**9}, "has 1000000000 service start(s) for 3 trial(s)"),
+        ({"metrics": {"generation_tps": [63.0, 64.0, 65.0] * 50}}, "150 samples of generation_tps"),
+        ({"starts": 2, "blocks": {"generation_tps": [0, 1, 2]}}, "in more starts than its 2"),
+        ({"reference": [0.0, 0.0, 0.0]}, "not a positive rate"),  # crashed the drift check
+        ({"reference": [float("inf")] * 3}, "not a positive rate"),
     ],
 )
 def test_damaged_recorded_samples_are_no_baseline(damage: dict[str, Any], named: str) -> None:

@@ -112,7 +112,9 @@ def test_the_candidate_is_judged_against_the_live_release_measured_now(
     assert evidence["verdict"] == verdict.FAIL, row
     # both sides are kept: the baseline's samples in the evidence and in its own file
     kept = results.from_record(evidence["baseline_samples"], "x").cases["regular-1k"]
-    assert len(kept.metrics["generation_tps"]) == cfg.bench.repetitions
+    # every group kept: a value, or (on a busy box) a decode whose timings were dropped
+    got = len(kept.metrics["generation_tps"]) + kept.missing.get("generation_tps", 0)
+    assert got == cfg.bench.repetitions, kept
     doc = json.loads(Path(evidence["design"]["baseline_result_file"]).read_text())
     assert doc["status"] == "complete"
     assert all(g["start"] == 0 for g in doc["cases"][0]["groups"])

@@ -342,14 +342,19 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
 
     good = point(1.0, n=50, span=30.0, failed=5)  # [load] duration: 30 s
     assert load_gate.baseline(cfg, record(good), digest)[0] is not None
-    sampled = {**good, "requests": 80, "failed": 20}  # 50 kept of 80: consistent
-    assert load_gate.baseline(cfg, record(sampled), digest)[0] is not None
+    keep = load_gate.KEEP
+    sampled = {**point(1.0, n=keep, span=30.0, failed=250), "requests": keep + 500, "failed": 310}
+    assert load_gate.baseline(cfg, record(sampled), digest)[0] is not None  # a random KEEP
+    hidden = {**point(1.0, n=keep, span=30.0), "requests": keep + 1000, "failed": 1000}
+    assert "not a random sample" in load_gate.baseline(cfg, record(hidden), digest)[1]
     damaged = [
         # counts the kept requests contradict: they would move the failed share
         {**good, "failed": 50},
         {**good, "failed": 0},
         {**good, "requests": 80, "failed": 2},  # 5 of the kept failed
         {**good, "requests": 80, "failed": 79},  # 45 of the kept completed
+        {**good, "requests": 80, "failed": 30},  # 50 kept of 80: a point keeps all below KEEP
+        {**good, "requests": 600, "failed": 200},  # its failures left out of what it kept
         {**good, "good": [True] * 50},  # the 5 that failed counted good
         {**good, "window_s": 1000.0},  # would shrink the baseline's rates
         {**good, "kept": 4000},  # would shrink the baseline's rate tenfold
@@ -373,6 +378,23 @@ def test_a_damaged_recorded_sweep_is_no_baseline() -> None:
         base, why = load_gate.baseline(cfg, record(p), digest)
         assert base is None, p
         assert "recorded sweep is damaged" in why
+    # two points at one load: which one is the baseline? (a slow copy would shield the
+    # candidate) neither
+    twice = release_record(sha="a" * 40, host_id=host_id(cfg),
+                           gate={"checks": [{"name": "load", "verdict": "PASS", "evidence": {
+                               "sweep": {"fingerprint": digest, "points": [good, good]}}}]})  # fmt: skip
+    assert "two points at one load" in load_gate.baseline(cfg, twice, digest)[1]
+
+
+def test_a_sweep_of_many_requests_is_judged_not_crashed() -> None:
+    """The failed-share test counts in whole numbers: 600 requests a side (10 a second for
+    a minute) overflowed a float in the binomial coefficients, and the check crashed."""
+    rule = LoadRule("ttft_s.p50", 4.0, tolerance=0.10, required=True)
+    row = judge(rule, point(4.0, n=600), point(4.0, n=600, seed=2, failed=3))
+    assert row["verdict"] in ("PASS", "INCONCLUSIVE"), row
+    assert judge(rule, point(4.0, n=600), point(4.0, n=600, seed=2, failed=200))["verdict"] == (
+        "FAIL"
+    )
 
 
 def test_answers_that_came_in_a_burst_leave_decode_rules_undecided() -> None:

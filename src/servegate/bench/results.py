@@ -123,7 +123,29 @@ def from_record(doc: Any, source: str) -> Samples:
             raise documents.DocumentError(f"{where}.id", "is not a field of this document")
         cases[cid] = documents.read(CaseSamples, {"id": cid, **case} if isinstance(case, dict)
                                     else case, where)  # fmt: skip
+        why = _impossible(cases[cid])
+        if why:
+            raise documents.DocumentError(where, why)
     return Samples(source, kept.harness, kept.fingerprint, cases, kept.status)
+
+
+def _impossible(cs: CaseSamples) -> str:
+    """What a recorded case claims that no bench measures ("": nothing): types aside, the
+    counts must agree. More samples than trials, or more service starts than trials,
+    would narrow the gate's interval (a side spread over many starts carries less of the
+    restart offset); a reference reading must be a rate."""
+    if cs.trials < 0 or not 1 <= cs.starts <= max(1, cs.trials):
+        return f"has {cs.starts} service start(s) for {cs.trials} trial(s)"
+    for m, values in cs.metrics.items():
+        if len(values) > cs.trials:
+            return f"has {len(values)} samples of {m} from {cs.trials} trial(s)"
+        if len(set(cs.blocks.get(m, []))) > cs.starts:
+            return f"places the samples of {m} in more starts than its {cs.starts}"
+    if not all(math.isfinite(r) and r > 0 for r in cs.reference):
+        return "has a reference reading that is not a positive rate"
+    if any(k < 0 for k in (*cs.missing.values(), *cs.reasons.values())):
+        return "has a negative count"
+    return ""
 
 
 def from_result(doc: Mapping[str, Any], source: str = "") -> Samples:

@@ -44,6 +44,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from scipy.special import fdtrc, stdtrit  # type: ignore[import-untyped]
 
@@ -280,11 +281,12 @@ def tail_p(slow_cand: int, n_cand: int, slow_base: int, n_base: int) -> float:
     total, slow = n_cand + n_base, slow_cand + slow_base
     if slow_cand == 0 or total == 0:
         return 1.0
-    denom = math.comb(total, n_cand)
     hi = min(slow, n_cand)
-    return min(1.0, math.fsum(
-        math.comb(slow, x) * math.comb(total - slow, n_cand - x) for x in range(slow_cand, hi + 1)
-    ) / denom)  # fmt: skip
+    # whole numbers throughout: the counts of a load point of a few hundred requests are
+    # beyond a float (math.comb(1200, 600) has 360 digits)
+    ways = sum(math.comb(slow, x) * math.comb(total - slow, n_cand - x)
+               for x in range(slow_cand, hi + 1))  # fmt: skip
+    return min(1.0, float(Fraction(ways, math.comb(total, n_cand))))
 
 
 #: a sample farther than this many robust SDs from its side's median is an outlier ...

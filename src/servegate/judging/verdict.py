@@ -779,6 +779,10 @@ def box_change(cs: CaseSamples, bcs: CaseSamples, drift: float) -> dict[str, Any
     if not cs.reference or not bcs.reference:
         side = "baseline" if not bcs.reference else "candidate"
         return {"checked": False, "why": f"the {side} has no reference-workload samples"}
+    for side, readings in (("baseline", bcs.reference), ("candidate", cs.reference)):
+        if not all(math.isfinite(r) and r > 0 for r in readings):
+            why = f"the {side}'s reference readings are not all positive rates"
+            return {"checked": False, "why": why}
     if cs.reference_workload != bcs.reference_workload:
         return {
             "checked": False,

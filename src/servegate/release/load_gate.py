@@ -351,8 +351,8 @@ def problem(p: Point, duration: float | None = None) -> str:
     failed, would move the gate's failed share and goodput), and its window must be the
     sweep's ``duration`` (what the fingerprint covers) where given."""
     kept, requests = p.kept, p.requests
-    if not 0 <= kept <= requests:
-        return f"kept {kept} of {requests} requests"
+    if kept != min(requests, KEEP):  # every request, or a random KEEP of them
+        return f"kept {kept} of {requests} requests (a point keeps {KEEP} at most, all below)"
     if not 0 <= p.failed <= requests:
         return "failed is not a count of its requests"
     if not math.isfinite(p.window_s) or p.window_s <= 0:
@@ -373,6 +373,9 @@ def problem(p: Point, duration: float | None = None) -> str:
         return f"failed {p.failed} but {failed_kept} of its requests failed"
     if p.failed < failed_kept or requests - p.failed < kept - failed_kept:
         return f"failed {p.failed} of {requests} cannot hold the kept requests"
+    if kept < requests and _implausible_sample(requests, p.failed, kept, failed_kept):
+        return (f"{failed_kept} failed among {kept} requests kept at random from {requests} "
+                f"with {p.failed} failed: not a random sample")  # fmt: skip
     if duration is not None and not math.isclose(duration, p.window_s, rel_tol=1e-9):
         return f"window {p.window_s!r} s is not the sweep's {duration:g} s"
     for name in LATENCIES:
@@ -384,6 +387,16 @@ def problem(p: Point, duration: float | None = None) -> str:
     if not all(end is None or math.isfinite(end) for end in p.ended):
         return "ended must be seconds or null"
     return ""
+
+
+def _implausible_sample(requests: int, failed: int, kept: int, failed_kept: int) -> bool:
+    """The kept requests' failures are not what a random sample of the point's requests
+    would hold (a hypergeometric tail below one in a million, either way): a record that
+    keeps its successes and drops its failures would lower the baseline's failed share."""
+    from scipy.stats import hypergeom
+
+    dist = hypergeom(requests, failed, kept)
+    return bool(min(dist.cdf(failed_kept), dist.sf(failed_kept - 1)) < 1e-6)
 
 
 def _q(sorted_values: Sequence[float], p: float) -> float:
@@ -617,7 +630,9 @@ def baseline(
         sweep = documents.read(Sweep, doc, "sweep")
     except documents.DocumentError as exc:
         return None, f"the live release {sha}'s recorded sweep is damaged: {exc}"
-    why = next((w for p in sweep.points if (w := problem(p, spec_of(cfg).duration_s))), "")
+    values = [p.value for p in sweep.points]
+    why = "two points at one load" if len(set(values)) < len(values) else ""
+    why = why or next((w for p in sweep.points if (w := problem(p, spec_of(cfg).duration_s))), "")
     if why:
         return None, f"the live release {sha}'s recorded sweep is damaged: {why}"
     return sweep, f"live release {sha}"
