@@ -63,6 +63,8 @@ SHARED = {
     # the runner hooks end every process of the box marked with their runner's name
     "tests/runners/test_runner.py": "runner-marker",
     "tests/runners/test_manager.py": "runner-marker",
+    # one released and one rolled-back release, made once for the module's tests
+    "tests/release/test_attest.py": "attest",
     # a system user, added and removed
     "tests/release/test_neighbour.py": "neighbour",
     # real vLLM (and transformers serve) on the box's CPUs, the demo's vLLM environment in

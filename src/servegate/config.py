@@ -457,6 +457,38 @@ class Release:
 
 
 @dataclass(frozen=True)
+class Attest:
+    """Signed in-toto attestations of every released and rolled-back SHA
+    (docs/attestations.md)."""
+
+    #: the host's SSH private key that signs them (``ssh-keygen -Y sign``; this user's own
+    #: file, mode 0600, no passphrase); "": unsigned, and every record says so
+    key: str = ""
+    #: the name the host signs as: its line in the allowed-signers file; "": the host's id
+    #: (``servegate@<host id>``)
+    principal: str = ""
+    #: the allowed-signers file (ssh-keygen's format) in the stack repository, read at the
+    #: tip of the configured branch on origin: whose attestations are trusted
+    allowed_signers: str = ".servegate/allowed_signers"
+    #: promote only on a live release whose attestation verifies (its signer allowed, its
+    #: subjects this checkout, its verdict released)
+    require_live: bool = False
+
+    def __post_init__(self) -> None:
+        if self.principal and not re.fullmatch(r"[A-Za-z0-9._@+-]{1,200}", self.principal):
+            raise ConfigError(
+                f"attest.principal = {self.principal!r}: give letters, digits and . _ @ + - "
+                "only (it is a name in an allowed-signers file)"
+            )
+        if self.allowed_signers.startswith("/") or ".." in Path(self.allowed_signers).parts:
+            raise ConfigError(
+                f"attest.allowed_signers = {self.allowed_signers!r} is not a path inside the "
+                "stack repository",
+                hint='give it relative to the repository\'s top, e.g. ".servegate/allowed_signers"',
+            )
+
+
+@dataclass(frozen=True)
 class FocusRule:
     """Changed files matching ``sources`` (``!glob`` excludes) select ``tests``."""
 
@@ -534,6 +566,7 @@ class Config:
     release: Release = field(default_factory=Release)
     focus: Focus = field(default_factory=Focus)
     trend: Trend = field(default_factory=Trend)
+    attest: Attest = field(default_factory=Attest)
     path: str = ""
 
     @property

@@ -183,6 +183,15 @@ class NoGpuVisible(ServegateError):
     title = "no GPU visible"
 
 
+class AttestationFailed(ServegateError):
+    """``release verify --attestation`` (or a promote with ``attest.require_live``) found no
+    attestation of the SHA signed by an allowed signer, or one whose subjects, host or
+    verdict do not hold."""
+
+    exit_code = 22
+    title = "attestation not verified"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -216,4 +225,5 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     GpuTestsSkipped,
     StateInvalid,
     NoGpuVisible,
+    AttestationFailed,
 )

@@ -42,7 +42,7 @@ def _remote(cfg: config_mod.Config, args: argparse.Namespace, out: Output) -> in
     extra = {
         "rollback": ["--to", args.to] if getattr(args, "to", None) else [],
         "history": ["-n", str(getattr(args, "n", 20))],
-        "verify": [],
+        "verify": ["--attestation", args.attestation] if getattr(args, "attestation", "") else [],
         "recover": (["--rebuild-state"] if getattr(args, "rebuild_state", False) else [])
         + (["--wait", str(args.wait)] if getattr(args, "wait", 0) else []),
     }[sub]

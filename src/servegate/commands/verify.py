@@ -98,9 +98,67 @@ def _recorded_artifacts(
     return kept[-1] if kept else None
 
 
+def attestation(cfg: Config, out: Output, requested: str, allowed: Path | None) -> int:
+    """``release verify --attestation SHA``: the SHA's signed attestations against the
+    allowed signers and the policy (docs/attestations.md)."""
+    from servegate.release import attest
+    from servegate.release import record as rec
+
+    ctx = Context.create(cfg, QuietReporter(), os.environ)
+    try:
+        repo = ctx.deployer.repo
+        repo.fetch()
+        sha = repo.resolve(requested)
+        current = ctx.state.current
+        checkout = Path(current.release_dir) if current and current.sha == sha else None
+        if checkout is None and (cfg.host_root / "releases" / sha).is_dir():
+            checkout = cfg.host_root / "releases" / sha
+        found = attest.check_release(cfg, repo, sha, rec.host_id(cfg), checkout, allowed)
+        if repo.notes_warning:
+            found.notes.append(repo.notes_warning)
+    except ServegateError as err:
+        return out.error(err)
+    if not found.ok:
+        failed = attest.failure(found)
+        if out.json_mode:
+            return out.emit(found.as_dict(), failed.exit_code, failed)
+        for env in found.envelopes:
+            out.line(f"  {env.get('predicateType', 'envelope')}: trusted {env['trusted']}"
+                     f" — {env.get('why') or env.get('signer', '')}")  # fmt: skip
+        return out.error(failed)
+    if out.json_mode:
+        return out.emit(found.as_dict())
+    for env in found.envelopes:
+        why = env.get("why") or f"signed by {env.get('signer', '')}"
+        out.line(f"  {env.get('predicateType', 'envelope')}: trusted {env['trusted']} — {why}")
+    for note in found.notes:
+        out.line(f"  {note}")
+    out.line(
+        f"attestation OK: {sha[:12]} released on this host at {found.at}, signed by {found.signer}"
+    )
+    return 0
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common_args.common(p)
+    p.add_argument(
+        "--attestation",
+        metavar="SHA",
+        default="",
+        help="verify the signed in-toto attestations of SHA instead of the live processes: "
+        "signer allowed, subjects its checkout and artifacts, verdict released (exit 22 if not)",
+    )
+    p.add_argument(
+        "--allowed-signers",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="with --attestation: this allowed-signers file instead of attest.allowed_signers "
+        "at the tip of the configured branch",
+    )
 
 
 def main(cfg: Config, args: argparse.Namespace, out: Output) -> int:
+    if args.attestation:
+        return attestation(cfg, out, args.attestation, args.allowed_signers)
     return run(cfg, out)

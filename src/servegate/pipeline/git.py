@@ -29,6 +29,11 @@ from servegate.pipeline.gitenv import SAFE_ENV, scrub_git_env
 NOTES_REF = "refs/notes/servegate"
 #: origin's notes as last fetched; merged into NOTES_REF, never written over it
 ORIGIN_NOTES_REF = "refs/notes/servegate-origin"
+#: the signed in-toto attestations of the releases (``servegate.release.attest``), one
+#: DSSE envelope a line, beside the records and merged and pushed like them
+ATTEST_REF = "refs/notes/servegate-attestations"
+#: origin's notes refs as last fetched: each merged into its own, never written over it
+ORIGIN_OF = {NOTES_REF: ORIGIN_NOTES_REF, ATTEST_REF: "refs/notes/servegate-attestations-origin"}
 #: seconds a git command that talks to the remote may take (the host lock is held)
 NETWORK_TIMEOUT = 300.0
 #: the largest release note merged from origin (one commit's records, a few kB each)
@@ -158,31 +163,44 @@ class StackRepo:
             )
 
     def fetch_notes(self) -> None:
-        """Origin's release notes, merged into ours: a record made here and not yet pushed
-        (origin was down, the push was refused) is never written over."""
+        """Origin's release notes and attestations, merged into ours: a record made here
+        and not yet pushed (origin was down, the push was refused) is never written over.
+        One ``ls-remote`` and one fetch for both refs."""
         with _git_errors(f"fetch notes from {self.remote_url}"):
-            if not self.repo.git.ls_remote("origin", NOTES_REF, kill_after_timeout=NETWORK_TIMEOUT):
-                return
-            self.repo.git.fetch("origin", f"+{NOTES_REF}:{ORIGIN_NOTES_REF}",
-                                kill_after_timeout=NETWORK_TIMEOUT)  # fmt: skip
-        self.notes_warning = self._oversized_notes()
-        if self.notes_warning:
-            return  # origin's notes stay unmerged: ours, and the records in them, unchanged
-        if not self._ref_exists(NOTES_REF):
-            self.repo.git.update_ref(NOTES_REF, ORIGIN_NOTES_REF)
-            return
+            listed = str(
+                self.repo.git.ls_remote("origin", *ORIGIN_OF, kill_after_timeout=NETWORK_TIMEOUT)
+            )
+            there = [ref for ref in ORIGIN_OF if any(
+                line.split("\t")[-1] == ref for line in listed.splitlines())]  # fmt: skip
+            if there:
+                self.repo.git.fetch("origin", *[f"+{ref}:{ORIGIN_OF[ref]}" for ref in there],
+                                    kill_after_timeout=NETWORK_TIMEOUT)  # fmt: skip
+        warnings = [w for ref in there if (w := self._merge_notes(ref))]
+        self.notes_warning = "; ".join(warnings)
+
+    def _merge_notes(self, ref: str) -> str:
+        """Merge origin's ``ref`` as fetched into ours; why it was left unmerged ("" when it
+        was merged)."""
+        origin_ref = ORIGIN_OF[ref]
+        warning = self._oversized_notes(origin_ref)
+        if warning:
+            return warning  # origin's notes stay unmerged: ours, and the records in them, unchanged
+        if not self._ref_exists(ref):
+            self.repo.git.update_ref(ref, origin_ref)
+            return ""
         merger = Identity(*NOTES_MERGER)
         with _git_errors("notes merge"), self.repo.git.custom_environment(**merger.env):
-            # one JSON record a line: the union of both sides' lines loses none
-            self.repo.git.notes("--ref", NOTES_REF, "merge", "-q", "-s", "cat_sort_uniq",
-                                ORIGIN_NOTES_REF)  # fmt: skip
+            # one JSON document a line: the union of both sides' lines loses none
+            self.repo.git.notes("--ref", ref, "merge", "-q", "-s", "cat_sort_uniq", origin_ref)
+        return ""
 
-    def _oversized_notes(self) -> str:
+    def _oversized_notes(self, origin_ref: str = ORIGIN_NOTES_REF) -> str:
         """Why origin's notes are not merged ("" when they are fit to be): a note larger
         than :data:`MAX_NOTE` or all of them beyond :data:`MAX_NOTES` — anyone who may push
         to origin writes that ref, and every command that reads records would read it."""
+        what = "attestations" if origin_ref == ORIGIN_OF[ATTEST_REF] else "release notes"
         with _git_errors("notes size"):
-            listing = str(self.repo.git.ls_tree("-r", "-l", "-z", ORIGIN_NOTES_REF))
+            listing = str(self.repo.git.ls_tree("-r", "-l", "-z", origin_ref))
         total, biggest, where = 0, 0, ""
         for entry in listing.split("\0"):
             meta, _, path = entry.partition("\t")
@@ -195,12 +213,12 @@ class StackRepo:
                 biggest, where = size, path.replace("/", "")
         if biggest > MAX_NOTE:
             return (
-                f"origin's release notes were not merged: the note on {where[:12]} holds "
+                f"origin's {what} were not merged: the note on {where[:12]} holds "
                 f"{biggest:,} bytes (a record is a few kB; at most {MAX_NOTE:,} are read)"
             )
         if total > MAX_NOTES:
             return (
-                f"origin's release notes were not merged: they hold {total:,} bytes (at most "
+                f"origin's {what} were not merged: they hold {total:,} bytes (at most "
                 f"{MAX_NOTES:,} are read)"
             )
         return ""
@@ -262,17 +280,17 @@ class StackRepo:
         with _git_errors(f"tag {name}"), self.repo.git.custom_environment(**identity.env):
             self.repo.git.tag("-a", "-f", name, sha, "-m", message)
 
-    def append_note(self, sha: str, text: str, identity: Identity) -> None:
+    def append_note(self, sha: str, text: str, identity: Identity, ref: str = NOTES_REF) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json") as handle:
             handle.write(text)
             handle.flush()
             with _git_errors("notes append"), self.repo.git.custom_environment(**identity.env):
-                self.repo.git.notes("--ref", NOTES_REF, "append", "-F", handle.name, sha)
+                self.repo.git.notes("--ref", ref, "append", "-F", handle.name, sha)
 
-    def notes(self, sha: str) -> str:
+    def notes(self, sha: str, ref: str = NOTES_REF) -> str:
         """The note on ``sha``; "" when it has none. Any other failure raises."""
         try:
-            return str(self.repo.git.notes("--ref", NOTES_REF, "show", sha))
+            return str(self.repo.git.notes("--ref", ref, "show", sha))
         except git.GitCommandError as exc:
             if "no note found" in str(exc.stderr):
                 return ""
@@ -284,11 +302,20 @@ class StackRepo:
             text = str(self.repo.git.notes("--ref", NOTES_REF, "list"))
         return [line.split()[1] for line in text.splitlines() if len(line.split()) == 2]
 
+    def show_file(self, rev: str, path: str) -> bytes | None:
+        """``path`` at ``rev`` (``git show rev:path``); None when it is not there."""
+        try:
+            blob = self.repo.git.cat_file("blob", f"{rev}:{path}", stdout_as_string=False)
+        except git.GitCommandError:
+            return None
+        return bytes(blob)
+
     def push(self, refs: list[str]) -> None:
         with _git_errors(f"push to {self.remote_url}"):
             self.repo.git.push("origin", *refs, kill_after_timeout=NETWORK_TIMEOUT)
-            if f"{NOTES_REF}:{NOTES_REF}" in refs:  # origin now holds what we hold
-                self.repo.git.update_ref(ORIGIN_NOTES_REF, NOTES_REF)
+            for ref, origin_ref in ORIGIN_OF.items():
+                if f"{ref}:{ref}" in refs:  # origin now holds what we hold
+                    self.repo.git.update_ref(origin_ref, ref)
 
 
 class HostRepo(StackRepo):

@@ -29,7 +29,7 @@ from servegate.pipeline.git import dirty_files, escaping_links, worktree_head
 from servegate.pipeline.lease import gpu_lease
 from servegate.pipeline.lock import HostLock
 from servegate.provenance import codeorigin
-from servegate.release import bench_gate, bringup
+from servegate.release import attest, bench_gate, bringup
 from servegate.release import record as rec
 from servegate.release.context import Context
 from servegate.release.deploy import remove_inside
@@ -86,9 +86,18 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
             ctx.warnings.append(line)
         if not left["pushed"]:
             ctx.reporter.note(f"records still not pushed ({left['error'][:200]}); kept")
+    # a signing key that cannot sign is found now, before anything changes (exit 2)
+    attest.signer_of(ctx.cfg, rec.host_id(ctx.cfg))
     sha = repo.resolve(requested)
     repo.require_on_branch(sha)
     live = ctx.state.current
+    if live is not None and ctx.cfg.attest.require_live:
+        found = attest.check_release(
+            ctx.cfg, repo, live.sha, rec.host_id(ctx.cfg), Path(live.release_dir)
+        )
+        if not found.ok:
+            raise attest.failure(found)
+        ctx.reporter.note(f"the live release's attestation verifies (signed by {found.signer})")
     if live is not None and not allow_non_ff and not repo.is_ancestor(live.sha, sha):
         raise GitRefusal(
             f"{sha[:12]} is not a fast-forward of the live release {live.sha[:12]}",

@@ -17,10 +17,11 @@ from typing import Any
 
 from servegate import __version__, about, documents, hostpaths
 from servegate.config import Config
-from servegate.errors import CommandFailed
+from servegate.errors import CommandFailed, ConfigError
 from servegate.pipeline import atomic
-from servegate.pipeline.git import NOTES_REF, Identity, StackRepo
+from servegate.pipeline.git import ATTEST_REF, NOTES_REF, Identity, StackRepo
 from servegate.pipeline.redact import Scrubber, host_salt
+from servegate.release import attest
 
 SCHEMA = 1
 
@@ -63,7 +64,8 @@ def host_id(cfg: Config) -> str:
 OPTIONAL = frozenset(
     ["tag", "total_seconds", "startup_seconds", "artifacts", "code_objects", "build_targets",
      "build_log", "launch", "lint", "startup_log", "service_manager", "service_pid",
-     "provenance", "gate", "reason", "rollback", "supersedes", "warnings", "run", "seal"]
+     "provenance", "gate", "reason", "rollback", "supersedes", "warnings", "run", "attestation",
+     "seal"]
 )  # fmt: skip
 
 
@@ -138,6 +140,9 @@ class ReleaseRecord:
     #: the run (promote, rollback, recover) that wrote it, as its pending marker names it:
     #: a recover finds what an interrupted run recorded by this, not by the clock
     run: str | None = None
+    #: the in-toto attestations written beside a released or rolled-back record
+    #: (:mod:`servegate.release.attest`): signed or why not, and each envelope's digest
+    attestation: attest.Written | None = None
     #: the host's seal of the record as written (:func:`seal`; added by :func:`publish`)
     seal: str | None = None
 
@@ -280,6 +285,13 @@ def publish(
     if scrubber is not None:
         scrubber.inplace(doc)
     doc = dict(json.loads(json.dumps(doc, sort_keys=True)))  # sealed as readers parse it
+    envelopes: list[str] = []
+    if record.verdict in attest.ATTESTED:
+        try:
+            envelopes, written = attest.envelopes(cfg, doc, _signer(cfg))
+        except Exception as exc:  # the release is live: it gets its record, whatever this was
+            envelopes, written = [], attest.Written(unsigned=f"no attestation made: {exc!r}")
+        doc["attestation"] = dataclasses.asdict(written)
     doc["seal"] = seal(doc, host_salt(cfg.host_root))
     line = json.dumps(doc, sort_keys=True)
     _keep(cfg, line)
@@ -287,6 +299,9 @@ def publish(
     sha = record.sha
     repo.append_note(sha, line, identity)
     refs = [f"{NOTES_REF}:{NOTES_REF}"]
+    if envelopes:
+        attest.write(repo, sha, envelopes, identity)
+        refs.append(f"{ATTEST_REF}:{ATTEST_REF}")
     if tag:
         message = f"servegate release {sha[:12]} ({record.verdict})"
         repo.tag(tag, sha, message, identity)
@@ -296,6 +311,15 @@ def publish(
     else:
         doc["publish"] = push_pending(cfg, repo, refs)
     return doc
+
+
+def _signer(cfg: Config) -> attest.SshSigner | attest.Unsigned:
+    """The host's signer; a key that cannot sign now (checked before the promote changed
+    anything, so removed or changed since) leaves the attestations unsigned, with why."""
+    try:
+        return attest.signer_of(cfg, host_id(cfg)) or attest.Unsigned("attest.key is not set")
+    except ConfigError as exc:
+        return attest.Unsigned(str(exc))
 
 
 def unpushed_path(cfg: Config) -> Path:
