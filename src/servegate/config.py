@@ -433,6 +433,9 @@ class Fleet:
     #: after a failure: roll back the hosts of the failing ``wave``, or ``all`` hosts
     #: this promote touched (canaries and earlier waves too)
     on_failure: Literal["wave", "all"] = "wave"
+    #: after its promote each host must verify the release's signed attestation (``release
+    #: verify --attestation``) or it fails with its wave, before the next wave is promoted
+    require_attestation: bool = False
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ def playbook(
     sha: str,
     bins: dict[int, str] | None = None,
     hostvars: dict[int, str] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
@@ -171,7 +172,7 @@ def playbook(
     run = subprocess.run(
         [tool("ansible-playbook"), "servegate.release.rolling", "-i",
          str(inventory(lab, tmp, bins, hostvars)),
-         "-e", f"servegate_sha={sha}", "-e", "servegate_batch=2"],
+         "-e", f"servegate_sha={sha}", "-e", "servegate_batch=2", *extra],
         env=env, capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     with (tmp / "ansible.log").open("a") as log:  # every run's output, for a failing test
@@ -224,6 +225,18 @@ def test_a_failing_canary_stops_before_any_other_host(
     assert "servegate release promote exited 7" in run.stdout
     assert run.stdout.count("PLAY [Canary first, then batches]") == 1
     assert stats(run.stdout) == {"box1": "rolled_back (exit 7)"}
+
+    # attestations required, of boxes that sign none: the canary takes the release, its
+    # attestation does not verify, its batch goes back and no other box is asked
+    nxt = stack.commit("ok", "next, unsigned")
+    run = playbook(
+        collections, lab, tmp_path, nxt, extra=("-e", "servegate_require_attestation=true")
+    )
+    assert run.returncode != 0
+    assert [live(h) for h in lab.hosts] == [good] * 4
+    assert "servegate release verify exited 22" in run.stdout
+    assert run.stdout.count("PLAY [Canary first, then batches]") == 1
+    assert stats(run.stdout) == {"box1": "attestation not verified (exit 22)"}
 
 
 def test_a_failing_second_batch_is_rolled_back_and_the_rest_untouched(

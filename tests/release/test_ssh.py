@@ -188,6 +188,20 @@ def test_a_failing_canary_stops_the_fleet(
     assert len(rows) == 1  # the second host was never asked
     assert [live(h) for h in lab.hosts] == [good, good]
 
+    # a fleet that requires attestations, of boxes that sign none: the canary releases,
+    # its attestation does not verify, it is rolled back and no other host is asked
+    ws.write_text(
+        ws.read_text().replace("wave_size = 2\n", "wave_size = 2\nrequire_attestation = true\n")
+    )
+    nxt = stack.commit("ok", "next, unsigned")
+    code, doc = run(["promote", nxt, "--config", str(ws)], capsys)
+    assert code == 22, json.dumps(doc["result"], indent=1)
+    (row,) = doc["result"]["hosts"]
+    assert row["verdict"] == "attestation not verified"
+    assert "unsigned: trusted by nobody" in row["reason"] or "no allowed signers" in row["reason"]
+    assert row["rollback"] == "ok"
+    assert [live(h) for h in lab.hosts] == [good, good]
+
 
 @pytest.mark.parametrize("lab", [2], indirect=True)
 def test_unreachable_host_or_a_wrong_key_changes_nothing(

@@ -165,7 +165,10 @@ def _promote_waves(run: FleetRun, sha: str, allow_non_ff: bool) -> dict[str, Any
             if answer is not None and answer.ok:
                 sha = str(answer.result.get("sha") or sha)  # every host gets the canary's SHA
                 touched.append(host)
-                continue
+                if cfg.fleet.require_attestation:
+                    answer = _attested(run, host, sha)  # a failure rolls it back with its wave
+                if answer.ok:
+                    continue
             failed = host
             victims = touched + (touched_all if cfg.fleet.on_failure == "all" else [])
             if answer is None and _released_before_the_link_went(run, host, sha):
@@ -200,6 +203,20 @@ def _promote_one(run: FleetRun, host: RemoteHost, sha: str, extra: list[str]) ->
         seconds=round(answer.seconds, 1),
         live=(result.get("rollback") or {}).get("sha") if not answer.ok else result.get("sha"),
     )
+    return answer
+
+
+def _attested(run: FleetRun, host: RemoteHost, sha: str) -> Answer:
+    """``release verify --attestation`` of ``sha`` on ``host``, after its promote."""
+    try:
+        answer = host.call("release", "verify", "--attestation", sha)
+    except HostUnreachable as exc:
+        answer = Answer(host.address, exc.exit_code, None, {"message": str(exc)})
+    if answer.ok:
+        run.row(host, attestation="verified")
+    else:
+        run.row(host, verdict="attestation not verified", exit_code=answer.exit_code,
+                reason=answer.message, attestation="not verified")  # fmt: skip
     return answer
 
 

@@ -28,6 +28,9 @@ options:
   sha:
     description:
       - promote, the full commit SHA to release.
+      - verify, check the signed attestations of this SHA (C(release verify --attestation))
+        instead of the live processes - the signer allowed by the stack's allowed-signers
+        file, the subjects this host's checkout, the verdict released.
       - rollback, undo this release where it serves - an interrupted release is
         recovered first, and a host that does not serve it is left alone (not changed).
     type: str
@@ -264,6 +267,8 @@ def main():
     extra = []
     if action == "promote":
         extra.append(p["sha"])
+    if action == "verify" and p["sha"]:
+        extra += ["--attestation", p["sha"]]
     if action == "rollback" and p["sha"]:
         _undo(module, p["sha"])  # returns only where the host serves that SHA
     if action == "rollback" and p["to"]:
