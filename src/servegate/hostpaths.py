@@ -44,6 +44,13 @@ class HostPaths:
         return self.root / "records.jsonl"
 
     @property
+    def attestations(self) -> Path:
+        """The signed attestations this host wrote, one envelope a line: its own copy,
+        which no push to origin can remove (``release verify --attestation`` reads it
+        with the note)."""
+        return self.root / "attestations.jsonl"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -193,7 +193,21 @@ def test_an_auditor_verifies_with_ssh_keygen_and_jq_alone(
     assert block, "docs/attestations.md has no auditor block"
     clone = tmp_path / "clone"
     git.Repo.clone_from(str(attested.stack.origin), clone).close()
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SHA": attested.good}
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SHA": attested.good,
+           "SIGNER": PRINCIPAL}  # fmt: skip
+    # a tag named like the remote branch, allowing an attacker: the block reads the branch
+    attacker = tmp_path / "attacker_ed25519"
+    keygen(attacker, "attacker")
+    with git.Repo(clone) as repo:
+        public = " ".join(attacker.with_suffix(".pub").read_text().split()[:2])
+        (clone / ".servegate" / "allowed_signers").write_text(
+            f'{PRINCIPAL} namespaces="{attest.NAMESPACE}" {public}\n'
+        )
+        repo.git.add("-A")
+        with repo.git.custom_environment(**DEV.env):
+            repo.git.commit("-qm", "the attacker's signers")
+        repo.git.tag("origin/main")
+        repo.git.reset("--hard", "HEAD~1")
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", block.group(1)],
         cwd=clone, env=env, capture_output=True, text=True, timeout=120, check=False,
@@ -230,7 +244,7 @@ def _verify(a: Attested, text: str, sha: str = "", **kw: Any) -> attest.Verified
     sha = sha or a.good
     return attest.verify(
         text, sha, kw.get("host", host_id(a)), kw.get("allowed", a.allowed),
-        kw.get("checkout", a.checkout(sha)),
+        kw.get("checkout", a.checkout(sha)), PRINCIPAL,
     )  # fmt: skip
 
 
@@ -273,7 +287,7 @@ def test_a_rolled_back_verdict_rewritten_as_released_and_signed_by_another_key_i
         forged.append(resigned(env, st, other, PRINCIPAL))  # the allowed name, another key
     found = _verify(a, "\n".join(forged), a.bad)
     assert not found.ok
-    assert all("does not allow" in e["why"] for e in found.envelopes), found.envelopes
+    assert all("not signed by" in e["why"] for e in found.envelopes), found.envelopes
     # allowed for another namespace only (e.g. git commit signing): still not trusted
     public = " ".join(other.with_suffix(".pub").read_text().split()[:2])
     git_only = a.allowed + f'{PRINCIPAL} namespaces="git" {public}\n'
@@ -414,7 +428,7 @@ def test_hostile_attestations_on_origin_are_merged_but_never_trusted(
     refused = a.cli("verify", "--attestation", a.bad, "--json")
     assert refused.returncode == 22, refused.stdout + refused.stderr
     found = json.loads(refused.stdout)["result"]
-    assert sum("does not allow" in e.get("why", "") for e in found["envelopes"]) == len(forged)
+    assert sum("not signed by" in e.get("why", "") for e in found["envelopes"]) == len(forged)
     assert found["verdict"] == "rolled_back"  # the genuine summary, not the forged newer one
     assert a.cli("verify", "--attestation", a.good).returncode == 0
 
@@ -459,3 +473,110 @@ def test_attestations_origin_refused_are_pushed_by_the_next_run(attested: Attest
     assert a.cli("promote", second, "--json").returncode == 0
     assert len(envelopes(a.text(first))) == 2
     assert a.cli("verify", "--attestation", second).returncode == 0
+
+
+def test_another_hosts_signer_cannot_speak_for_this_host(
+    attested: Attested, tmp_path: Path
+) -> None:
+    a = attested
+    other = tmp_path / "box2_ed25519"
+    public = keygen(other, "box-2")
+    fleet = a.allowed + f'box-2@example.org namespaces="{attest.NAMESPACE}" {public}\n'
+    forged = []
+    for env in envelopes(a.text(a.bad)):
+        st = statement(env)
+        if st["predicateType"] == attest.VSA:
+            st["predicate"]["verificationResult"] = "PASSED"
+            st["predicate"]["servegate"]["verdict"] = "released"
+            st["predicate"]["timeVerified"] = "2999-01-01T00:00:00Z"
+        forged.append(resigned(env, st, other, "box-2@example.org"))
+    found = _verify(a, a.text(a.bad) + "\n" + "\n".join(forged), a.bad, allowed=fleet)
+    assert not found.ok
+    assert found.verdict == "rolled_back"
+    assert sum("cannot speak for this one" in e.get("why", "") for e in found.envelopes) == 2
+
+
+def test_malformed_or_stuffed_envelopes_are_untrusted_not_a_crash(attested: Attested) -> None:
+    a = attested
+    hostile = [
+        '{"payload":"e30=","payloadType":"application/vnd.in-toto+json",'
+        '"signatures":[{"keyid":null,"sig":"AAAA"}]}',
+        '{"payload":"e30=","payloadType":"application/vnd.in-toto+json","signatures":[{}]}',
+        '{"payload":7,"payloadType":[],"signatures":"x"}',
+        json.dumps({"payload": "e30=", "payloadType": attest.PAYLOAD_TYPE,
+                    "signatures": [{"keyid": str(i), "sig": "AAAA"} for i in range(500)]}),
+    ]  # fmt: skip
+    found = _verify(a, "\n".join(hostile) + "\n" + a.text(a.good))
+    assert found.ok, found.problems  # the genuine ones still verify
+    assert [e["trusted"] for e in found.envelopes[:4]] == ["no"] * 4
+    assert "500 signatures" in found.envelopes[3]["why"]
+    assert found.signer.startswith(f"{PRINCIPAL} (SHA256:")
+
+
+def test_a_later_rollback_stays_found_when_origins_notes_are_rewritten(
+    attested: Attested, tmp_path: Path
+) -> None:
+    """Someone who may push to origin rewrites the attestations note of a SHA that was
+    released and later rolled back, keeping only the release: the host's own copy still
+    holds the rollback, and the newest run decides."""
+    a = attested
+    origin_note = a.text(a.good)
+    record = json.loads(
+        git.Repo(a.stack.origin).git.notes("--ref", "refs/notes/servegate", "show", a.good)
+    )
+    record.update(verdict="rolled_back", at="2998-01-01T00:00:00Z", reason="rolled back later")
+    later, _ = attest.envelopes(a.cfg, record, attest.SshSigner(a.key, PRINCIPAL))
+    rec._keep(a.cfg, "\n".join(later), a.cfg.host_root / "attestations.jsonl")
+    clone = tmp_path / "clone"
+    with git.Repo.clone_from(str(a.stack.origin), clone) as repo:
+        repo.git.fetch("origin", f"+{ATTEST_REF}:{ATTEST_REF}")
+        with repo.git.custom_environment(**DEV.env):
+            repo.git.notes("--ref", ATTEST_REF, "add", "-f", "-m", origin_note, a.good)
+        repo.git.push("origin", f"{ATTEST_REF}:{ATTEST_REF}")
+    done = a.cli("verify", "--attestation", a.good, "--json")
+    assert done.returncode == 22, done.stdout
+    assert json.loads(done.stdout)["result"]["verdict"] == "rolled_back"
+    # and the note removed from origin altogether: the host's copy still answers
+    with git.Repo(clone) as repo:
+        with repo.git.custom_environment(**DEV.env):
+            repo.git.notes("--ref", ATTEST_REF, "remove", a.good)
+        repo.git.push("origin", f"{ATTEST_REF}:{ATTEST_REF}")
+    gone = a.cli("verify", "--attestation", a.good, "--json")
+    assert json.loads(gone.stdout)["result"]["verdict"] == "rolled_back"
+    # put the host's copy back as it was for the tests after this one
+    copy = a.cfg.host_root / "attestations.jsonl"
+    copy.write_text("".join(
+        line + "\n" for line in copy.read_text().splitlines()
+        if line.strip() and line not in later
+    ))  # fmt: skip
+    with git.Repo(clone) as repo:
+        with repo.git.custom_environment(**DEV.env):
+            repo.git.notes("--ref", ATTEST_REF, "add", "-f", "-m", origin_note, a.good)
+        repo.git.push("origin", f"{ATTEST_REF}:{ATTEST_REF}")
+    assert a.cli("verify", "--attestation", a.good).returncode == 0
+
+
+def test_attestations_that_cannot_be_noted_cost_a_proven_release_nothing(
+    attested: Attested, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attestations note cannot be written after the release was proven (a stale
+    lock on the ref, a full disk): the release stays live, its record says why the note
+    is missing, and the host's own copy still verifies it."""
+    from servegate.errors import CommandFailed
+    from servegate.pipeline.stages import QuietReporter
+    from servegate.release.context import Context
+    from servegate.release.promote import promote
+
+    a = attested
+
+    def locked(*args: object, **kw: object) -> None:
+        raise CommandFailed("git notes append: Unable to create '…/servegate-attestations.lock'")
+
+    monkeypatch.setattr(attest, "write", locked)
+    nxt = a.stack.commit("ok", "while the attestations ref is locked")
+    outcome = promote(Context.create(a.cfg, QuietReporter(), a.env), nxt)
+    assert outcome.verdict == "released", outcome.reason
+    published = outcome.record["publish"]
+    assert any("were not noted" in w for w in published["warnings"]), published
+    monkeypatch.undo()
+    assert a.cli("verify", "--attestation", nxt).returncode == 0

@@ -34,6 +34,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import tempfile
@@ -47,6 +48,7 @@ from securesystemslib import dsse
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import Key, SecretsHandler, Signature, Signer
 
+from servegate import hostpaths
 from servegate.config import Config
 from servegate.errors import AttestationFailed, ConfigError
 from servegate.pipeline.git import ATTEST_REF, Identity, StackRepo
@@ -221,19 +223,23 @@ def signer_of(cfg: Config, host_id: str) -> SshSigner | None:
     return SshSigner(path, cfg.attest.principal or f"servegate@{host_id}")
 
 
-def verify_ssh(allowed: str, principal: str, sig_hex: str, data: bytes) -> bool:
-    """Whether ``sig_hex`` (a DSSE signature as securesystemslib holds it: the hex of an
-    armored SSH signature) is ``principal``'s signature of ``data`` in :data:`NAMESPACE`
-    by the allowed-signers text ``allowed``."""
+def verify_ssh(allowed: str, principal: str, sig_hex: str, data: bytes) -> str:
+    """The key fingerprint (``SHA256:…``) when ``sig_hex`` (a DSSE signature as
+    securesystemslib holds it: the hex of an armored SSH signature) is ``principal``'s
+    signature of ``data`` in :data:`NAMESPACE` by the allowed-signers text ``allowed``;
+    "" when it is not. The fingerprint is ssh-keygen's, never the envelope's own keyid."""
     try:
         armored = bytes.fromhex(sig_hex)
-    except ValueError:
-        return False
+    except (ValueError, TypeError):
+        return ""
     with _files(allowed, armored) as (signers, sig):
         done = _keygen(
             ["-Y", "verify", "-f", signers, "-I", principal, "-n", NAMESPACE, "-s", sig], data
         )
-    return done.returncode == 0
+    if done.returncode:
+        return ""
+    said = re.search(r"key (SHA256:[A-Za-z0-9+/=]+)", done.stdout.decode(errors="replace"))
+    return said[1] if said else "SHA256:?"
 
 
 def principals(allowed: str, sig_hex: str) -> list[str]:
@@ -241,7 +247,7 @@ def principals(allowed: str, sig_hex: str) -> list[str]:
     key is not allowed). Says nothing of whether the signature holds."""
     try:
         armored = bytes.fromhex(sig_hex)
-    except ValueError:
+    except (ValueError, TypeError):
         return []
     with _files(allowed, armored) as (signers, sig):
         done = _keygen(["-Y", "find-principals", "-s", sig, "-f", signers])
@@ -511,33 +517,60 @@ def parse_lines(text: str) -> list[dict[str, Any]]:
     return found
 
 
-def _trusted(env_doc: Mapping[str, Any], allowed: str) -> tuple[dict[str, Any] | None, str, str]:
-    """(statement, signer, "") for an envelope signed by an allowed signer; else (None, "",
-    why not)."""
+#: the most signatures an envelope may carry, and envelopes a note, that are verified
+#: (each costs ssh-keygen runs: a note stuffed with junk must not hold the host lock)
+MAX_SIGNATURES = 4
+MAX_ENVELOPES = 200
+
+
+def printable(text: object, limit: int = 200) -> str:
+    """``text`` as one line of printable characters (a hostile note's fields are shown)."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))[:limit]
+
+
+def _trusted(
+    env_doc: Mapping[str, Any], allowed: str, principal: str
+) -> tuple[dict[str, Any] | None, str, str]:
+    """(statement, signer, "") for an envelope signed by ``principal`` with a key the
+    allowed-signers text allows it; else (None, "", why not). Anything malformed is
+    untrusted with the reason, never an error."""
     try:
         env = dsse.Envelope.from_dict(dict(env_doc))
-    except (KeyError, TypeError, ValueError) as exc:
-        return None, "", f"not a DSSE envelope ({exc})"
-    if env.payload_type != PAYLOAD_TYPE:
-        return None, "", f"payload type {env.payload_type!r} is not an in-toto statement"
-    if not env.signatures:
+        payload_type = str(env.payload_type)
+        sigs = list(env.signatures.values())
+        pae = env.pae()
+    except Exception as exc:  # a hostile line: whatever it breaks, it is not trusted
+        return None, "", f"not a DSSE envelope ({printable(repr(exc), 120)})"
+    if payload_type != PAYLOAD_TYPE:
+        return None, "", f"payload type {printable(payload_type, 80)!r} is not an in-toto statement"
+    if not sigs:
         return None, "", "unsigned: trusted by nobody"
-    pae = env.pae()
-    signer = ""
-    for sig in env.signatures.values():
-        for name in principals(allowed, sig.signature):
-            if verify_ssh(allowed, name, sig.signature, pae):
-                signer = f"{name} ({sig.keyid})"
+    if len(sigs) > MAX_SIGNATURES:
+        return None, "", f"{len(sigs)} signatures (at most {MAX_SIGNATURES} are read)"
+    signer, others = "", []
+    for sig in sigs:
+        names = principals(allowed, str(sig.signature))
+        if principal in names:
+            fingerprint = verify_ssh(allowed, principal, str(sig.signature), pae)
+            if fingerprint:
+                signer = f"{principal} ({fingerprint})"
                 break
-        if signer:
-            break
+        others += [n for n in names if n != principal]
     if not signer:
-        keyids = ", ".join(s.keyid for s in env.signatures.values())
+        if others:
+            return (
+                None,
+                "",
+                (
+                    f"signed by {printable(', '.join(others), 120)}, an allowed signer but not "
+                    f"this host's ({principal}): another host's signer cannot speak for this one"
+                ),
+            )
         return (
             None,
             "",
             (
-                f"signed by {keyids[:200]}, which the allowed-signers file does not allow, or the "
+                f"not signed by {principal} with a key the allowed-signers file allows it, or the "
                 "signature does not match the statement"
             ),
         )
@@ -556,17 +589,28 @@ def verify(
     host_id: str,
     allowed: str,
     checkout: Path | None,
+    principal: str = "",
 ) -> Verified:
-    """The attestations note of ``sha`` (``text``) against the allowed-signers text: the
-    newest trusted verification summary of this host (``host_id``) must say released, and
-    its run's provenance statement must name ``sha`` and the artifacts the checkout holds."""
+    """The attestations of ``sha`` (``text``: its note, and the host's own copy) against
+    the allowed-signers text: only envelopes signed by this host's ``principal``
+    (``servegate@<host_id>`` when "") count; the newest trusted verification summary of
+    this host must say released, and its run's provenance statement must name ``sha`` and
+    the artifacts the checkout holds."""
     out = Verified(sha=sha)
+    principal = principal or f"servegate@{host_id}"
     trusted: list[tuple[dict[str, Any], str]] = []
-    for env_doc in parse_lines(text):
-        statement, signer, why = _trusted(env_doc, allowed)
+    lines = list({json.dumps(d, sort_keys=True): d for d in parse_lines(text)}.values())
+    if len(lines) > MAX_ENVELOPES:
+        out.notes.append(f"{len(lines)} envelopes; the first {MAX_ENVELOPES} were read")
+    for env_doc in lines[:MAX_ENVELOPES]:
+        statement, signer, why = _trusted(env_doc, allowed, principal)
         kind = str(statement.get("predicateType", "")) if statement else ""
         if statement is None:
             out.envelopes.append({"trusted": "no", "why": why})
+            continue
+        if not _shaped(statement):
+            why = "a statement not of the shape servegate writes"
+            out.envelopes.append({"trusted": "no", "predicateType": printable(kind), "why": why})
             continue
         commits = [s.get("digest", {}).get("gitCommit") for s in statement.get("subject", [])
                    if isinstance(s, dict) and isinstance(s.get("digest"), dict)]  # fmt: skip
@@ -635,6 +679,19 @@ def verify(
     return out
 
 
+def _shaped(statement: Mapping[str, Any]) -> bool:
+    """Subjects a list of descriptors with digests, a predicate an object (and a summary's
+    servegate section one too)."""
+    subject, predicate = statement.get("subject"), statement.get("predicate")
+    return (
+        isinstance(subject, list)
+        and all(isinstance(x, dict) and isinstance(x.get("digest"), dict) for x in subject)
+        and isinstance(predicate, dict)
+        and isinstance(predicate.get("servegate", {}), dict)
+        and isinstance(predicate.get("runDetails", {}), dict)
+    )
+
+
 def _host_of(statement: Mapping[str, Any]) -> str | None:
     """The host that made a build provenance or a verification summary; None for a
     statement that names none (a test result is read with its run's summary)."""
@@ -644,6 +701,27 @@ def _host_of(statement: Mapping[str, Any]) -> str | None:
     if statement.get("predicateType") == VSA:
         return str(predicate.get("verifier", {}).get("id", ""))
     return None
+
+
+def kept(cfg: Config, sha: str) -> list[str]:
+    """This host's own copy of its envelopes of ``sha`` (a push to origin that rewrote
+    the notes ref cannot remove them)."""
+    try:
+        fd = os.open(hostpaths.of(cfg).attestations, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return []
+    with os.fdopen(fd, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    found = []
+    for doc in parse_lines(text):
+        try:
+            statement = json.loads(base64.b64decode(doc["payload"]))
+            commits = [s["digest"].get("gitCommit") for s in statement["subject"]]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if sha in commits:
+            found.append(json.dumps(doc, sort_keys=True))
+    return found
 
 
 def allowed_signers(cfg: Config, repo: StackRepo, path: Path | None = None) -> tuple[str, str]:
@@ -672,7 +750,9 @@ def check_release(
     """:func:`verify` of ``sha``'s attestations as this repository holds them (fetch
     first: origin's are merged in, and trusted only by their signatures)."""
     allowed, where = allowed_signers(cfg, repo, allowed_path)
-    found = verify(repo.notes(sha, ref=ATTEST_REF), sha, host_id, allowed, checkout)
+    text = repo.notes(sha, ref=ATTEST_REF) + "\n" + "\n".join(kept(cfg, sha))
+    principal = cfg.attest.principal or f"servegate@{host_id}"
+    found = verify(text, sha, host_id, allowed, checkout, principal)
     if not any(line.strip() and not line.lstrip().startswith("#") for line in allowed.splitlines()):
         found.problems.insert(
             0, f"no allowed signers: {where} is missing or empty, so no signature is trusted"

@@ -238,10 +238,10 @@ def logged(cfg: Config) -> list[dict[str, Any]]:
         return parse_notes(f.read())
 
 
-def _keep(cfg: Config, line: str) -> None:
-    """Append a sealed record to the host's own copy, durably, before it goes anywhere
-    else."""
-    path = hostpaths.of(cfg).records
+def _keep(cfg: Config, line: str, path: Path | None = None) -> None:
+    """Append a sealed record (or the lines of its attestations) to the host's own copy,
+    durably, before it goes anywhere else."""
+    path = path or hostpaths.of(cfg).records
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
@@ -299,9 +299,14 @@ def publish(
     sha = record.sha
     repo.append_note(sha, line, identity)
     refs = [f"{NOTES_REF}:{NOTES_REF}"]
+    noted = ""
     if envelopes:
-        attest.write(repo, sha, envelopes, identity)
-        refs.append(f"{ATTEST_REF}:{ATTEST_REF}")
+        try:  # the release is proven: a note that cannot be written costs it nothing
+            _keep(cfg, "\n".join(envelopes), hostpaths.of(cfg).attestations)
+            attest.write(repo, sha, envelopes, identity)
+            refs.append(f"{ATTEST_REF}:{ATTEST_REF}")
+        except Exception as exc:
+            noted = f"the attestations were not noted in {ATTEST_REF}: {exc}"
     if tag:
         message = f"servegate release {sha[:12]} ({record.verdict})"
         repo.tag(tag, sha, message, identity)
@@ -310,6 +315,8 @@ def publish(
         doc["publish"] = {"pushed": False, "refs": refs, "error": "release.push = false"}
     else:
         doc["publish"] = push_pending(cfg, repo, refs)
+    if noted:
+        doc["publish"].setdefault("warnings", []).append(noted)
     return doc
 
 
