@@ -38,7 +38,8 @@ ALLOWED = {
     "provenance": {"engine", "pipeline"},
     "bench": {"engine", "pipeline"},
     "judging": {"bench", "pipeline"},
-    "runners": {"engine", "pipeline"},
+    "gpu": {"pipeline"},
+    "runners": {"engine", "gpu", "pipeline"},
 }
 BASE = {
     "errors",

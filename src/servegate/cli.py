@@ -82,6 +82,10 @@ COMMANDS: tuple[Command | Group, ...] = (
     Group("config", "config file tools", "config_command", "config_check", (
         Command("check", "validate a config file, and what this box shows", "config_check"),
     )),
+    Group("gpu", "the box's GPUs", "gpu_command", "gpu", (
+        Command("health", "is every GPU fit to run a job or measure a release (exit 23 if not)",
+                "gpu"),
+    )),
     Command("build", "build the stack's GPU extensions for build.archs (cached)", "build"),
     Command("focus", "select (and run) the GPU tests a change touches", "focus"),
     Command("lease", "run a command holding the host's GPU lease", "lease"),
@@ -196,6 +200,7 @@ def run(
                 args.command,
                 getattr(args, "release_command", None),
                 getattr(args, "config_command", None),
+                getattr(args, "gpu_command", None),
                 getattr(args, "runner_command", None),
                 getattr(args, "bench_command", None),
             ],

@@ -460,6 +460,31 @@ class Release:
 
 
 @dataclass(frozen=True)
+class GpuHealth:
+    """The GPU health check (``servegate gpu health``, the runner's job hooks, a promote
+    before and after its bench; docs/gpu-health.md)."""
+
+    #: GPUs the box must show; 0: at least one
+    count: int = 0
+    #: the driver version the stack was built for (a prefix, e.g. "550."); "": any
+    driver: str = ""
+    #: the CUDA (nvidia-smi's) or ROCm version the stack was built for (a prefix); "": any
+    runtime: str = ""
+    #: degrees below a GPU's slowdown temperature that count as too hot
+    temperature_margin: float = 5.0
+    #: memory a GPU may hold beyond what its processes hold (the driver's own), MiB
+    stray_memory_mib: float = 1024.0
+    #: free space the disk under the host root must keep, GiB
+    min_free_disk_gib: float = 10.0
+    #: seconds nvidia-smi or amd-smi may take before the box counts as unhealthy
+    timeout: float = 60.0
+    #: before and after a promote's bench: "auto" checks where nvidia-smi or amd-smi is
+    #: found (a CPU box is not checked), "require" also counts a box without them as
+    #: unhealthy, "off" never checks
+    check: Literal["auto", "require", "off"] = "auto"
+
+
+@dataclass(frozen=True)
 class Attest:
     """Signed in-toto attestations of every released and rolled-back SHA
     (docs/attestations.md)."""
@@ -570,6 +595,7 @@ class Config:
     focus: Focus = field(default_factory=Focus)
     trend: Trend = field(default_factory=Trend)
     attest: Attest = field(default_factory=Attest)
+    gpu: GpuHealth = field(default_factory=GpuHealth)
     path: str = ""
 
     @property

@@ -192,6 +192,15 @@ class AttestationFailed(ServegateError):
     title = "attestation not verified"
 
 
+class GpuUnhealthy(ServegateError):
+    """``servegate gpu health`` (or a runner's job hook, or a promote before its bench)
+    found a GPU unfit to run a job or to measure a release: the message lists each
+    finding and what to do."""
+
+    exit_code = 23
+    title = "GPU unhealthy"
+
+
 INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
@@ -226,4 +235,5 @@ ALL_ERRORS: tuple[type[ServegateError], ...] = (
     StateInvalid,
     NoGpuVisible,
     AttestationFailed,
+    GpuUnhealthy,
 )

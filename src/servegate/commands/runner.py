@@ -104,6 +104,27 @@ def run_hook(event: str) -> int:
     return hooks.job_started(os.environ) if event == "started" else hooks.job_completed(os.environ)
 
 
+def run_online(out: Output, name: str, force: bool) -> int:
+    """``servegate runner online NAME``: take back a runner that took itself offline, once
+    its GPUs check healthy again (``--force``: without the check)."""
+    from servegate.commands.gpu import failure
+
+    down = hooks.offline(os.environ, name)
+    if down is None:
+        out.line(f"runner {name} is not offline")
+        return 0
+    if not force:
+        snap = hooks.gpu_check(os.environ)
+        if not snap.healthy:
+            for finding in snap.findings:
+                out.line(f"  {finding.line()}")
+            return out.error(failure(snap))
+    hooks.offline_path(os.environ, name).unlink(missing_ok=True)
+    out.line(f"runner {name} is online again (it was offline since {down.get('at', '?')}: "
+             f"{down.get('why', '?')})")  # fmt: skip
+    return 0
+
+
 def run_serve(out: Output, args: argparse.Namespace) -> int:
     """``servegate runner serve``: the just-in-time runner loop, or its unit."""
     spec = manager.ManagerSpec(
@@ -211,6 +232,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write (and enable) the systemd user unit that keeps this manager running",
     )  # fmt: skip
     common_args.output(srv)
+    online = sub.add_parser(
+        "online", help="take back a runner that took itself offline, once its GPUs are healthy"
+    )
+    online.add_argument("name", help="the runner's name")
+    online.add_argument(
+        "--force", action="store_true", help="without checking the GPUs again (not advised)"
+    )
+    common_args.output(online)
     hook = sub.add_parser("hook", help="a job hook (the runner calls it)")
     hook.add_argument("event", choices=["started", "completed"])
     hook.add_argument("-v", "--verbose", action="store_true", help=argparse.SUPPRESS)
@@ -221,6 +250,8 @@ def main(args: argparse.Namespace, out: Output) -> int:
         return run_hook(args.event)
     if args.runner_command == "serve":
         return run_serve(out, args)
+    if args.runner_command == "online":
+        return run_online(out, args.name, args.force)
     return run_install(
         out, args.url, args.labels, args.name, args.dir, args.token_env, not args.no_start,
         args.dry_run, args.release_ref, args.release_repo,

@@ -8,7 +8,10 @@ through the same interface.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import json
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +22,8 @@ from servegate.bench import probes, results
 from servegate.config import DEFAULT_CORRECTNESS, Config
 from servegate.engine import openai
 from servegate.errors import ConfigError
+from servegate.gpu import health
+from servegate.pipeline import atomic
 from servegate.pipeline.stages import QuietReporter, Reporter
 from servegate.release import bench_gate, load_gate
 from servegate.release.record import CheckRecord, GateRecord, ReleaseRecord
@@ -153,13 +158,14 @@ class BenchCheck:
 
     def run(self, ctx: GateContext) -> CheckResult:
         start = time.monotonic()
+        before = _gpus(ctx)
         evidence = bench_gate.run(
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
             ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
             first_release=ctx.first_release, restart=ctx.restart, live=ctx.live,
             trend=ctx.trend,
         )  # fmt: skip
-        return _measured(self.name, start, evidence)
+        return _measured(self.name, start, on_healthy_gpus(evidence, before, _gpus(ctx)))
 
 
 class LoadCheck:
@@ -173,11 +179,44 @@ class LoadCheck:
 
     def run(self, ctx: GateContext) -> CheckResult:
         start = time.monotonic()
+        before = _gpus(ctx)
         evidence = load_gate.run(
             ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.reporter,
             ctx.environ, command=ctx.command, first_release=ctx.first_release,
         )  # fmt: skip
-        return _measured(self.name, start, evidence)
+        return _measured(self.name, start, on_healthy_gpus(evidence, before, _gpus(ctx)))
+
+
+def _gpus(ctx: GateContext) -> health.Snapshot | None:
+    return health.for_release(ctx.cfg, ctx.environ or os.environ)
+
+
+def on_healthy_gpus(
+    evidence: dict[str, Any], before: health.Snapshot | None, after: health.Snapshot | None
+) -> dict[str, Any]:
+    """A measuring check's evidence with the GPU health before and after it (also in its
+    result file); measured on GPUs that were not healthy, it judges nothing: INCONCLUSIVE
+    with the reason, never a PASS or a FAIL of the release."""
+    if before is None and after is None:
+        return evidence
+    evidence["gpu_health"] = {"before": health.brief(before), "after": health.brief(after)}
+    result_file = evidence.get("result_file")
+    if result_file and Path(result_file).is_file():
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(Path(result_file).read_text())
+            doc["gpu_health"] = evidence["gpu_health"]
+            atomic.write_json(Path(result_file), doc)
+    sick = [(when, s) for when, s in (("before", before), ("after", after))
+            if s is not None and not s.healthy]  # fmt: skip
+    if sick:
+        when, snap = sick[-1]
+        evidence["why"] = (
+            f"the GPUs were not healthy {when} the measurement, so its numbers judge "
+            f"neither a pass nor a fail of the release: {snap.summary()} (the measurement "
+            f"alone: {evidence['verdict']}, {str(evidence.get('why', ''))[:300]})"
+        )
+        evidence["verdict"] = str(Verdict.INCONCLUSIVE)
+    return evidence
 
 
 def _measured(name: str, start: float, evidence: dict[str, Any]) -> CheckResult:

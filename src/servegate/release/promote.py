@@ -17,12 +17,14 @@ from servegate.engine.launch import placeholders, stale_caches
 from servegate.errors import (
     BuildFailed,
     GitRefusal,
+    GpuUnhealthy,
     Interrupted,
     ProvenanceMismatch,
     RollbackFailed,
     ServegateError,
     ServiceFailed,
 )
+from servegate.gpu import health
 from servegate.kernels.build import BuildResult, run_build
 from servegate.pipeline import interrupts, redact
 from servegate.pipeline.git import dirty_files, escaping_links, worktree_head
@@ -73,6 +75,8 @@ class Outcome:
 
 def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
     bringup.check_host_root(ctx)
+    # a signing key that cannot sign is found now, before anything changes (exit 2)
+    attest.signer_of(ctx.cfg, rec.host_id(ctx.cfg))
     ctx.deployer.preflight()
     repo = ctx.deployer.repo
     repo.fetch()
@@ -86,8 +90,13 @@ def preflight(ctx: Context, requested: str, allow_non_ff: bool) -> str:
             ctx.warnings.append(line)
         if not left["pushed"]:
             ctx.reporter.note(f"records still not pushed ({left['error'][:200]}); kept")
-    # a signing key that cannot sign is found now, before anything changes (exit 2)
-    attest.signer_of(ctx.cfg, rec.host_id(ctx.cfg))
+    gpus = health.for_release(ctx.cfg, ctx.environ)
+    if gpus is not None and not gpus.healthy:  # measured on a sick GPU, a gate judges nothing
+        raise GpuUnhealthy(
+            "the GPUs are not healthy, so nothing is built, switched or measured: "
+            + "; ".join(f.line() for f in gpus.failures[:6]),
+            hint="fix what each finding says (`servegate gpu health` checks again), then promote",
+        )
     sha = repo.resolve(requested)
     repo.require_on_branch(sha)
     live = ctx.state.current

@@ -21,6 +21,7 @@ what it could do small.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -30,8 +31,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from servegate import config as config_mod
 from servegate.errors import ConfigError
+from servegate.gpu import health
 from servegate.pipeline import proc
+from servegate.pipeline.lease import state_dir
 
 MARKER = "SERVEGATE_RUNNER"
 #: set on a runner that releases (``runner install/serve --release-ref refs/heads/main``):
@@ -191,11 +195,58 @@ def _name(environ: Mapping[str, str]) -> str:
     return name
 
 
+#: the environment variable naming the stack config whose [gpu] the checks read
+CONFIG = "SERVEGATE_CONFIG"
+
+
+def offline_path(environ: Mapping[str, str], name: str) -> Path:
+    """The mark of a runner that took itself offline (its GPUs failed a check)."""
+    return state_dir(environ) / "runners" / f"{name}.offline.json"
+
+
+def offline(environ: Mapping[str, str], name: str) -> dict[str, object] | None:
+    """Why the runner is offline, or None; a mark that cannot be read still counts."""
+    path = offline_path(environ, name)
+    if not path.exists():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+        return dict(doc) if isinstance(doc, dict) else {"why": "an unreadable mark"}
+    except (OSError, ValueError):
+        return {"why": f"an unreadable mark ({path})"}
+
+
+def take_offline(environ: Mapping[str, str], name: str, snap: health.Snapshot) -> Path:
+    path = offline_path(environ, name)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text(json.dumps({"at": snap.at, "why": snap.summary(), "health": snap.as_dict()}))
+    return path
+
+
+def gpu_check(environ: Mapping[str, str]) -> health.Snapshot:
+    """The GPU health before or after a job: idle GPUs, and what the stack config named by
+    ``SERVEGATE_CONFIG`` expects (its defaults without one)."""
+    where = environ.get(CONFIG, "")
+    cfg = config_mod.load(Path(where), environ) if where and Path(where).exists() else None
+    last = health.last_check_file(environ)
+    return health.check(health.expect_of(cfg, busy_ok=False), last=last)
+
+
 def job_started(environ: Mapping[str, str], admission: bool = True) -> int:
-    """The checks before a job: a release runner takes only its ref's jobs
-    (:func:`refused`; ``admission=False`` before a runner has a job to look at), what
-    earlier jobs left is ended, and the GPUs must be idle."""
+    """The checks before a job: a runner that took itself offline takes none; a release
+    runner takes only its ref's jobs (:func:`refused`; ``admission=False`` before a runner
+    has a job to look at), what earlier jobs left is ended, and the GPUs must be healthy
+    and idle."""
     name = _name(environ)
+    down = offline(environ, name)
+    if down is not None:
+        print(
+            f"servegate: runner {name} is offline since {down.get('at', '?')}: "
+            f"{down.get('why', '?')}. Fix the GPUs, then `servegate runner online {name}` "
+            "(it checks them again) brings it back",
+            flush=True,
+        )
+        return 1
     why = refused(environ) if admission else ""
     if why:
         print(
@@ -215,6 +266,15 @@ def job_started(environ: Mapping[str, str], admission: bool = True) -> int:
             flush=True,
         )
         end(stale)
+    if health.any_tool():
+        snap = gpu_check(environ)
+        if not snap.healthy:
+            print(f"servegate: runner {name} refuses the job: the GPUs are not healthy", flush=True)
+            for finding in snap.findings:
+                print(f"servegate:   {finding.line()}", flush=True)
+            return 1
+        print(f"servegate: GPUs {snap.summary()}", flush=True)
+        return 0
     tool, users = gpu_users()
     if not tool:
         print("servegate: no nvidia-smi or rocm-smi here: GPU idle check skipped", flush=True)
@@ -238,6 +298,23 @@ def job_completed(environ: Mapping[str, str]) -> int:
             else:
                 entry.unlink(missing_ok=True)
         print(f"servegate: cleaned {workspace}", flush=True)
+    if health.any_tool():
+        snap = gpu_check(environ)
+        if not snap.healthy:
+            mark = take_offline(environ, name, snap)
+            print(
+                f"servegate: runner {name} takes itself offline: the GPUs are not healthy "
+                "after the job (its results may come from a sick GPU):",
+                flush=True,
+            )
+            for finding in snap.findings:
+                print(f"servegate:   {finding.line()}", flush=True)
+            print(
+                f"servegate: it refuses every job until `servegate runner online {name}` "
+                f"finds the GPUs healthy again (mark: {mark})",
+                flush=True,
+            )
+            return 1
     return 0
 
 

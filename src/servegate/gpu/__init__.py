@@ -1,0 +1,1 @@
+"""The box's GPUs: their health (docs/gpu-health.md)."""
