@@ -1,0 +1,229 @@
+"""The vendors' tools' outputs read as the box's GPUs: AMD's amd-smi JSON (fixtures
+written from the CLI's source, fixtures/amd/SOURCES.md), NVIDIA's nvidia-smi XML
+(fixtures/nvidia-*.xml), and the runner hooks and the command against a stand-in
+``nvidia-smi`` on PATH that prints a fixture (the tool is the edge). The real nvidia-smi
+is read by the ``gpu`` test at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from servegate.gpu import health
+from servegate.gpu.health import Expect
+
+FIXTURES = Path(__file__).parent / "fixtures"
+AMD = FIXTURES / "amd"
+
+
+def amd_runner(files: dict[str, str], where: Path = AMD) -> health.Runner:
+    def run(argv: Sequence[str], timeout: float) -> str:
+        command = argv[1]
+        if command not in files:
+            raise health.ToolFailed(f"amd-smi {command} exited 1")
+        path = where / files[command]
+        return (path if path.exists() else AMD / files[command]).read_text()
+
+    return run
+
+
+AMD_FILES = {
+    "static": "amd-smi-static.json", "metric": "amd-smi-metric.json",
+    "process": "amd-smi-process.json", "bad-pages": "amd-smi-bad-pages.json",
+    "version": "amd-smi-version.json",
+}  # fmt: skip
+
+
+def amd_check(files: dict[str, str], where: Path = AMD, **expect: object) -> health.Snapshot:
+    return health.check(
+        Expect(**expect),  # type: ignore[arg-type]
+        run=amd_runner(files, where),
+        which=lambda n: f"/opt/rocm/bin/{n}" if n == "amd-smi" else None,
+        kernel_log=lambda: "",
+    )
+
+
+def test_two_v620s_read_from_amd_smi() -> None:
+    snap = amd_check(AMD_FILES, count=2, archs=("gfx1030",))
+    assert snap.tool == "amd-smi"
+    assert snap.runtime == "6.3.0"
+    assert [g.arch for g in snap.gpus] == ["gfx1030", "gfx1030"]
+    first, second = snap.gpus
+    assert first.bus == "0000:03:00.0"
+    assert first.memory_total_mib == 32752
+    assert [(p.name, round(p.memory_mib)) for p in first.processes] == [("python3", 8192)]
+    assert second.processes == []
+    assert first.temperature_limit_c is not None
+    assert first.power_limit_w == 300
+    assert first.ecc_uncorrectable == 0
+    # the fixture's GPU 0 has one page pending retirement: that is the one finding
+    assert [(f.check, f.gpu) for f in snap.failures] == [("pages", "0 (0000:03:00.0)")]
+
+
+def test_rocm7s_wrapped_lists_read_alike() -> None:
+    wrapped = {**AMD_FILES, "static": "amd-smi-static.rocm7-gpu_data.json",
+               "metric": "amd-smi-metric.rocm7-gpu_data.json"}  # fmt: skip
+    assert [g.arch for g in amd_check(wrapped).gpus] == ["gfx1030", "gfx1030"]
+
+
+def test_amd_sickness_and_broken_output_are_findings(tmp_path: Path) -> None:
+    metric = json.loads((AMD / "amd-smi-metric.json").read_text())
+    metric[1]["ecc"]["total_uncorrectable_count"] = 2
+    metric[1]["power"]["throttle_status"] = "THROTTLED"
+    metric[1]["mem_usage"]["used_vram"] = {"value": 9000, "unit": "MB"}
+    (tmp_path / "metric.json").write_text(json.dumps(metric))
+    snap = amd_check({**AMD_FILES, "metric": "metric.json"}, tmp_path, archs=("gfx942",))
+    by_gpu = {(f.gpu.split()[0], f.check) for f in snap.failures}
+    assert {
+        ("1", "ecc"),
+        ("1", "throttle"),
+        ("1", "memory"),
+        ("0", "arch"),
+        ("1", "arch"),
+    } <= by_gpu
+    broken = amd_check({**AMD_FILES, "metric": "amd-smi-version.json"})
+    assert [f.check for f in broken.failures] == ["tool"]
+    assert "not a list of GPUs" in broken.failures[0].what
+
+
+def nvidia_check(xml: str, caps: str = "", **expect: object) -> health.Snapshot:
+    def run(argv: Sequence[str], timeout: float) -> str:
+        return xml if "-q" in argv else caps
+
+    return health.check(
+        Expect(**expect),  # type: ignore[arg-type]
+        run=run,
+        which=lambda n: f"/usr/bin/{n}" if n == "nvidia-smi" else None,
+        kernel_log=lambda: "",
+    )
+
+
+def test_an_older_drivers_names_and_every_sickness_read_from_nvidia_smi() -> None:
+    """An older driver's element names, made here (fixtures/nvidia-made-sick.xml):
+    throttle reasons, power readings, retired pages and double-bit ECC are read under
+    them, and a GPU the driver lost (2 attached, 1 reported) is found."""
+    xml = (FIXTURES / "nvidia-made-sick.xml").read_text()
+    snap = nvidia_check(xml, "00000000:3B:00.0, 7.0\n", archs=("sm_90",), driver="550.")
+    (gpu,) = snap.gpus
+    assert (gpu.arch, gpu.ecc_uncorrectable, gpu.pages_pending) == ("sm_70", 2, 1)
+    assert gpu.throttle == ["hardware slowdown", "hardware thermal slowdown"]  # not the cap
+    assert (gpu.power_w, gpu.power_limit_w) == (320.5, 300.0)
+    found = {f.check for f in snap.failures}
+    assert found == {"count", "arch", "driver", "memory", "ecc", "pages", "throttle",
+                     "temperature", "power"}  # fmt: skip
+    memory = next(f for f in snap.failures if f.check == "memory")
+    assert "16384 MiB in use by no process" in memory.what
+
+
+FAKE_SMI = """#!/bin/sh
+case "$*" in
+  *-q*) cat "{xml}" ;;
+  *compute_cap*) echo "{bus}, {cap}" ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+def fake_smi(tmp_path: Path, xml: Path, bus: str = "00000000:3B:00.0", cap: str = "7.0") -> Path:
+    """A directory with a stand-in ``nvidia-smi`` that prints ``xml``: the tool is the
+    edge of the hooks under test."""
+    where = tmp_path / "bin"
+    where.mkdir(exist_ok=True)
+    tool = where / "nvidia-smi"
+    tool.write_text(FAKE_SMI.format(xml=xml, bus=bus, cap=cap))
+    tool.chmod(0o755)
+    return where
+
+
+def hook(event: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "servegate", "runner", "hook", event],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_runner_refuses_a_job_on_sick_gpus_and_takes_itself_offline_after_one(
+    tmp_path: Path,
+) -> None:
+    sick = FIXTURES / "nvidia-made-sick.xml"
+    well = tmp_path / "well.xml"
+    text = sick.read_text()
+    for old, new in [("<attached_gpus>2", "<attached_gpus>1"), ("20480 MiB</used>", "1 MiB</used>"),
+                     (">Active<", ">Not Active<"), ("<total>2</total>", "<total>0</total>"),
+                     ("<device_memory>2<", "<device_memory>0<"), ("Yes", "No"),
+                     ("86 C", "40 C"), ("320.50 W", "70 W")]:  # fmt: skip
+        text = text.replace(old, new)
+    text = text.replace("<processes>", "<processes><!--").replace("</processes>", "--></processes>")
+    well.write_text(text)
+    state = tmp_path / "state"
+    env = {**os.environ, "PATH": f"{fake_smi(tmp_path, well)}:{os.environ['PATH']}",
+           "SERVEGATE_RUNNER": "box-gpu-1", "XDG_STATE_HOME": str(state),
+           "GITHUB_WORKSPACE": str(tmp_path / "ws")}  # fmt: skip
+    (tmp_path / "ws").mkdir()
+    started = hook("started", env)
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "GPUs healthy: 1 GPU(s) by nvidia-smi" in started.stdout
+
+    # the job leaves the GPU sick: the runner takes itself offline and fails the job
+    shutil.copy(sick, well)
+    done = hook("completed", env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "takes itself offline" in done.stdout
+    assert "uncorrectable ECC" in done.stdout
+    assert "servegate runner online box-gpu-1" in done.stdout
+
+    # every later job is refused, whatever the GPUs say now, until it is taken back
+    well.write_text(text)
+    refused = hook("started", env)
+    assert refused.returncode == 1
+    assert "is offline since" in refused.stdout
+    back = subprocess.run(
+        [sys.executable, "-m", "servegate", "runner", "online", "box-gpu-1"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "online again" in back.stdout
+    assert hook("started", env).returncode == 0
+
+    # still sick: taking it back is refused, and it stays offline
+    shutil.copy(sick, well)
+    assert hook("completed", env).returncode == 1
+    again = subprocess.run(
+        [sys.executable, "-m", "servegate", "runner", "online", "box-gpu-1"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 23
+    assert hook("started", env).returncode == 1
+
+
+def test_gpu_health_command_and_a_tool_that_hangs(tmp_path: Path) -> None:
+    bin_dir = fake_smi(tmp_path, FIXTURES / "nvidia-made-sick.xml")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "XDG_STATE_HOME": str(tmp_path / "state")}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "servegate", "gpu", "health", "--json"],
+        env=env, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 23, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["exit_code"] == 23
+    assert doc["result"]["healthy"] is False
+    assert {"ecc", "pages"} <= {f["check"] for f in doc["result"]["findings"]}
+    # a tool that hangs past gpu.timeout is unhealthy, not a pass
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nsleep 30\n")
+    (tmp_path / "servegate.toml").write_text(
+        f'[stack]\nremote = "x"\n[host]\nroot = "{tmp_path / "host"}"\n'
+        '[service]\nport = 8000\ncommand = ["true"]\n[gpu]\ntimeout = 1.0\n'
+    )
+    hung = subprocess.run(
+        [sys.executable, "-m", "servegate", "gpu", "health", "--json"],
+        env=env, capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert hung.returncode == 23, hung.stdout + hung.stderr
+    (finding,) = [f for f in json.loads(hung.stdout)["result"]["findings"] if f["check"] == "tool"]
+    assert "did not answer within 1 s" in finding["what"]
