@@ -58,8 +58,10 @@ class Attested:
             origin.close()
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """``release ARGV``; ``config check …`` as servegate's own command."""
+        words = list(argv) if argv[0] == "config" else ["release", *argv]
         done = subprocess.run(
-            [sys.executable, "-m", "servegate", "release", *argv, "--config", str(self.path)],
+            [sys.executable, "-m", "servegate", *words, "--config", str(self.path)],
             capture_output=True, text=True, env=self.env, timeout=300, check=False,
         )  # fmt: skip
         self.printed += done.stdout + done.stderr
@@ -580,3 +582,19 @@ def test_attestations_that_cannot_be_noted_cost_a_proven_release_nothing(
     assert any("were not noted" in w for w in published["warnings"]), published
     monkeypatch.undo()
     assert a.cli("verify", "--attestation", nxt).returncode == 0
+
+
+def test_config_check_says_who_signs_and_refuses_a_key_others_can_read(
+    attested: Attested,
+) -> None:
+    a = attested
+    ok = a.cli("config", "check", "--offline")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert f"attestations signed by {PRINCIPAL} (SHA256:" in ok.stdout
+    a.key.chmod(0o640)
+    try:
+        bad = a.cli("config", "check", "--offline")
+    finally:
+        a.key.chmod(0o600)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert f"chmod 600 {a.key}" in bad.stderr

@@ -79,6 +79,7 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
     box = config_box.check(cfg, filled or spec, offline, failed)
     if planned:
         box.append(planned)
+    box += _signing_and_gpus(cfg, failed)
     if any(f.severity == "fail" for f in findings):  # promote lints after its build
         where = f"profile {spec.profile}" if spec.profile else "service.command"
         failed.insert(len([e for e in failed if e.exit_code != 7]),
@@ -100,6 +101,36 @@ def run(cfg: Config, out: Output, offline: bool = False) -> int:
     for warning in warnings:
         out.err.print(f"warning: {warning}", markup=False)
     return 0
+
+
+def _signing_and_gpus(cfg: Config, failed: list[ServegateError]) -> list[str]:
+    """What a promote checks before it changes anything: the signing key (exit 2) and the
+    GPUs' health (exit 23), where the config asks for them."""
+    from servegate.gpu import health
+    from servegate.release import attest
+    from servegate.release.record import host_id
+
+    said: list[str] = []
+    try:
+        signer = attest.signer_of(cfg, host_id(cfg))
+    except ServegateError as exc:
+        failed.append(exc)
+    else:
+        said.append(
+            f"attestations signed by {signer.principal} ({signer.public_key.keyid})"
+            if signer else "attestations unsigned (attest.key is not set)"
+        )  # fmt: skip
+    snap = health.for_release(cfg, os.environ)
+    if snap is None:
+        why = "gpu.check = \"off\"" if cfg.gpu.check == "off" else "no nvidia-smi or amd-smi here"
+        said.append(f"GPU health not checked ({why})")
+    elif snap.healthy:
+        said.append(f"GPUs {snap.summary()}")
+    else:
+        from servegate.commands.gpu import failure
+
+        failed.append(failure(snap))
+    return said
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
