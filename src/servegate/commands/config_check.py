@@ -122,7 +122,7 @@ def _signing_and_gpus(cfg: Config, failed: list[ServegateError]) -> list[str]:
         )  # fmt: skip
     snap = health.for_release(cfg, os.environ)
     if snap is None:
-        why = "gpu.check = \"off\"" if cfg.gpu.check == "off" else "no nvidia-smi or amd-smi here"
+        why = 'gpu.check = "off"' if cfg.gpu.check == "off" else "no nvidia-smi or amd-smi here"
         said.append(f"GPU health not checked ({why})")
     elif snap.healthy:
         said.append(f"GPUs {snap.summary()}")
