@@ -132,6 +132,22 @@ def resigned(env: dict[str, Any], st: dict[str, Any], key: Path, principal: str)
     return json.dumps(new.to_dict())
 
 
+def forged_release(a: Attested, key: Path, principal: str, newest: bool = False) -> list[str]:
+    """The rolled-back release's statements, rewritten to say released (``newest``: and
+    later than any run), signed with ``key`` as ``principal``: what a holder of that key
+    can make."""
+    forged = []
+    for env in envelopes(a.text(a.bad)):
+        st = statement(env)
+        if st["predicateType"] == attest.VSA:
+            st["predicate"]["verificationResult"] = "PASSED"
+            st["predicate"]["servegate"]["verdict"] = "released"
+            if newest:
+                st["predicate"]["timeVerified"] = "2999-01-01T00:00:00Z"
+        forged.append(resigned(env, st, key, principal))
+    return forged
+
+
 def host_id(a: Attested) -> str:
     return rec.host_id(a.cfg)
 
@@ -280,13 +296,7 @@ def test_a_rolled_back_verdict_rewritten_as_released_and_signed_by_another_key_i
     a = attested
     other = tmp_path / "other_ed25519"
     keygen(other, "someone")
-    forged = []
-    for env in envelopes(a.text(a.bad)):
-        st = statement(env)
-        if st["predicateType"] == attest.VSA:
-            st["predicate"]["verificationResult"] = "PASSED"
-            st["predicate"]["servegate"]["verdict"] = "released"
-        forged.append(resigned(env, st, other, PRINCIPAL))  # the allowed name, another key
+    forged = forged_release(a, other, PRINCIPAL)  # the allowed name, another key
     found = _verify(a, "\n".join(forged), a.bad)
     assert not found.ok
     assert all("not signed by" in e["why"] for e in found.envelopes), found.envelopes
@@ -413,14 +423,7 @@ def test_hostile_attestations_on_origin_are_merged_but_never_trusted(
     a = attested
     attacker = tmp_path / "attacker_ed25519"
     keygen(attacker, "attacker")
-    forged = []
-    for env in envelopes(a.text(a.bad)):
-        st = statement(env)
-        if st["predicateType"] == attest.VSA:
-            st["predicate"]["verificationResult"] = "PASSED"
-            st["predicate"]["servegate"]["verdict"] = "released"
-            st["predicate"]["timeVerified"] = "2999-01-01T00:00:00Z"  # the newest
-        forged.append(resigned(env, st, attacker, PRINCIPAL))
+    forged = forged_release(a, attacker, PRINCIPAL, newest=True)
     clone = tmp_path / "clone"
     repo = git.Repo.clone_from(str(a.stack.origin), clone)
     repo.git.fetch("origin", f"+{ATTEST_REF}:{ATTEST_REF}")
@@ -484,14 +487,7 @@ def test_another_hosts_signer_cannot_speak_for_this_host(
     other = tmp_path / "box2_ed25519"
     public = keygen(other, "box-2")
     fleet = a.allowed + f'box-2@example.org namespaces="{attest.NAMESPACE}" {public}\n'
-    forged = []
-    for env in envelopes(a.text(a.bad)):
-        st = statement(env)
-        if st["predicateType"] == attest.VSA:
-            st["predicate"]["verificationResult"] = "PASSED"
-            st["predicate"]["servegate"]["verdict"] = "released"
-            st["predicate"]["timeVerified"] = "2999-01-01T00:00:00Z"
-        forged.append(resigned(env, st, other, "box-2@example.org"))
+    forged = forged_release(a, other, "box-2@example.org", newest=True)
     found = _verify(a, a.text(a.bad) + "\n" + "\n".join(forged), a.bad, allowed=fleet)
     assert not found.ok
     assert found.verdict == "rolled_back"
