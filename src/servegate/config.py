@@ -478,8 +478,8 @@ class GpuHealth:
     min_free_disk_gib: float = 10.0
     #: seconds nvidia-smi or amd-smi may take before the box counts as unhealthy
     timeout: float = 60.0
-    #: before and after a promote's bench: "auto" checks where nvidia-smi or amd-smi is
-    #: found (a CPU box is not checked), "require" also counts a box without them as
+    #: before and after a promote's bench: "auto" checks where nvidia-smi, amd-smi or
+    #: rocm-smi is found (a CPU box is not checked), "require" also counts a box without them as
     #: unhealthy, "off" never checks
     check: Literal["auto", "require", "off"] = "auto"
 

@@ -227,3 +227,47 @@ def test_gpu_health_command_and_a_tool_that_hangs(tmp_path: Path) -> None:
     assert hung.returncode == 23, hung.stdout + hung.stderr
     (finding,) = [f for f in json.loads(hung.stdout)["result"]["findings"] if f["check"] == "tool"]
     assert "did not answer within 1 s" in finding["what"]
+
+
+ROCMINFO = """\
+*******
+Agent 1
+*******
+  Name:                    AMD EPYC 7763 64-Core Processor
+  Device Type:             CPU
+*******
+Agent 2
+*******
+  Name:                    gfx1030
+  Marketing Name:          AMD Radeon PRO V620
+  Device Type:             GPU
+  ISA Info:
+    ISA 1
+      Name:                    amdgcn-amd-amdhsa--gfx1030
+*******
+Agent 3
+*******
+  Name:                    gfx1030
+  Device Type:             GPU
+"""
+
+
+def test_rocm_smi_alone_is_a_weaker_check_that_still_judges_count_arch_and_memory() -> None:
+    def run(argv: Sequence[str], timeout: float) -> str:
+        if argv[0] == "rocminfo":
+            return ROCMINFO
+        return (AMD / "rocm-smi-showallinfo.json").read_text()
+
+    def which(name: str) -> str | None:
+        return f"/opt/rocm/bin/{name}" if name == "rocm-smi" else None
+
+    snap = health.check(Expect(count=2, archs=("gfx1030",)), run=run, which=which,
+                        kernel_log=lambda: "")  # fmt: skip
+    assert snap.tool == "rocm-smi"
+    assert [g.arch for g in snap.gpus] == ["gfx1030", "gfx1030"]
+    assert snap.healthy, snap.failures
+    assert [f.check for f in snap.findings if f.severity == "warn"] == ["tool"]
+    assert [(p.pid, round(p.memory_mib)) for p in snap.gpus[0].processes] == [(48213, 8192)]
+    busy = health.check(Expect(busy_ok=False, count=4), run=run, which=which,
+                        kernel_log=lambda: "")  # fmt: skip
+    assert {f.check for f in busy.failures} == {"memory", "count"}

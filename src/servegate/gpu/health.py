@@ -192,17 +192,17 @@ def check(
     """One snapshot of the box, judged against ``expect``. ``last``: the file that keeps
     the time of the last check (the kernel log's faults are counted since then, and it
     is set to this check's time); None: every fault of this boot counts."""
-    from servegate.gpu import amd, nvidia
+    from servegate.gpu import amd, nvidia, rocm
 
     start = time.monotonic()
     snap = Snapshot(at=now())
-    vendor = nvidia if which("nvidia-smi") else amd if which("amd-smi") else None
+    vendor = next((v for v in (nvidia, amd, rocm) if which(v.TOOL)), None)
     if vendor is None:
         snap.findings.append(
             Finding(
                 "tool",
                 "fail",
-                "neither nvidia-smi nor amd-smi is on PATH: no GPU can be seen",
+                "none of nvidia-smi, amd-smi and rocm-smi is on PATH: no GPU can be seen",
                 "install the driver's tools (NVIDIA: nvidia-utils; AMD: amd-smi from ROCm), or "
                 "run this where the GPUs are",
             )
@@ -504,7 +504,7 @@ def last_check_file(environ: Mapping[str, str]) -> Path:
 
 def any_tool(which: Callable[[str], str | None] = shutil.which) -> bool:
     """Whether this box has a GPU tool (a CPU box has none)."""
-    return bool(which("nvidia-smi") or which("amd-smi"))
+    return bool(which("nvidia-smi") or which("amd-smi") or which("rocm-smi"))
 
 
 def for_release(cfg: Config, environ: Mapping[str, str]) -> Snapshot | None:
