@@ -4,7 +4,6 @@ test_health_tools.py."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from pathlib import Path
 
@@ -94,7 +93,7 @@ def test_a_missing_or_failing_tool_is_never_a_pass(tmp_path: Path) -> None:
         Expect(), run=lambda argv, timeout: "<nvidia_smi_log></nvidia_smi_log>",
         which=lambda n: f"/usr/bin/{n}" if n == "nvidia-smi" else None, kernel_log=lambda: "",
     )  # fmt: skip
-    assert checks(empty) == ["count"]
+    assert checks(empty) == ["tool"]  # no GPU and no count of them: nothing usable
 
 
 XID_LOG = """\
@@ -105,7 +104,7 @@ XID_LOG = """\
 """
 
 
-def test_kernel_log_faults_count_since_the_last_check_and_an_unreadable_log_is_said(
+def test_kernel_log_faults_stay_until_acknowledged_and_an_unreadable_log_is_said(
     tmp_path: Path,
 ) -> None:
     snap = Snapshot(at=health.now())
@@ -113,26 +112,37 @@ def test_kernel_log_faults_count_since_the_last_check_and_an_unreadable_log_is_s
     assert [f.what.split(" in the kernel log")[0] for f in snap.failures] == [
         "1 x Xid 79", "1 x Xid 48", "1 x amdgpu error",
     ]  # fmt: skip
+    # a fault before the last check was seen by it (and kept): not read again
     later = Snapshot(at=health.now())
-    since = dt.datetime(2026, 12, 7, 10, 0, tzinfo=dt.UTC)
-    health._kernel_errors(later, lambda: XID_LOG, since)
+    health._kernel_errors(later, lambda: XID_LOG, {"at": "2026-12-07T10:00:00Z"})
     assert [f.what.split(" in the kernel log")[0] for f in later.failures] == [
         "1 x Xid 48", "1 x amdgpu error",
     ]  # fmt: skip
-    assert "since the last check" in later.failures[0].what
+    # a last check in the future (a clock set back, a planted file) skips nothing
+    planted = Snapshot(at=health.now())
+    health._kernel_errors(planted, lambda: XID_LOG, {"at": "2999-01-01T00:00:00Z"})
+    assert len(planted.failures) == 3
     blind = Snapshot(at=health.now())
     health._kernel_errors(blind, lambda: None)
     assert blind.healthy
     assert [f.check for f in blind.findings] == ["xid"]
     assert "cannot be read" in blind.findings[0].what
 
-    # the last check's time is kept, and the next check counts from it
+    # the first check to read a fault does not use it up: every later check reports it
+    # until it is acknowledged (after the GPU was reset)
     last = tmp_path / "state" / "gpu-health.json"
     first = health.check(Expect(), which=lambda n: None, kernel_log=lambda: XID_LOG, last=last)
     assert sum(f.check == "xid" for f in first.failures) == 3
-    assert json.loads(last.read_text())["at"] == first.at
     again = health.check(Expect(), which=lambda n: None, kernel_log=lambda: XID_LOG, last=last)
-    assert not any(f.check == "xid" for f in again.failures)
+    assert sum(f.check == "xid" for f in again.failures) == 3
+    unread = health.check(Expect(), which=lambda n: None, kernel_log=lambda: None, last=last)
+    assert sum(f.check == "xid" and f.severity == "fail" for f in unread.findings) == 3
+    assert len(health.acknowledge(last)) == 3
+    after = health.check(Expect(), which=lambda n: None, kernel_log=lambda: XID_LOG, last=last)
+    assert not any(f.check == "xid" for f in after.failures)
+    fresh = XID_LOG + "2999-01-01T00:00:00+0000 box kernel: NVRM: Xid (PCI:0000:19:00): 13, x\n"
+    new = health.check(Expect(), which=lambda n: None, kernel_log=lambda: fresh, last=last)
+    assert [f.what.split(" in")[0] for f in new.failures if f.check == "xid"] == ["1 x Xid 13"]
 
 
 def test_too_little_disk_under_the_host_root(tmp_path: Path) -> None:

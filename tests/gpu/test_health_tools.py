@@ -11,8 +11,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
 
 from servegate.gpu import health
 from servegate.gpu.health import Expect
@@ -271,3 +274,87 @@ def test_rocm_smi_alone_is_a_weaker_check_that_still_judges_count_arch_and_memor
     busy = health.check(Expect(busy_ok=False, count=4), run=run, which=which,
                         kernel_log=lambda: "")  # fmt: skip
     assert {f.check for f in busy.failures} == {"memory", "count"}
+
+
+def test_a_fault_the_jobs_own_check_saw_still_takes_the_runner_offline(tmp_path: Path) -> None:
+    """The job runs ``servegate gpu health`` itself and sees an Xid: the completed hook
+    must see it too (a fault is not used up by the first reader), and taking the runner
+    back needs the fault acknowledged after a reset."""
+    well = tmp_path / "well.xml"
+    well.write_text(
+        (FIXTURES / "nvidia-made-sick.xml").read_text()
+        .replace("<attached_gpus>2", "<attached_gpus>1").replace("20480 MiB</used>", "1 MiB</used>")
+        .replace(">Active<", ">Not Active<").replace("<total>2</total>", "<total>0</total>")
+        .replace("<device_memory>2<", "<device_memory>0<").replace("Yes", "No")
+        .replace("86 C", "40 C").replace("320.50 W", "70 W")
+        .replace("<processes>", "<processes><!--").replace("</processes>", "--></processes>")
+    )  # fmt: skip
+    bin_dir = fake_smi(tmp_path, well)
+    journal = bin_dir / "journalctl"
+    journal.write_text(
+        "#!/bin/sh\necho '2026-12-07T09:00:00+0000 box kernel: NVRM: Xid (PCI:0000:3b:00): "
+        "48, pid=7, An uncorrectable double bit error'\n"
+    )
+    journal.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "SERVEGATE_RUNNER": "box-gpu-2", "XDG_STATE_HOME": str(tmp_path / "state"),
+           "GITHUB_WORKSPACE": str(tmp_path / "ws")}  # fmt: skip
+    (tmp_path / "ws").mkdir()
+
+    def servegate(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "servegate", *argv], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+    assert servegate("gpu", "health").returncode == 23  # the job's own step saw it
+    done = hook("completed", env)
+    assert done.returncode == 1, done.stdout
+    assert "Xid 48" in done.stdout
+    assert servegate("runner", "online", "box-gpu-2").returncode == 23  # not acknowledged
+    acked = servegate("gpu", "health", "--acknowledge")
+    assert acked.returncode == 0, acked.stdout + acked.stderr
+    assert "1 kernel-log fault(s) acknowledged" in acked.stdout
+    assert servegate("runner", "online", "box-gpu-2").returncode == 0
+    assert hook("started", env).returncode == 0
+    assert hook("started", {**env, "SERVEGATE_RUNNER": "../../escape"}).returncode != 0
+
+
+def test_what_a_lost_or_wedged_gpu_prints_is_never_healthy() -> None:
+    base = (FIXTURES / "nvidia-made-sick.xml").read_text()
+    lost = base.replace("<product_name>Tesla V100-SXM2-32GB</product_name>",
+                        "<product_name>Unknown Error</product_name>")  # fmt: skip
+    assert "tool" in {f.check for f in nvidia_check(lost).failures}
+    empty = '<nvidia_smi_log><attached_gpus>1</attached_gpus><gpu id="0"/></nvidia_smi_log>'
+    assert "tool" in {f.check for f in nvidia_check(empty).failures}
+    reset = base.replace("</product_name>", "</product_name><gpu_reset_status><reset_required>"
+                         "Yes</reset_required></gpu_reset_status>")  # fmt: skip
+    assert any("reset_required" in f.what for f in nvidia_check(reset).failures)
+    huge = base.replace("<pid>4321</pid>", f"<pid>{'9' * 400}</pid>")
+    assert not nvidia_check(huge).healthy  # read, not a crash
+    negative = base.replace("<device_memory>2</device_memory><total>2</total>",
+                            "<device_memory>-5</device_memory><total>-5</total>")  # fmt: skip
+    assert "tool" in {f.check for f in nvidia_check(negative).failures}
+    unknown_arch = nvidia_check(base, "", archs=("sm_70",))
+    assert any(f.check == "arch" and "cannot be read" in f.what for f in unknown_arch.failures)
+
+
+def test_a_tool_that_prints_bytes_floods_or_leaves_a_child_is_cut_off(tmp_path: Path) -> None:
+    bad = tmp_path / "bad-bytes"
+    bad.write_text("#!/bin/sh\nprintf '\\377\\376 not text'\n")
+    flood = tmp_path / "flood"
+    flood.write_text("#!/bin/sh\nexec yes xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n")
+    child = tmp_path / "child"
+    child.write_text("#!/bin/sh\n(sleep 60; echo late) &\necho early\n")
+    notexe = tmp_path / "not-executable-format"
+    notexe.write_bytes(b"\x7fELF garbage")
+    for tool in (bad, flood, child, notexe):
+        tool.chmod(0o755)
+    assert "not text" in health.run_tool([str(bad)], 10)
+    start = time.monotonic()
+    with pytest.raises(health.ToolFailed, match="printed more than|did not answer"):
+        health.run_tool([str(flood)], 20)
+    assert time.monotonic() - start < 25
+    start = time.monotonic()
+    assert health.run_tool([str(child)], 10).strip() == "early"  # its child is ended
+    assert time.monotonic() - start < 8
+    with pytest.raises(health.ToolFailed, match="cannot run"):
+        health.run_tool([str(notexe)], 10)

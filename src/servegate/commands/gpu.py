@@ -31,6 +31,11 @@ def failure(snap: health.Snapshot) -> GpuUnhealthy:
 
 def main(args: argparse.Namespace, out: Output) -> int:
     cfg = config_or_none(args.config)
+    if args.acknowledge:
+        gone = health.acknowledge(health.last_check_file(os.environ))
+        for fault in gone:
+            out.line(f"  acknowledged: {fault['line']}")
+        out.line(f"{len(gone)} kernel-log fault(s) acknowledged; checking again")
     snap = health.check(
         health.expect_of(cfg, busy_ok=not args.idle), last=health.last_check_file(os.environ)
     )
@@ -80,4 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the GPUs must also be idle (no process on them), as before a runner's job",
     )
+    p.add_argument(
+        "--acknowledge", action="store_true",
+        help="forget the kernel-log faults (Xid, amdgpu RAS) seen so far, after the GPU was "
+        "reset, then check",
+    )  # fmt: skip
     common_args.output(p)

@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from servegate.gpu.health import Gpu, Process, Runner, Snapshot, ToolFailed
+from servegate.gpu.health import Finding, Gpu, Process, Runner, Snapshot, ToolFailed
 
 TOOL = "amd-smi"
 
@@ -31,7 +31,10 @@ def _records(text: str, command: str) -> list[dict[str, Any]]:
         doc = doc["gpu_data"]
     if isinstance(doc, dict) and "gpu" in doc:
         doc = [doc]  # ROCm 6.0 printed one GPU as a bare object
-    if not isinstance(doc, list) or not all(isinstance(r, dict) and "gpu" in r for r in doc):
+    if not isinstance(doc, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("gpu"), int) and not isinstance(r["gpu"], bool)
+        for r in doc
+    ):
         raise ToolFailed(f"amd-smi {command} --json is not a list of GPUs")
     return doc
 
@@ -65,8 +68,16 @@ def read(snap: Snapshot, run: Runner, timeout: float) -> None:
             r["gpu"]: r
             for r in _records(run(["amd-smi", "bad-pages", "--json"], timeout), "bad-pages")
         }
-    except ToolFailed:
-        pages = {}  # needs root on some versions: said by the pages check as unknown
+    except ToolFailed as exc:
+        pages = {}  # needs root on some versions: said, as a weaker check
+        snap.findings.append(
+            Finding(
+                "pages",
+                "warn",
+                f"amd-smi bad-pages was not read ({exc}): pages pending retirement are not seen",
+                "run the check as root, or update ROCm",
+            )
+        )
     try:
         version = json.loads(run(["amd-smi", "version", "--json"], timeout))
         first = version[0] if isinstance(version, list) and version else version
@@ -125,20 +136,23 @@ def _gpu(
             gpu.throttle.append(key.removesuffix("_violation_status").replace("_", " "))
     ecc = _get(metric, "ecc", "total_uncorrectable_count")
     gpu.ecc_uncorrectable = int(ecc) if isinstance(ecc, int) and not isinstance(ecc, bool) else None
-    for entry in (procs or {}).get("process_list", []) if procs else []:
-        info = entry.get("process_info") if isinstance(entry, Mapping) else None
+    listed = (procs or {}).get("process_list") or []
+    for entry in listed if isinstance(listed, list) else []:
+        info = entry.get("process_info", entry) if isinstance(entry, Mapping) else None
         if not isinstance(info, Mapping):
             continue  # "No running processes detected"
         vram = _value(_get(info, "memory_usage", "vram_mem"))
+        pid = info.get("pid")
         gpu.processes.append(
             Process(
-                pid=int(info.get("pid") or 0),
+                pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else -1,
                 name=str(info.get("name", "")),
                 memory_mib=(vram or 0.0) / 2**20,
             )
         )
     if pages is not None:
         gpu.pages_pending = _count_pages(pages.get("pending"))
+        gpu.pages_failed = bool(_count_pages(pages.get("un_res")))  # bad, and not reserved
     return gpu
 
 

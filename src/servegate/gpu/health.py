@@ -15,13 +15,16 @@ driver's own tool. Where ``dcgmi`` is installed its passive health is read too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,6 +91,8 @@ class Gpu:
     #: pages (rows) waiting to be retired or remapped at the next reset; failed remaps
     pages_pending: int | None = None
     pages_failed: bool = False
+    #: what the driver says it cannot read or repair ("GPU is lost", a reset required)
+    unreadable: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -162,20 +167,66 @@ class ToolFailed(Exception):
 Runner = Callable[[Sequence[str], float], str]
 
 
+#: the most output a tool may print (nvidia-smi -q -x of eight GPUs is ~200 kB)
+MAX_OUTPUT = 16 * 1024 * 1024
+
+
 def run_tool(argv: Sequence[str], timeout: float) -> str:
-    """The tool's stdout; ToolFailed when it is missing, fails or times out."""
+    """The tool's stdout; ToolFailed when it is missing, cannot run, fails, times out or
+    prints more than :data:`MAX_OUTPUT`. The tool and anything it started are ended
+    (its own process group) when it times out; its bytes are read as UTF-8, replacing
+    what is not."""
     try:
-        done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, check=False
-        )
+        popen = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+        )  # fmt: skip
     except FileNotFoundError:
         raise ToolFailed(f"{argv[0]} is not installed") from None
+    except OSError as exc:
+        raise ToolFailed(f"{argv[0]} cannot run: {exc}") from None
+    chunks: list[bytes] = []
+    err: list[bytes] = []
+    flooded = threading.Event()
+
+    def drain(stream: Any, into: list[bytes]) -> None:
+        size = 0
+        while block := stream.read(65536):
+            size += len(block)
+            if size > MAX_OUTPUT:  # a tool gone wrong: stop it before it fills memory
+                flooded.set()
+                with contextlib.suppress(OSError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+                return
+            into.append(block)
+
+    readers = [threading.Thread(target=drain, args=(popen.stdout, chunks), daemon=True),
+               threading.Thread(target=drain, args=(popen.stderr, err), daemon=True)]  # fmt: skip
+    for r in readers:
+        r.start()
+    try:
+        popen.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait()
         raise ToolFailed(f"{argv[0]} did not answer within {timeout:.0f} s") from None
-    if done.returncode:
-        said = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
-        raise ToolFailed(f"{' '.join(argv[:3])} exited {done.returncode}: {said[0][:300]}")
-    return done.stdout
+    finally:
+        with contextlib.suppress(OSError):  # what it left running (a child on its pipe)
+            os.killpg(popen.pid, signal.SIGKILL)
+        for r in readers:
+            r.join(timeout=5)
+        for stream in (popen.stdout, popen.stderr):
+            if stream is not None:
+                stream.close()
+    if flooded.is_set():
+        raise ToolFailed(f"{argv[0]} printed more than {MAX_OUTPUT // 2**20} MiB")
+    out = b"".join(chunks)
+    text = out.decode("utf-8", errors="replace")
+    if popen.returncode:
+        said = (b"".join(err).decode(errors="replace") or text).strip().splitlines()[-1:] or [""]
+        raise ToolFailed(f"{' '.join(argv[:3])} exited {popen.returncode}: {said[0][:300]}")
+    return text
 
 
 def now() -> str:
@@ -211,23 +262,33 @@ def check(
         snap.tool = vendor.TOOL
         try:
             vendor.read(snap, run, expect.timeout)
-        except ToolFailed as exc:
+        except Exception as exc:  # a format the parser does not know: never a pass
+            what = str(exc) if isinstance(exc, ToolFailed) else f"unreadable output ({exc!r:.300})"
+            snap.gpus = [] if not isinstance(exc, ToolFailed) else snap.gpus
             snap.findings.append(
                 Finding(
                     "tool",
                     "fail",
-                    f"{vendor.TOOL} gave no usable answer: {exc}",
+                    f"{vendor.TOOL} gave no usable answer: {what}",
                     "check the driver (a GPU fallen off the bus or a hung driver answers so); "
                     "reboot or reset the GPU",
                 )
             )
         if which("dcgmi") and vendor is nvidia:
             nvidia.dcgm(snap, run, expect.timeout)
-    judge(snap, expect)
-    _kernel_errors(snap, kernel_log or read_kernel_log, _last_check(last))
-    _disk(snap, expect)
-    if last is not None:
-        _mark(last, snap.at)
+    try:
+        judge(snap, expect)
+        _kernel_errors(snap, kernel_log or read_kernel_log, _state(last), last)
+        _disk(snap, expect)
+    except Exception as exc:  # a check that breaks is no pass
+        snap.findings.append(
+            Finding(
+                "tool",
+                "fail",
+                f"the health check itself failed: {exc!r:.300}",
+                "report it as a bug, with `servegate gpu health --json`",
+            )
+        )
     snap.seconds = round(time.monotonic() - start, 3)
     return snap
 
@@ -271,6 +332,24 @@ def judge(snap: Snapshot, expect: Expect) -> None:
                 "install that CUDA/ROCm version, or rebuild and set gpu.runtime",
             )
         )
+    if expect.driver and not snap.driver and snap.gpus:
+        add(
+            Finding(
+                "driver",
+                "fail",
+                f"{snap.tool} names no driver version; the stack was built for {expect.driver}",
+                "check the driver's installation",
+            )
+        )
+    if expect.runtime and not snap.runtime and snap.gpus:
+        add(
+            Finding(
+                "runtime",
+                "fail",
+                f"{snap.tool} names no CUDA/ROCm version; the stack was built for {expect.runtime}",
+                "check the driver's installation",
+            )
+        )
     for gpu in snap.gpus:
         _judge_gpu(snap, gpu, expect)
 
@@ -279,6 +358,24 @@ def _judge_gpu(snap: Snapshot, gpu: Gpu, expect: Expect) -> None:
     def add(check: str, what: str, do: str, severity: Severity = "fail") -> None:
         snap.findings.append(Finding(check, severity, what, do, gpu.label))
 
+    if gpu.unreadable:
+        add(
+            "tool",
+            f"the driver cannot read this GPU: {'; '.join(gpu.unreadable[:4])}",
+            "a lost or wedged GPU: reset it (nvidia-smi -r / amdgpu recovery) or reboot",
+        )
+    if gpu.memory_total_mib is None and gpu.temperature_c is None:
+        add(
+            "tool",
+            "its memory and temperature cannot be read: the tool reports nothing usable",
+            "check the driver; reset the GPU or reboot",
+        )
+    if expect.archs and not gpu.arch:
+        add(
+            "arch",
+            f"its arch cannot be read; the stack is built for {', '.join(expect.archs)}",
+            "check the driver's tools (nvidia-smi's compute_cap needs driver 510+; rocminfo)",
+        )
     if expect.archs and gpu.arch and gpu.arch not in expect.archs:
         add(
             "arch",
@@ -340,7 +437,9 @@ def _judge_gpu(snap: Snapshot, gpu: Gpu, expect: Expect) -> None:
 #: the kernel log lines of GPU faults: NVIDIA's Xid, AMD's RAS and ring resets
 KERNEL_ERRORS = re.compile(
     r"NVRM: Xid \(PCI:(?P<bus>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
-    r"|amdgpu (?P<amdbus>[0-9a-fA-F:.]+): .*(?:uncorrectable|ring \S+ timeout|GPU reset|RAS)",
+    r"|SXid \(PCI:[0-9a-fA-F:.]+\): (?P<sxid>\d+)"
+    r"|amdgpu (?P<amdbus>[0-9a-fA-F:.]+): .*(?:uncorrectable|ring \S+ timeout|GPU reset|RAS)"
+    r"|amdgpu_job_timedout.*ring \S+ timeout",
 )
 
 
@@ -362,22 +461,55 @@ def read_kernel_log() -> str | None:
     return None
 
 
-def _last_check(path: Path | None) -> dt.datetime | None:
+def _state(path: Path | None) -> dict[str, Any]:
+    """The last check's time and the faults seen and not yet acknowledged; a state that
+    cannot be read (none yet, damaged, a link) counts every fault of this boot again."""
+    if path is None:
+        return {}
     try:
-        text = json.loads(path.read_text())["at"] if path is not None else ""
-        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # none yet, or unreadable: this boot's faults all count
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
-def _mark(path: Path, at: str) -> None:
+def _last_check(state: Mapping[str, Any]) -> dt.datetime | None:
+    """When the last check read the kernel log; None (all of this boot) when it is
+    unknown, or later than now (a clock set back, a planted file): never a reason to
+    skip a fault."""
+    try:
+        at = dt.datetime.fromisoformat(str(state["at"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError, TypeError):
+        return None
+    current = dt.datetime.fromisoformat(now().replace("Z", "+00:00"))
+    return at if at <= current else None
+
+
+def _faults(state: Mapping[str, Any]) -> list[dict[str, str]]:
+    found = state.get("faults")
+    if not isinstance(found, list):
+        return []
+    return [f for f in found if isinstance(f, dict) and isinstance(f.get("line"), str)]
+
+
+def _save(path: Path, at: str, faults: list[dict[str, str]]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"at": at}))
-        os.replace(tmp, path)
+        tmp.write_text(json.dumps({"at": at, "faults": faults[-500:]}))
+        os.replace(tmp, path)  # replaces a link itself, never its target
     except OSError:
         pass  # the next check counts from further back: more faults seen, never fewer
+
+
+def acknowledge(path: Path) -> list[dict[str, str]]:
+    """Forget the kernel-log faults seen so far (after the GPU was reset): the ones
+    forgotten."""
+    state = _state(path)
+    _save(path, str(state.get("at") or now()), [])
+    return _faults(state)
 
 
 #: the time a kernel log line starts with (journalctl's short-iso, dmesg's iso)
@@ -398,12 +530,21 @@ def _stamp(line: str) -> dt.datetime | None:
 
 
 def _kernel_errors(
-    snap: Snapshot, read: Callable[[], str | None], since: dt.datetime | None = None
-) -> None:
-    """GPU faults in the kernel log since the last check (or this boot): each Xid (or
-    amdgpu RAS error) is a finding; an unreadable log is said (a warning: it is not the
-    GPU's fault, but faults there are not seen)."""
+    snap: Snapshot,
+    read: Callable[[], str | None],
+    state: Mapping[str, Any] | None = None,
+    path: Path | None = None,
+) -> bool:
+    """GPU faults in the kernel log (NVIDIA Xid and SXid, amdgpu RAS, ring timeouts and
+    resets). A fault, once seen by any check, stays a finding of every check until it is
+    acknowledged (``servegate gpu health --acknowledge``, after the GPU was reset): the
+    first check to read it does not use it up. ``state``: the last check's time and the
+    faults kept (``path`` keeps them; None: this boot's faults, kept nowhere). Lines of the
+    same second as the last check are read again (they are told apart by their text).
+    Whether the log could be read (an unreadable one is said, as a warning)."""
+    state = state or {}
     text = read()
+    kept = _faults(state)
     if text is None:
         snap.findings.append(
             Finding(
@@ -414,33 +555,42 @@ def _kernel_errors(
                 "let the user read it (group systemd-journal or adm), or run as root",
             )
         )
-        return
-    seen: dict[str, int] = {}
-    last: dict[str, str] = {}
-    for line in text.splitlines():
-        m = KERNEL_ERRORS.search(line)
-        if not m:
-            continue
-        when = _stamp(line)
-        if since is not None and when is not None and when <= since:
-            continue
-        key = f"Xid {m['xid']}" if m["xid"] else "amdgpu error"
-        bus = m["bus"] or m["amdbus"] or ""
-        seen[f"{bus} {key}"] = seen.get(f"{bus} {key}", 0) + 1
-        last[f"{bus} {key}"] = line.strip()[:300]
-    for where, n in seen.items():
-        bus, _, key = where.partition(" ")
+    else:
+        since = _last_check(state)
+        known = {f["line"] for f in kept}
+        for line in text.splitlines():
+            m = KERNEL_ERRORS.search(line)
+            if not m:
+                continue
+            when = _stamp(line)
+            if since is not None and when is not None and when < since.replace(microsecond=0):
+                continue
+            entry = line.strip()[:300]
+            if entry in known:
+                continue
+            known.add(entry)
+            key = (f"Xid {m['xid']}" if m["xid"] else f"SXid {m['sxid']}" if m["sxid"]
+                   else "amdgpu error")  # fmt: skip
+            kept.append({"key": key, "bus": m["bus"] or m["amdbus"] or "", "line": entry})
+    if path is not None and text is not None:
+        _save(path, snap.at, kept)
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for fault in kept:
+        grouped.setdefault((fault.get("bus", ""), fault.get("key", "fault")), []).append(
+            fault["line"]
+        )
+    for (bus, key), lines in grouped.items():
         snap.findings.append(
             Finding(
                 "xid",
                 "fail",
-                f"{n} x {key} in the kernel log "
-                f"{'since the last check' if since else 'this boot'} (last: {last[where]})",
-                "look the error up (NVIDIA's Xid catalog); most need a GPU reset or a reboot, "
-                "which also clears this log",
+                f"{len(lines)} x {key} in the kernel log, not yet acknowledged (last: {lines[-1]})",
+                "look the error up (NVIDIA's Xid catalog); reset the GPU or reboot, then "
+                "`servegate gpu health --acknowledge`",
                 bus,
             )
         )
+    return text is not None
 
 
 def _disk(snap: Snapshot, expect: Expect) -> None:

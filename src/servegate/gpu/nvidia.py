@@ -9,8 +9,10 @@ library."""
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET  # the local driver tool's output
+from collections.abc import Callable
 
 from servegate.gpu.health import Finding, Gpu, Process, Runner, Severity, Snapshot, ToolFailed
 
@@ -57,8 +59,11 @@ def _text(node: ET.Element | None, *path: str) -> str:
 
 
 def _number(text: str) -> float | None:
-    m = re.match(r"^\s*(-?\d+(?:\.\d+)?)", text)
-    return float(m[1]) if m else None
+    """The number a value starts with ("81559 MiB", "30 C"); None for "N/A", "[N/A]",
+    "[Not Supported]" and anything beyond what a counter can hold."""
+    m = re.match(r"^\s*(-?\d{1,15}(?:\.\d+)?)(?!\d)", text)
+    value = float(m[1]) if m else None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def parse(snap: Snapshot, text: str) -> None:
@@ -73,6 +78,8 @@ def parse(snap: Snapshot, text: str) -> None:
     snap.runtime = _text(root, "cuda_version")
     gpus = root.findall("gpu")
     attached = _number(_text(root, "attached_gpus"))
+    if not gpus and attached is None:
+        raise ToolFailed("nvidia-smi -q -x names no GPU and no count of them")
     if attached is not None and int(attached) != len(gpus):
         snap.findings.append(
             Finding(
@@ -127,6 +134,8 @@ def _gpu(index: int, g: ET.Element) -> Gpu:
     if doubles is not None:
         counts.append(_number(doubles.text or ""))
     known = [int(c) for c in counts if c is not None]
+    if any(c < 0 for c in known):
+        raise ToolFailed(f"nvidia-smi reports a negative ECC count on GPU {index}")
     gpu.ecc_uncorrectable = sum(known) if known else None
     pending = 0
     seen = False
@@ -148,7 +157,37 @@ def _gpu(index: int, g: ET.Element) -> Gpu:
             "remapped_rows/remapping_failure_occurred",
         )
     )
+    gpu.unreadable = _broken(g)
+    tlimit = _number(_text(g, "temperature/gpu_temp_tlimit"))
+    if gpu.temperature_limit_c is None and tlimit is not None and gpu.temperature_c is not None:
+        # Ada and later drivers give the margin to the slowdown (T.Limit), not the limit
+        slow = _number(_text(g, "temperature/gpu_temp_slow_tlimit_threshold")) or 0.0
+        gpu.temperature_limit_c = gpu.temperature_c + tlimit - slow
     return gpu
+
+
+#: what the driver writes where it cannot read a GPU
+LOST = re.compile(r"GPU is lost|Unknown Error|ERR!|GPU requires reset", re.I)
+#: fields that say the GPU needs a reset or a repair (newer drivers)
+NEEDS: dict[str, Callable[[str], bool]] = {
+    "gpu_recovery_action": lambda v: v not in ("None", "N/A", ""),
+    "gpu_reset_status/reset_required": lambda v: v == "Yes",
+    "gpu_reset_status/drain_and_reset_recommended": lambda v: v == "Yes",
+    "channel_repair_pending": lambda v: v == "Yes",
+    "tpc_repair_pending": lambda v: v == "Yes",
+    "sram_threshold_exceeded": lambda v: v == "Yes",
+}
+
+
+def _broken(g: ET.Element) -> list[str]:
+    said = [f"{e.tag}: {e.text.strip()}" for e in g.iter()
+            if e.text and LOST.search(e.text)]  # fmt: skip
+    for path, bad in NEEDS.items():
+        for e in g.iter(path.rsplit("/", 1)[-1]):
+            value = (e.text or "").strip()
+            if bad(value):
+                said.append(f"{path}: {value}")
+    return list(dict.fromkeys(said))
 
 
 def dcgm(snap: Snapshot, run: Runner, timeout: float) -> None:

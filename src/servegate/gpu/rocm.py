@@ -72,7 +72,7 @@ def read(snap: Snapshot, run: Runner, timeout: float) -> None:
     system = doc.get("system") if isinstance(doc.get("system"), dict) else {}
     for key, row in (system or {}).items():
         parts = [p.strip() for p in str(row).split(",")]
-        if key.startswith("PID") and len(parts) >= 3 and snap.gpus:
+        if key.startswith("PID") and key[3:].isdigit() and len(parts) >= 3 and snap.gpus:
             vram = _float(parts[2]) or 0.0
             snap.gpus[0].processes.append(Process(int(key[3:]), parts[0], vram / 2**20))
     if len(snap.gpus) > 1:

@@ -122,10 +122,14 @@ class PrefixReuseCheck:
         p = ctx.cfg.probes
         return _probe_result(
             probes.prefix_reuse(
-                ctx.endpoint, ctx.model, p.prefix_tier, p.prefix_min_cached,
-                p.prefix_max_ttft_ratio, p.timeout,
+                ctx.endpoint,
+                ctx.model,
+                p.prefix_tier,
+                p.prefix_min_cached,
+                p.prefix_max_ttft_ratio,
+                p.timeout,
             )
-        )  # fmt: skip
+        )
 
 
 class VisionCheck:
@@ -135,10 +139,15 @@ class VisionCheck:
         p = ctx.cfg.probes
         return _probe_result(
             probes.vision(
-                ctx.endpoint, ctx.model, p.vision_size, p.vision_followup_tier,
-                p.prefix_min_cached, p.prefix_max_ttft_ratio, p.timeout,
+                ctx.endpoint,
+                ctx.model,
+                p.vision_size,
+                p.vision_followup_tier,
+                p.prefix_min_cached,
+                p.prefix_max_ttft_ratio,
+                p.timeout,
             )
-        )  # fmt: skip
+        )
 
 
 class SpecDecodeCheck:
@@ -159,12 +168,29 @@ class BenchCheck:
     def run(self, ctx: GateContext) -> CheckResult:
         start = time.monotonic()
         before = _gpus(ctx)
-        evidence = bench_gate.run(
-            ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
-            ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
-            first_release=ctx.first_release, restart=ctx.restart, live=ctx.live,
-            trend=ctx.trend,
-        )  # fmt: skip
+        try:
+            evidence = bench_gate.run(
+                ctx.cfg,
+                ctx.endpoint,
+                ctx.model,
+                ctx.sha,
+                ctx.previous_record,
+                ctx.log_file,
+                ctx.reporter,
+                ctx.environ,
+                command=ctx.command,
+                window_check=ctx.window_check,
+                first_release=ctx.first_release,
+                restart=ctx.restart,
+                live=ctx.live,
+                trend=ctx.trend,
+            )
+        except Exception as exc:  # a bench that broke on sick GPUs judges nothing either
+            evidence = {"verdict": str(Verdict.FAIL), "why": f"the check crashed: {exc!r}"}
+            judged = on_healthy_gpus(evidence, before, _gpus(ctx))
+            if judged["verdict"] == str(Verdict.FAIL):
+                raise
+            return _measured(self.name, start, judged)
         return _measured(self.name, start, on_healthy_gpus(evidence, before, _gpus(ctx)))
 
 
@@ -181,14 +207,35 @@ class LoadCheck:
         start = time.monotonic()
         before = _gpus(ctx)
         evidence = load_gate.run(
-            ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.reporter,
-            ctx.environ, command=ctx.command, first_release=ctx.first_release,
-        )  # fmt: skip
+            ctx.cfg,
+            ctx.endpoint,
+            ctx.model,
+            ctx.sha,
+            ctx.previous_record,
+            ctx.reporter,
+            ctx.environ,
+            command=ctx.command,
+            first_release=ctx.first_release,
+        )
         return _measured(self.name, start, on_healthy_gpus(evidence, before, _gpus(ctx)))
 
 
 def _gpus(ctx: GateContext) -> health.Snapshot | None:
-    return health.for_release(ctx.cfg, ctx.environ or os.environ)
+    """The GPU health around a measurement; a check that breaks is an unhealthy
+    snapshot, never a crash of the gate."""
+    try:
+        return health.for_release(ctx.cfg, ctx.environ or os.environ)
+    except Exception as exc:
+        snap = health.Snapshot(at=health.now())
+        snap.findings.append(
+            health.Finding(
+                "tool",
+                "fail",
+                f"the GPU health check itself failed: {exc!r:.300}",
+                "run `servegate gpu health` and report what it says",
+            )
+        )
+        return snap
 
 
 def on_healthy_gpus(
@@ -206,8 +253,11 @@ def on_healthy_gpus(
             doc = json.loads(Path(result_file).read_text())
             doc["gpu_health"] = evidence["gpu_health"]
             atomic.write_json(Path(result_file), doc)
-    sick = [(when, s) for when, s in (("before", before), ("after", after))
-            if s is not None and not s.healthy]  # fmt: skip
+    sick = [
+        (when, s)
+        for when, s in (("before", before), ("after", after))
+        if s is not None and not s.healthy
+    ]
     if sick:
         when, snap = sick[-1]
         evidence["why"] = (
@@ -271,9 +321,11 @@ class Decision:
         """The decision as the release record keeps it."""
         return GateRecord(
             str(self.verdict),
-            [CheckRecord(r.name, str(r.verdict), r.reason, round(r.seconds, 3), r.evidence)
-             for r in self.results],
-        )  # fmt: skip
+            [
+                CheckRecord(r.name, str(r.verdict), r.reason, round(r.seconds, 3), r.evidence)
+                for r in self.results
+            ],
+        )
 
 
 def decide(results: list[CheckResult]) -> Verdict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -201,13 +202,18 @@ CONFIG = "SERVEGATE_CONFIG"
 
 def offline_path(environ: Mapping[str, str], name: str) -> Path:
     """The mark of a runner that took itself offline (its GPUs failed a check)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        raise ConfigError(
+            f"runner name {name[:100]!r}: give letters, digits and . _ - only",
+            hint="a runner's name is a file name in the state directory",
+        )
     return state_dir(environ) / "runners" / f"{name}.offline.json"
 
 
 def offline(environ: Mapping[str, str], name: str) -> dict[str, object] | None:
     """Why the runner is offline, or None; a mark that cannot be read still counts."""
     path = offline_path(environ, name)
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling link is a mark too
         return None
     try:
         doc = json.loads(path.read_text())
