@@ -358,3 +358,28 @@ def test_a_tool_that_prints_bytes_floods_or_leaves_a_child_is_cut_off(tmp_path: 
     assert time.monotonic() - start < 8
     with pytest.raises(health.ToolFailed, match="cannot run"):
         health.run_tool([str(notexe)], 10)
+
+
+def test_a_real_h100s_report_reads_as_one_healthy_gpu_and_its_process() -> None:
+    """nvidia-smi -q -x captured on one H100 (driver 580, CUDA 13.0) by the gpu tests
+    (fixtures/nvidia-h100-*.xml): its temperature limit comes as T.Limit margins, its
+    power as average and instant draws."""
+    caps = "00000000:00:06.0, 9.0\n"
+    idle = nvidia_check((FIXTURES / "nvidia-h100-idle.xml").read_text(), caps, count=1,
+                        archs=("sm_90",), driver="580.", runtime="13.", busy_ok=False)  # fmt: skip
+    assert idle.healthy, idle.findings
+    (gpu,) = idle.gpus
+    assert (gpu.name, gpu.arch, gpu.memory_total_mib) == ("NVIDIA H100 80GB HBM3", "sm_90", 81559)
+    assert gpu.temperature_limit_c is not None
+    assert gpu.temperature_c is not None
+    assert 80 <= gpu.temperature_limit_c <= 95  # its slowdown, from the T.Limit margin
+    assert gpu.power_limit_w == 700
+    assert (gpu.ecc_uncorrectable, gpu.pages_pending, gpu.pages_failed) == (0, 0, False)
+    busy_xml = (FIXTURES / "nvidia-h100-busy.xml").read_text()
+    busy = nvidia_check(busy_xml, caps, archs=("sm_90",))
+    assert busy.healthy, busy.findings  # a process may hold it (a live service)
+    (held,) = busy.gpus[0].processes
+    assert held.pid == 849
+    assert held.memory_mib >= 2048
+    refused = nvidia_check(busy_xml, caps, busy_ok=False)
+    assert [f.check for f in refused.failures] == ["memory"]
