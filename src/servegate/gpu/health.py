@@ -173,9 +173,11 @@ MAX_OUTPUT = 16 * 1024 * 1024
 
 def run_tool(argv: Sequence[str], timeout: float) -> str:
     """The tool's stdout; ToolFailed when it is missing, cannot run, fails, times out or
-    prints more than :data:`MAX_OUTPUT`. The tool and anything it started are ended
-    (its own process group) when it times out; its bytes are read as UTF-8, replacing
-    what is not."""
+    prints more than :data:`MAX_OUTPUT`. Not :func:`servegate.pipeline.proc.run`, which
+    merges stdout with stderr and keeps all of it: a health tool gone wrong must be cut
+    off before it fills memory, and its stderr must not be parsed as its report. The
+    tool and anything it started are ended (its own process group) when it times out;
+    its bytes are read as UTF-8, replacing what is not."""
     try:
         popen = subprocess.Popen(
             list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -264,7 +266,8 @@ def check(
             vendor.read(snap, run, expect.timeout)
         except Exception as exc:  # a format the parser does not know: never a pass
             what = str(exc) if isinstance(exc, ToolFailed) else f"unreadable output ({exc!r:.300})"
-            snap.gpus = [] if not isinstance(exc, ToolFailed) else snap.gpus
+            if not isinstance(exc, ToolFailed):
+                snap.gpus = []  # half read: nothing of it is judged
             snap.findings.append(
                 Finding(
                     "tool",

@@ -122,14 +122,10 @@ class PrefixReuseCheck:
         p = ctx.cfg.probes
         return _probe_result(
             probes.prefix_reuse(
-                ctx.endpoint,
-                ctx.model,
-                p.prefix_tier,
-                p.prefix_min_cached,
-                p.prefix_max_ttft_ratio,
-                p.timeout,
+                ctx.endpoint, ctx.model, p.prefix_tier, p.prefix_min_cached,
+                p.prefix_max_ttft_ratio, p.timeout,
             )
-        )
+        )  # fmt: skip
 
 
 class VisionCheck:
@@ -139,15 +135,10 @@ class VisionCheck:
         p = ctx.cfg.probes
         return _probe_result(
             probes.vision(
-                ctx.endpoint,
-                ctx.model,
-                p.vision_size,
-                p.vision_followup_tier,
-                p.prefix_min_cached,
-                p.prefix_max_ttft_ratio,
-                p.timeout,
+                ctx.endpoint, ctx.model, p.vision_size, p.vision_followup_tier,
+                p.prefix_min_cached, p.prefix_max_ttft_ratio, p.timeout,
             )
-        )
+        )  # fmt: skip
 
 
 class SpecDecodeCheck:
@@ -170,21 +161,11 @@ class BenchCheck:
         before = _gpus(ctx)
         try:
             evidence = bench_gate.run(
-                ctx.cfg,
-                ctx.endpoint,
-                ctx.model,
-                ctx.sha,
-                ctx.previous_record,
-                ctx.log_file,
-                ctx.reporter,
-                ctx.environ,
-                command=ctx.command,
-                window_check=ctx.window_check,
-                first_release=ctx.first_release,
-                restart=ctx.restart,
-                live=ctx.live,
+                ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.log_file,
+                ctx.reporter, ctx.environ, command=ctx.command, window_check=ctx.window_check,
+                first_release=ctx.first_release, restart=ctx.restart, live=ctx.live,
                 trend=ctx.trend,
-            )
+            )  # fmt: skip
         except Exception as exc:  # a bench that broke on sick GPUs judges nothing either
             evidence = {"verdict": str(Verdict.FAIL), "why": f"the check crashed: {exc!r}"}
             judged = on_healthy_gpus(evidence, before, _gpus(ctx))
@@ -207,16 +188,9 @@ class LoadCheck:
         start = time.monotonic()
         before = _gpus(ctx)
         evidence = load_gate.run(
-            ctx.cfg,
-            ctx.endpoint,
-            ctx.model,
-            ctx.sha,
-            ctx.previous_record,
-            ctx.reporter,
-            ctx.environ,
-            command=ctx.command,
-            first_release=ctx.first_release,
-        )
+            ctx.cfg, ctx.endpoint, ctx.model, ctx.sha, ctx.previous_record, ctx.reporter,
+            ctx.environ, command=ctx.command, first_release=ctx.first_release,
+        )  # fmt: skip
         return _measured(self.name, start, on_healthy_gpus(evidence, before, _gpus(ctx)))
 
 
@@ -321,11 +295,9 @@ class Decision:
         """The decision as the release record keeps it."""
         return GateRecord(
             str(self.verdict),
-            [
-                CheckRecord(r.name, str(r.verdict), r.reason, round(r.seconds, 3), r.evidence)
-                for r in self.results
-            ],
-        )
+            [CheckRecord(r.name, str(r.verdict), r.reason, round(r.seconds, 3), r.evidence)
+             for r in self.results],
+        )  # fmt: skip
 
 
 def decide(results: list[CheckResult]) -> Verdict:
