@@ -57,3 +57,9 @@ if [ ! -x /usr/sbin/sshd ]; then
     echo "bootstrap: sshd is missing; the SSH tests will be skipped (sudo apt-get install -y openssh-server)" >&2
   fi
 fi
+
+# ssh-keygen signs the release attestations, and jq is the auditor's tool the
+# attestation tests run docs/attestations.md's verification block with
+if ! command -v ssh-keygen >/dev/null 2>&1 || ! command -v jq >/dev/null 2>&1; then
+  as_root_apt "ssh-keygen and jq (the attestation tests)" openssh-client jq || true
+fi
