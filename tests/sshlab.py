@@ -8,6 +8,7 @@ its own network: its service's port, health checks and probes live in its namesp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -110,19 +111,25 @@ class Lab:
             "PrintMotd no\nLogLevel ERROR\n"
         )
         Path("/run/sshd").mkdir(exist_ok=True)
-        host.sshd = subprocess.Popen(
-            ["ip", "netns", "exec", host.ns, SSHD, "-D", "-e", "-f", str(conf)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        log = self.dir / f"sshd-{host.index}.log"
+        with log.open("ab") as err:
+            host.sshd = subprocess.Popen(
+                ["ip", "netns", "exec", host.ns, SSHD, "-D", "-e", "-f", str(conf)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        # 60 s: on a box whose two cores run vLLM beside this, a start can take seconds.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and host.sshd.poll() is None:
             try:
                 with socket.create_connection((host.address, 22), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError(f"sshd in {host.ns} did not listen on {host.address}:22")
+        raise RuntimeError(
+            f"sshd in {host.ns} did not listen on {host.address}:22 "
+            f"(exit {host.sshd.poll()}): {log.read_text(errors='replace')[-2000:]}"
+        )
 
     def stop(self, host: LabHost) -> None:
         if host.sshd is not None:
@@ -132,10 +139,33 @@ class Lab:
             host.sshd = None
 
 
+def _free_subnet() -> int:
+    """A second octet no address on this machine uses: a lab's namespace can outlive
+    its deletion while a process started in it still runs, and a new lab on the same
+    subnet would then route its connections to the old one."""
+    used = sh("ip", "-4", "-o", "addr", "show")
+    taken: set[int] = {int(p.split(".")[1]) for p in used.split() if p.startswith("10.")}
+    names = sh("ip", "netns", "list")
+    for subnet in [*range(200 + os.getpid() % 50, 250), *range(100, 250)]:
+        if subnet not in taken and f"sg{subnet}" not in names:
+            return int(subnet)
+    raise RuntimeError("no free 10.x.0.0/16 subnet for the SSH lab")
+
+
+def _end_namespace(ns: str) -> None:
+    """Kill what still runs inside a host's namespace (a service the test left), then
+    delete it, so that its addresses go with it."""
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+    for pid in pids.stdout.split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), 9)
+    subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 @contextmanager
 def lab(tmp: Path, count: int) -> Iterator[Lab]:
-    tag = f"{os.getpid() % 10000}"
-    subnet = 200 + os.getpid() % 50
+    subnet = _free_subnet()
+    tag = f"{subnet}{os.getpid() % 100:02d}"
     tmp.mkdir(parents=True, exist_ok=True)
     key = tmp / "id_ed25519"
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "servegate-test", "-f", str(key))
@@ -172,6 +202,6 @@ def lab(tmp: Path, count: int) -> Iterator[Lab]:
             if host.sshd is not None:
                 host.sshd.kill()
                 host.sshd.wait()
-            subprocess.run(["ip", "netns", "del", host.ns], check=False)
+            _end_namespace(host.ns)
             subprocess.run(["ip", "link", "del", f"sg{tag}v{host.index}a"], check=False,
                            capture_output=True)  # fmt: skip

@@ -138,16 +138,19 @@ def test_bench_measures_a_real_server_with_valid_trials(server: Server, tmp_path
     code, doc, err = bench("--url", server.url, "--profiles", "regular", "--tiers", "2k",
                            "--repetitions", "2", "--max-tokens", "512", "--seed", "-1",
                            "--no-warmup", "--baseline", str(tmp_path / "r2.json"), cwd=tmp_path)  # fmt: skip
-    # one baseline trial: no variance, nothing to compare — a FAIL, never a pass
+    # one baseline trial: no variance, nothing to compare — never a pass (open: nothing
+    # was compared; FAIL where a trial was spoilt by the random model's text)
     assert code == 9, err[-3000:]
     gate = doc["result"]["gate"]
-    assert gate["verdict"] == "FAIL"
+    assert gate["verdict"] in ("FAIL", "INCONCLUSIVE"), gate
     assert {r["metric"] for r in gate["rows"]} == {"prefill_tps", "generation_tps"}
     for r in gate["rows"]:  # a degenerate sample of the random model is a reason, not a pass
-        assert r["verdict"] == "FAIL"
+        assert r["verdict"] != "PASS", r
         # the one baseline trial was spoilt (random text), dropped its client timings (a
         # burst on a busy box), or is just one: never a comparison, never a pass
-        assert any(w in r["why"] for w in ("invalid", "fewer than two samples", "has no")), r
+        assert any(
+            w in r["why"] for w in ("invalid", "fewer than two samples", "has no", "kept no")
+        ), r
 
 
 def test_a_reused_request_tag_is_caught_as_a_cache_hit(server: Server, tmp_path: Path) -> None:

@@ -291,12 +291,13 @@ def test_a_lying_or_broken_answer_is_a_failed_request(
 def test_a_queue_that_grows_on_the_lightest_point_is_seen(
     server: Callable[..., str],
 ) -> None:
-    """A server that answers one request at a time (0.15 s each, about 6.7 a second),
-    offered 14 a second on the sweep's first point: the requests in flight grow through
-    it. The point's own median E2E spans most of it; the ramp ends by its first
+    """A server that answers one request at a time (0.25 s each, 4 a second), offered 14
+    a second on the sweep's first point: the requests in flight grow through it. (At
+    3.5 times what it serves: a client slowed by a busy core, offering 9 a second,
+    still overloads it twice over.) The point's own median E2E spans most of it; the ramp ends by its first
     arrivals' E2E, so the growth is seen and the knee says the sweep began past it."""
     lock = threading.Lock()
-    one_at_a_time = answer(gap=0.15 / MAX_TOKENS)
+    one_at_a_time = answer(gap=0.25 / MAX_TOKENS)
 
     def serial(h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         with lock:

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import random
 import statistics
+from typing import Literal
 
 import pytest
 from scipy import stats as sps  # type: ignore[import-untyped]
@@ -127,6 +128,35 @@ def test_an_invalid_required_case_fails_and_a_report_only_case_never_decides() -
     d = verdict.evaluate(base, report_only, [verdict.Rule("generation_tps")])
     assert d["rows"][0]["verdict"] == "REPORT"
     assert d["verdict"] == "FAIL"  # nothing required: nothing decides, never a pass
+
+
+def test_a_side_whose_every_timing_the_box_dropped_is_no_loss_and_never_a_pass() -> None:
+    """Valid trials that kept no sample (each timing dropped: a client kept off its CPU,
+    a burst): no evidence either way. INCONCLUSIVE, never the FAIL that claims a loss the
+    release showed, and never a PASS, whatever ``inconclusive`` says."""
+    rules = [verdict.Rule("generation_tps", "higher", 0.05)]
+    kept = samples({"generation_tps": [63.0, 64.1, 62.7]})
+    dropped = samples({"generation_tps": []})
+    dropped.cases["regular-16k"].trials = 3
+    dropped.cases["regular-16k"].missing = {"generation_tps": 3}
+    for base, cand, side in ((kept, dropped, "candidate"), (dropped, kept, "baseline")):
+        policies: list[tuple[Literal["inconclusive", "fail", "pass"], str]] = [
+            ("inconclusive", "INCONCLUSIVE"), ("pass", "INCONCLUSIVE"), ("fail", "FAIL")
+        ]  # fmt: skip
+        for policy, want in policies:
+            st = dataclasses.replace(QUIET, inconclusive=policy)
+            d = verdict.evaluate(base, cand, rules, st)
+            (row,) = d["rows"]
+            assert (d["verdict"], row["verdict"]) == (want, want), (side, policy, row)
+            assert f"the {side}'s 3 valid trial(s) kept no generation_tps sample" in row["why"]
+            assert "never a pass on missing data" in row["why"]
+        # before the last look it is open: the gate measures again
+        d = verdict.evaluate(base, cand, rules, dataclasses.replace(QUIET, inconclusive="fail"),
+                             final=False)  # fmt: skip
+        assert d["verdict"] == "INCONCLUSIVE"
+    # trials that were invalid (the release's text) still FAIL, as before
+    invalid = samples({"generation_tps": []}, valid=False)
+    assert verdict.evaluate(kept, invalid, rules, QUIET)["verdict"] == "FAIL"
 
 
 def test_floors_decide_without_a_baseline_but_a_missing_baseline_never_passes() -> None:

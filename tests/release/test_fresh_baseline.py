@@ -9,9 +9,9 @@ a record of the live release measured on another day."""
 from __future__ import annotations
 
 import json
-import threading
+import subprocess
+import sys
 from collections.abc import Iterator
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ from servegate.errors import ConfigError
 from servegate.judging import noise, verdict
 from servegate.pipeline.stages import QuietReporter
 from servegate.release import bench_gate
-from tests.bench.test_stream_faults import Engine
+
+REPO = Path(__file__).resolve().parents[2]
 
 CFG = """
 [stack]
@@ -57,23 +58,40 @@ tolerance = 0.05
 
 
 def _server(token_gap_s: float) -> Iterator[str]:
-    handler = type("E", (Engine,), {"mode": "slow", "prefill_s": 0.02, "tokenize": "words",
-                                    "token_gap_s": token_gap_s})  # fmt: skip
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    """A test engine in a process of its own (its token gaps are not the client's GIL's),
+    with a prefill of 0.25 s: a first text read a few ms late by a client kept off its
+    CPU on a busy box stays under the 1 % of the TTFT that drops a trial's timing."""
+    code = (
+        "import sys\n"
+        "from http.server import ThreadingHTTPServer\n"
+        "from tests.bench.test_stream_faults import Engine\n"
+        "handler = type('E', (Engine,), {'mode': 'slow', 'prefill_s': 0.25, "
+        f"'tokenize': 'words', 'token_gap_s': {token_gap_s!r}}})\n"
+        "server = ThreadingHTTPServer(('127.0.0.1', 0), handler)\n"
+        "print(server.server_address[1], flush=True)\n"
+        "server.serve_forever()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.fixture
 def live_url() -> Iterator[str]:
-    yield from _server(0.004)
+    yield from _server(0.005)
 
 
 @pytest.fixture
 def slower_url() -> Iterator[str]:
-    yield from _server(0.006)  # a third slower between tokens: generation_tps ~0.67x
+    yield from _server(0.015)  # three times the gap between tokens: generation_tps ~0.33x
 
 
 def _cfg(tmp_path: Path, max_starts: int, offset: float = 0.0) -> config.Config:
@@ -108,7 +126,8 @@ def test_the_candidate_is_judged_against_the_live_release_measured_now(
     assert evidence["design"]["name"] == "fresh"
     assert evidence["design"]["switches"] == []
     (row,) = evidence["rows"]
-    assert row["ratio"] < 0.8, row
+    assert row["ratio"] is not None, row
+    assert row["ratio"] < 0.6, row
     assert evidence["verdict"] == verdict.FAIL, row
     # both sides are kept: the baseline's samples in the evidence and in its own file
     kept = results.from_record(evidence["baseline_samples"], "x").cases["regular-1k"]
@@ -167,7 +186,7 @@ def test_where_restarts_dominate_live_and_candidate_alternate(
     cand = results.from_record(evidence["samples"], "x").cases["regular-1k"]
     assert base.starts == cand.starts == row["starts"]
     # the same server on both sides: whatever the box did, no loss is claimed
-    assert evidence["verdict"] != verdict.FAIL, evidence["rows"]
+    assert evidence["verdict"] != verdict.FAIL, json.dumps(evidence["rows"])
 
 
 def test_without_a_way_back_to_the_live_release_it_is_measured_in_its_running_start(
@@ -215,7 +234,7 @@ def test_a_trend_fail_fails_the_check_and_an_open_trend_is_reported(
         live=live, trend=creeping,
     )  # fmt: skip
     (candidate,) = seen
-    assert candidate.cases["regular-1k"].metrics["generation_tps"]
+    assert candidate.cases["regular-1k"].trials
     assert evidence["verdict"] == verdict.FAIL
     assert "creeping loss against the best of the last 5" in evidence["why"]
     assert evidence["trend"]["verdict"] == verdict.FAIL

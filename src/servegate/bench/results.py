@@ -192,12 +192,17 @@ def _case(
                 cs.metrics.setdefault(m, []).append(float(v))
                 if starts is not None:
                     cs.blocks.setdefault(m, []).append(starts[i])
-            elif v is None:
-                cs.missing[m] = cs.missing.get(m, 0) + 1
+            elif v is None:  # dropped where the trial names it; absent: not measured
+                if m in t:
+                    cs.missing[m] = cs.missing.get(m, 0) + 1
             else:  # a damaged file (ResultFileError, exit 14), never a measurement of 0
                 raise TypeError(f"case {cid} trial {i + 1}: {m} is a {type(v).__name__}")
-    # a metric no valid trial has is not measured here (no engine clock): nothing missing
-    cs.missing = {m: k for m, k in cs.missing.items() if m in cs.metrics}
+    # an engine-clock metric no valid trial has is not measured here (no engine clock):
+    # nothing missing. A client-clock metric always is: no trial keeping it means every
+    # timing was dropped (bursts, a client kept off its CPU), and the gate says so.
+    cs.missing = {
+        m: k for m, k in cs.missing.items() if m in cs.metrics or not m.startswith("engine_")
+    }
     return cs
 
 

@@ -261,6 +261,10 @@ def _decide(
     undecided = REPORT if not cs.required else None
     cand = cs.metrics.get(rule.metric) or []
     row["n_candidate"] = len(cand)
+    if cs.valid and not cand and cs.missing.get(rule.metric):
+        verdict, why = _dropped(cs, "candidate", rule.metric, st, final)
+        row.update(verdict=undecided or verdict, why=why)
+        return row
     if not cs.valid or not cand:
         reasons = ", ".join(f"{k}x{v}" for k, v in cs.reasons.items()) or "no valid samples"
         row.update(verdict=undecided or FAIL, why=f"case invalid ({reasons})")
@@ -280,6 +284,16 @@ def _decide(
         row.update(verdict=undecided or PASS, why=f"floor {rule.floor:,.2f} met")
         return row
     bcs = baseline.cases.get(cid) if baseline else None
+    if (
+        bcs is not None
+        and bcs.valid
+        and not bcs.metrics.get(rule.metric)
+        and bcs.missing.get(rule.metric)
+    ):
+        row["n_baseline"] = 0
+        verdict, why = _dropped(bcs, "baseline", rule.metric, st, final)
+        row.update(verdict=undecided or verdict, why=why)
+        return row
     if bcs is None or not bcs.valid or not bcs.metrics.get(rule.metric):
         return _no_baseline(row, bcs, rule, st, undecided)
     base = bcs.metrics[rule.metric]
@@ -334,9 +348,10 @@ def _measured(
         why = "fewer than two samples on a side: nothing to compare yet"
         if not final:
             return INCONCLUSIVE, why
-        if st.inconclusive == "pass":
-            return _flat(st, why)
-        return FAIL, f"{why}; at the cap nothing was compared (never a pass on missing data)"
+        # no evidence either way at the cap: open (rolled back), FAIL under "fail", and
+        # never the PASS that "pass" gives an estimate, as there is none
+        why += "; at the cap nothing was compared (never a pass on missing data)"
+        return (FAIL if st.inconclusive == "fail" else INCONCLUSIVE), why
     look = _look(len(cand), st, final)
     bound_a, bound_b = _bounds(c, st, levels, look, offset)
     row["look"] = {"at": look + 1, "of": max(st.looks, 1),
@@ -750,6 +765,24 @@ def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
         f"{bad} of {len(values)} {side} sample(s) are not a positive finite number: "
         f"{meaning} (never a pass on missing data)"
     )
+
+
+def _dropped(cs: CaseSamples, side: str, metric: str, st: Settings, final: bool) -> tuple[str, str]:
+    """(verdict, why) of a row whose side ran valid trials that kept no sample of the
+    metric: each one's timing was dropped (a client kept off its CPU, a stream held back
+    in a burst, a group the engine's clock did not count). No evidence either way: not
+    a loss the release showed, never a pass. INCONCLUSIVE (measured again while the plan
+    allows, rolled back at the cap), FAIL at the cap under ``inconclusive = "fail"``;
+    ``"pass"`` does not pass it, as there is nothing to pass on."""
+    why = (
+        f"the {side}'s {cs.missing[metric]} valid trial(s) kept no {metric} sample (each "
+        "timing dropped: a client kept off its CPU, a stream held back in a burst, or a "
+        "group the engine's clock did not count): nothing to compare, never a pass on "
+        "missing data; measure again on a quieter box"
+    )
+    if final and st.inconclusive == "fail":
+        return FAIL, f'{why}; FAIL at the cap (inconclusive = "fail")'
+    return INCONCLUSIVE, why
 
 
 def _no_baseline(
