@@ -376,7 +376,8 @@ class Gate:
     drift: float = 0.01
     #: what a row still open at bench.max_repetitions becomes: ``inconclusive`` (rolled
     #: back: a PASS needs an interval that excludes the tolerated loss), ``fail``, or
-    #: ``pass`` (no evidence of a loss is then taken as a pass)
+    #: ``pass`` (an interval that could not exclude the loss is then a pass; a row with
+    #: nothing to compare never is)
     inconclusive: Literal["inconclusive", "fail", "pass"] = "inconclusive"
     #: the restart-to-restart offset (a log SD, 0.02: about 2 %) the gate assumes where
     #: neither ``servegate bench noise`` nor its own service starts measured it; never 0
