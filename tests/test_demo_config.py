@@ -95,3 +95,13 @@ def test_two_demos_at_once_install_the_vllm_environment_once(
         t.join(timeout=30)
     assert got == [venv / "bin" / "python"] * 2
     assert len(installs) == 1
+
+
+def test_the_demo_venv_is_found_under_the_home_it_is_given(tmp_path: Path) -> None:
+    """A demo started with another HOME (the tests' real one, a user's sudo -E) uses that
+    HOME's cache, not this process's: else it installs vLLM again, two minutes more."""
+    name = vllm_env.VLLM_PACKAGE.replace("==", "-")
+    assert vllm_env.venv_dir({"HOME": str(tmp_path)}) == tmp_path / ".cache" / "servegate" / name
+    xdg = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    assert vllm_env.venv_dir(xdg) == tmp_path / "c" / "servegate" / name
+    assert vllm_env.venv_dir({"SERVEGATE_DEMO_VENV": "/v", "HOME": "/h"}) == Path("/v")

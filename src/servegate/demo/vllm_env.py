@@ -23,7 +23,9 @@ READY = ".servegate-ready"
 def venv_dir(environ: Mapping[str, str]) -> Path:
     if environ.get("SERVEGATE_DEMO_VENV"):
         return Path(environ["SERVEGATE_DEMO_VENV"])
-    cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    # the HOME of ``environ`` (a demo started with another HOME), not this process's
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    cache = Path(environ.get("XDG_CACHE_HOME") or home / ".cache")
     return cache / "servegate" / VLLM_PACKAGE.replace("==", "-")
 
 
