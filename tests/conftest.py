@@ -57,9 +57,10 @@ def free_port() -> int:
 #: file::test): with the suite spread over test processes (``scripts/test``: pytest-xdist,
 #: ``--dist loadgroup``), each group runs in one process, one test at a time
 SHARED = {
-    # network namespaces numbered from the pid, and sshd
+    # network namespaces and sshd: each lab takes a free subnet under a lock
+    # (tests/sshlab.py), so the two files' labs may stand at once in two processes
     "tests/release/test_ssh.py": "sshlab",
-    "tests/release/test_ansible.py": "sshlab",
+    "tests/release/test_ansible.py": "sshlab-ansible",
     # the runner hooks end every process of the box marked with their runner's name
     "tests/runners/test_runner.py": "runner-marker",
     "tests/runners/test_manager.py": "runner-marker",

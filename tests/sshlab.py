@@ -9,6 +9,7 @@ its own network: its service's port, health checks and probes live in its namesp
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
@@ -164,9 +165,13 @@ def _end_namespace(ns: str) -> None:
 
 @contextmanager
 def lab(tmp: Path, count: int) -> Iterator[Lab]:
+    """``count`` hosts. Labs of several test processes may stand at once: the subnet is
+    chosen and taken under a lock, so two never pick the same one."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    choosing = open("/run/servegate-sshlab.lock", "a")  # noqa: SIM115 (closed below)
+    fcntl.flock(choosing, fcntl.LOCK_EX)
     subnet = _free_subnet()
     tag = f"{subnet}{os.getpid() % 100:02d}"
-    tmp.mkdir(parents=True, exist_ok=True)
     key = tmp / "id_ed25519"
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "servegate-test", "-f", str(key))
     (tmp / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
@@ -192,12 +197,14 @@ def lab(tmp: Path, count: int) -> Iterator[Lab]:
             public = hk.with_suffix(".pub").read_text().split()
             known.append(f"{address} {public[0]} {public[1]}")
             hosts.append(host)
+        choosing.close()  # its addresses are there: the next lab sees the subnet taken
         (tmp / "known_hosts").write_text("\n".join(known) + "\n")
         the_lab = Lab(tmp, key, tmp / "known_hosts", hosts)
         for host in hosts:
             the_lab.start(host)
         yield the_lab
     finally:
+        choosing.close()
         for host in made:
             if host.sshd is not None:
                 host.sshd.kill()
