@@ -3,8 +3,10 @@ a real loss nor roll back an unchanged release far more often than ``false_alarm
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import pytest
 
@@ -268,3 +270,63 @@ def test_three_bursts_in_four_are_measured_again_before_a_fail() -> None:
     assert early["verdict"] == "INCONCLUSIVE", early["rows"]
     assert "far faster than its bulk: measuring again" in early["rows"][0]["why"]
     assert verdict.evaluate(base, cand, RULES, QUIET)["verdict"] == "FAIL"
+
+
+def test_one_kept_sample_is_no_pass_where_none_kept_is_none() -> None:
+    """A box (or a frontend that holds back its slow answers) drops the client timings of
+    five of six valid trials: none kept is INCONCLUSIVE (FAIL under ``inconclusive =
+    "fail"``), never a PASS; one kept PASSed. A first release PASSed on that one sample
+    under every policy, "fail" too, and recorded it as the next gate's baseline, with
+    which nothing can be compared; a floor-only row PASSed it under ``"pass"``. Fewer
+    than two samples left on a side is nothing to compare: no PASS. A loss the one
+    sample shows (below the floor) still FAILs, and a first release measured once with
+    nothing dropped (``bench.repetitions = 1``) still passes on validity."""
+    gone = {"performance_valid": True, "generation_tps": None,
+            "client_timing": "burst: held back between engine and client"}  # fmt: skip
+    one = results.from_result(_result([{"performance_valid": True, "generation_tps": 63.2},
+                                       *[gone] * 5]))  # fmt: skip
+    first = verdict.Settings(no_baseline="first-release", first_release=True, restart_offset=1e-6)
+    floor = [verdict.Rule("generation_tps", "higher", 1.0, 50.0)]
+    wants: list[tuple[Literal["inconclusive", "fail", "pass"], str]] = [
+        ("inconclusive", "INCONCLUSIVE"), ("pass", "INCONCLUSIVE"), ("fail", "FAIL")
+    ]  # fmt: skip
+    for policy, want in wants:
+        st = dataclasses.replace(first, inconclusive=policy)
+        for rules in (RULES, floor):
+            d = verdict.evaluate(None, one, rules, st)
+            (row,) = d["rows"]
+            assert (d["verdict"], row["verdict"]) == (want, want), (policy, row)
+            assert "never a pass on missing data" in row["why"]
+        # before the last look: measured again
+        assert verdict.evaluate(None, one, RULES, st, final=False)["verdict"] == "INCONCLUSIVE"
+    # the one sample below the floor is a loss it shows: FAIL, as before
+    slow = results.from_result(_result([{"performance_valid": True, "generation_tps": 20.0},
+                                        *[gone] * 5]))  # fmt: skip
+    assert verdict.evaluate(None, slow, floor)["verdict"] == "FAIL"
+    # one trial, nothing dropped: a first release passes on validity, as before
+    once = results.from_result(_result([{"performance_valid": True, "generation_tps": 63.2}]))
+    assert verdict.evaluate(None, once, RULES, first)["verdict"] == "PASS"
+
+
+def test_a_valid_trial_without_the_metric_among_trials_with_it_is_a_dropped_timing() -> None:
+    """A result file (llm-context-bench's, or one written by another tool) whose slow
+    valid trials leave the metric out instead of writing null: the trials were counted
+    as missing until the gate took an absent key for "not measured here" (an engine
+    without a clock), and three of six trials then PASSed as if they were all of them.
+    A metric the case's other valid trials measured is missing where a trial lacks it;
+    one that no trial names is still not measured."""
+    base = results.from_result(_result([
+        {"performance_valid": True, "generation_tps": v} for v in BASE
+    ]))  # fmt: skip
+    fast = [63.2, 63.9, 62.8]
+    cand = results.from_result(_result(
+        [{"performance_valid": True, "generation_tps": v} for v in fast]
+        + [{"performance_valid": True}] * 3
+    ))  # fmt: skip
+    cs = cand.cases["regular-16k"]
+    assert cs.missing == {"generation_tps": 3}
+    d = verdict.evaluate(base, cand, RULES, QUIET)
+    assert d["verdict"] == "INCONCLUSIVE", d["rows"]
+    assert "3 of 6 valid trials have no generation_tps" in d["rows"][0]["why"]
+    # a metric no trial names (prefill_tps here) is not measured, not dropped
+    assert "prefill_tps" not in cs.missing

@@ -180,6 +180,7 @@ def _case(
 ) -> CaseSamples:
     """``starts``: each trial's service start (None: not known)."""
     cs = CaseSamples(cid, required, valid=bool(trials), trials=len(trials))
+    absent: dict[str, int] = {}  # valid trials that leave the metric out
     for i, t in enumerate(trials):
         if not t.get("performance_valid"):
             cs.valid = False
@@ -192,11 +193,16 @@ def _case(
                 cs.metrics.setdefault(m, []).append(float(v))
                 if starts is not None:
                     cs.blocks.setdefault(m, []).append(starts[i])
-            elif v is None:  # dropped where the trial names it; absent: not measured
-                if m in t:
-                    cs.missing[m] = cs.missing.get(m, 0) + 1
+            elif v is None:  # dropped where the trial names it; absent: see below
+                into = cs.missing if m in t else absent
+                into[m] = into.get(m, 0) + 1
             else:  # a damaged file (ResultFileError, exit 14), never a measurement of 0
                 raise TypeError(f"case {cid} trial {i + 1}: {m} is a {type(v).__name__}")
+    # a metric the case's other valid trials measured is missing where a trial leaves it
+    # out (another tool's file): else the rest would be judged as if they were all
+    for m, k in absent.items():
+        if m in cs.metrics:
+            cs.missing[m] = cs.missing.get(m, 0) + k
     # an engine-clock metric no valid trial has is not measured here (no engine clock):
     # nothing missing. A client-clock metric always is: no trial keeping it means every
     # timing was dropped (bursts, a client kept off its CPU), and the gate says so.

@@ -719,10 +719,16 @@ def _selected(
     the text of its slow answers chooses it: three of six answers at a third of the
     rate PASSed decisively on the other three. A loss the rest shows still FAILs (the
     selection can only hide one); a PASS becomes INCONCLUSIVE (measured again, rolled
-    back at the cap; FAIL under ``inconclusive = "fail"``, PASS under ``"pass"``)."""
+    back at the cap; FAIL under ``inconclusive = "fail"``, PASS under ``"pass"``). With
+    fewer than two samples left it is no PASS whatever the policy (:func:`_dropped`)."""
     lost = cs.missing.get(rule.metric, 0)
     if not lost or row["verdict"] != PASS or not cs.required:
         return row
+    if row["n_candidate"] < 2:
+        # fewer than two left (a first release, a floor): nothing to compare, as with
+        # none left, and a first release's one sample is no baseline for the next gate
+        verdict, why = _dropped(cs, "candidate", rule.metric, st, final, row["n_candidate"])
+        return {**row, "verdict": verdict, "why": f"{row['why']}; but {why}"}
     if not row.get("n_baseline") and row.get("floor") is None:
         # a first release passed on validity alone: nothing was compared, so nothing a
         # selection could hide (its samples, the next release's baseline, are said to be
@@ -767,18 +773,27 @@ def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
     )
 
 
-def _dropped(cs: CaseSamples, side: str, metric: str, st: Settings, final: bool) -> tuple[str, str]:
+def _dropped(
+    cs: CaseSamples, side: str, metric: str, st: Settings, final: bool, kept: int = 0
+) -> tuple[str, str]:
     """(verdict, why) of a row whose side ran valid trials that kept no sample of the
-    metric: each one's timing was dropped (a client kept off its CPU, a stream held back
-    in a burst, a group the engine's clock did not count). No evidence either way: not
-    a loss the release showed, never a pass. INCONCLUSIVE (measured again while the plan
-    allows, rolled back at the cap), FAIL at the cap under ``inconclusive = "fail"``;
-    ``"pass"`` does not pass it, as there is nothing to pass on."""
+    metric (``kept``: or fewer than two): each one's timing was dropped (a client kept
+    off its CPU, a stream held back in a burst, a group the engine's clock did not
+    count). No evidence either way: not a loss the release showed, never a pass.
+    INCONCLUSIVE (measured again while the plan allows, rolled back at the cap), FAIL at
+    the cap under ``inconclusive = "fail"``; ``"pass"`` does not pass it, as there is
+    nothing to pass on."""
+    lost = cs.missing[metric]
+    what = (
+        f"the {side} kept {kept} {metric} sample of {kept + lost} valid trials (the other "
+        f"{lost}'s timings dropped"
+        if kept
+        else f"the {side}'s {lost} valid trial(s) kept no {metric} sample (each timing dropped"
+    )
     why = (
-        f"the {side}'s {cs.missing[metric]} valid trial(s) kept no {metric} sample (each "
-        "timing dropped: a client kept off its CPU, a stream held back in a burst, or a "
-        "group the engine's clock did not count): nothing to compare, never a pass on "
-        "missing data; measure again on a quieter box"
+        f"{what}: a client kept off its CPU, a stream held back in a burst, or a group the "
+        "engine's clock did not count): nothing to compare, never a pass on missing data; "
+        "measure again on a quieter box"
     )
     if final and st.inconclusive == "fail":
         return FAIL, f'{why}; FAIL at the cap (inconclusive = "fail")'
