@@ -296,8 +296,8 @@ def test_compare_live_servers_interleaved_and_result_files(server: Server, tmp_p
     # tolerance that the few samples could not decide (a busy box) — INCONCLUSIVE, which
     # is never a pass
     assert decided in ("PASS", "FAIL", "INCONCLUSIVE")
-    if decided == "INCONCLUSIVE":
-        assert "not a pass" in judged["why"], judged["rows"]
+    if decided == "INCONCLUSIVE":  # an estimate beyond the tolerance, or too few samples
+        assert "not a pass" in judged["why"] or "never a pass" in judged["why"], judged["rows"]
     assert gate.returncode == (0 if decided == "PASS" else 9)
     report = subprocess.run([SERVEGATE, "report", str(a), str(b), "--out", str(tmp_path / "rep"),
                              "--config", str(tmp_path / "bench.toml")],

@@ -114,7 +114,9 @@ def test_a_candidate_that_streams_forever_is_rolled_back_and_frees_the_host(
     host: Host, stack: Stack, tmp_path: Path
 ) -> None:
     benched = _with_bench(host, tmp_path)
-    text = benched.path.read_text().replace("[bench]\n", "[bench]\ntimeout = 3\n", 1)
+    # 5 s: the live release's own trials (measured afresh first) end well within it on
+    # a box busy with two other test processes
+    text = benched.path.read_text().replace("[bench]\n", "[bench]\ntimeout = 5\n", 1)
     benched.path.write_text(text)
     benched = Host(config.load(benched.path, {}), benched.path)
     good = stack.commit("ok")
@@ -124,12 +126,12 @@ def test_a_candidate_that_streams_forever_is_rolled_back_and_frees_the_host(
     started = time.monotonic()
     outcome = promote(benched.context(), endless_commit)
     assert outcome.verdict == "rolled_back", outcome.reason
-    assert time.monotonic() - started < 180
+    assert time.monotonic() - started < 180, outcome.record["stages"]
     (check,) = [c for c in outcome.record["gate"]["checks"] if c["name"] == "bench"]
-    assert check["verdict"] == "FAIL"
+    assert check["verdict"] == "FAIL", check["reason"]
     # the warm-up's request, or each measured trial, says why it ended
     kept = check["reason"] + Path(check["evidence"]["result_file"]).read_text()
-    assert "took longer than 3s in all" in kept
+    assert "took longer than 5s in all" in kept, check["reason"]
     assert benched.live_root() == benched.release_dir(good)
     # the host lock was released: the next promote runs
     assert promote(host.context(), good).verdict == "released"
