@@ -261,7 +261,7 @@ def _decide(
     undecided = REPORT if not cs.required else None
     cand = cs.metrics.get(rule.metric) or []
     row["n_candidate"] = len(cand)
-    if cs.valid and not cand and cs.missing.get(rule.metric):
+    if _all_dropped(cs, rule.metric):
         verdict, why = _dropped(cs, "candidate", rule.metric, st, final)
         row.update(verdict=undecided or verdict, why=why)
         return row
@@ -284,13 +284,7 @@ def _decide(
         row.update(verdict=undecided or PASS, why=f"floor {rule.floor:,.2f} met")
         return row
     bcs = baseline.cases.get(cid) if baseline else None
-    if (
-        bcs is not None
-        and bcs.valid
-        and not bcs.metrics.get(rule.metric)
-        and bcs.missing.get(rule.metric)
-    ):
-        row["n_baseline"] = 0
+    if bcs is not None and _all_dropped(bcs, rule.metric):
         verdict, why = _dropped(bcs, "baseline", rule.metric, st, final)
         row.update(verdict=undecided or verdict, why=why)
         return row
@@ -771,6 +765,11 @@ def _unloggable(values: Sequence[float], side: str, meaning: str) -> str:
         f"{bad} of {len(values)} {side} sample(s) are not a positive finite number: "
         f"{meaning} (never a pass on missing data)"
     )
+
+
+def _all_dropped(cs: CaseSamples, metric: str) -> bool:
+    """Valid trials, none of which kept a sample of ``metric`` (each timing dropped)."""
+    return cs.valid and not cs.metrics.get(metric) and bool(cs.missing.get(metric))
 
 
 def _dropped(
