@@ -185,14 +185,20 @@ class Stack:
         return sha
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Stack:
-    origin = tmp_path / "origin.git"
-    work = tmp_path / "work"
+def make_stack(where: Path) -> Stack:
+    """A stack repository under ``where``: its bare origin and a work clone of the
+    template stack, nothing committed yet."""
+    origin = where / "origin.git"
+    work = where / "work"
     init_repo(origin, bare=True)
     init_repo(work).create_remote("origin", str(origin))
     shutil.copytree(STACK_TEMPLATE, work, dirs_exist_ok=True)
     return Stack(origin, work)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Stack:
+    return make_stack(tmp_path)
 
 
 def config_text(stack: Stack, root: Path, port: int, strategy: str = "worktree") -> str:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from servegate.cli import release_main
 from servegate.engine.managers.supervisor import Supervisor
 from servegate.release.state import HostState
 from tests import sshlab
-from tests.conftest import Host, Stack
+from tests.conftest import Host, Stack, make_stack
 from tests.release.test_ssh import host_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,18 +109,55 @@ def test_ansible_test_sanity_passes_offline(tmp_path: Path) -> None:
     assert 'Running sanity test "compile"' in said, said[-3000:]
 
 
-@pytest.fixture
-def lab(tmp_path: Path, stack: Stack) -> Iterator[sshlab.Lab]:
+@dataclass
+class Rollout:
+    """The module's lab: four hosts of one stack, and the good release's first rollout."""
+
+    lab: sshlab.Lab
+    stack: Stack
+    good: str
+    first: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def rolled_out(collections: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rollout]:
+    """One lab for the module's rollouts, a good release rolled out across it once. Each
+    test goes on from what the hosts serve then (every commit descends from the ones
+    before, so a new release needs no reset) and puts back what it changed of the lab
+    (:func:`lab`)."""
     if WHY:
         pytest.skip(f"no SSH lab here: {WHY}")
-    with sshlab.lab(tmp_path / "lab", 4) as the_lab:
+    tmp = tmp_path_factory.mktemp("ansible-lab")
+    stack = make_stack(tmp)
+    with sshlab.lab(tmp / "lab", 4) as the_lab:
         for h in the_lab.hosts:
-            host_config(stack, h, tmp_path)
+            host_config(stack, h, tmp)
         try:
-            yield the_lab
+            good = stack.commit("ok", "good")
+            yield Rollout(the_lab, stack, good, playbook(collections, the_lab, tmp, good))
         finally:
             for h in the_lab.hosts:
                 Supervisor(config_mod.load(h.config, {})).shutdown_daemon()
+
+
+@pytest.fixture
+def lab(rolled_out: Rollout) -> Iterator[sshlab.Lab]:
+    """The module's lab, as the last test left it, its hosts' configs and sshd put back
+    after this one."""
+    first = rolled_out.first
+    if first.returncode != 0:
+        pytest.fail(
+            f"the good release's rollout failed: {first.stdout[-4000:]}{first.stderr[-2000:]}"
+        )
+    the_lab = rolled_out.lab
+    configs = {h.index: h.config.read_text() for h in the_lab.hosts}
+    try:
+        yield the_lab
+    finally:
+        for h in the_lab.hosts:
+            h.config.write_text(configs[h.index])
+            if h.sshd is None:
+                the_lab.start(h)
 
 
 def inventory(
@@ -199,13 +237,10 @@ def stats(out: str) -> dict[str, str]:
     return found
 
 
-def test_a_good_release_goes_canary_first_then_in_batches(
-    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
-) -> None:
-    good = stack.commit("ok", "good")
-    run = playbook(collections, lab, tmp_path, good)
+def test_a_good_release_goes_canary_first_then_in_batches(rolled_out: Rollout) -> None:
+    run, good = rolled_out.first, rolled_out.good
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
-    assert [live(h) for h in lab.hosts] == [good] * 4
+    assert [live(h) for h in rolled_out.lab.hosts] == [good] * 4
     # the canary alone, then two batches of two: three plays' worth of batches
     assert run.stdout.count("PLAY [Canary first, then batches]") == 3
     rows = recap(run.stdout)
@@ -214,14 +249,14 @@ def test_a_good_release_goes_canary_first_then_in_batches(
 
 
 def test_a_failing_canary_stops_before_any_other_host(
-    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+    collections: Path, lab: sshlab.Lab, rolled_out: Rollout, tmp_path: Path
 ) -> None:
-    good = stack.commit("ok", "good")
-    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    stack = rolled_out.stack
+    before = [live(h) for h in lab.hosts]
     bad = stack.commit("exit", "does not start")
     run = playbook(collections, lab, tmp_path, bad)
     assert run.returncode != 0
-    assert [live(h) for h in lab.hosts] == [good] * 4  # the canary rolled itself back
+    assert [live(h) for h in lab.hosts] == before  # the canary rolled itself back
     assert "servegate release promote exited 7" in run.stdout
     assert run.stdout.count("PLAY [Canary first, then batches]") == 1
     assert stats(run.stdout) == {"box1": "rolled_back (exit 7)"}
@@ -233,17 +268,16 @@ def test_a_failing_canary_stops_before_any_other_host(
         collections, lab, tmp_path, nxt, extra=("-e", "servegate_require_attestation=true")
     )
     assert run.returncode != 0
-    assert [live(h) for h in lab.hosts] == [good] * 4
+    assert [live(h) for h in lab.hosts] == before
     assert "servegate release verify exited 22" in run.stdout
     assert run.stdout.count("PLAY [Canary first, then batches]") == 1
     assert stats(run.stdout) == {"box1": "attestation not verified (exit 22)"}
 
 
 def test_a_failing_second_batch_is_rolled_back_and_the_rest_untouched(
-    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+    collections: Path, lab: sshlab.Lab, rolled_out: Rollout, tmp_path: Path
 ) -> None:
-    good = stack.commit("ok", "good")
-    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    before = [live(h) for h in lab.hosts]
     third = lab.hosts[2]
     third.config.write_text(  # its launch now fails lint: refused before its switch
         third.config.read_text().replace(
@@ -251,12 +285,12 @@ def test_a_failing_second_batch_is_rolled_back_and_the_rest_untouched(
             'TINY_SECRET_TOKEN = "hunter2"\nPYTORCH_TUNABLEOP_ENABLED = "1"',
         )
     )
-    nxt = stack.commit("ok", "next")
+    nxt = rolled_out.stack.commit("ok", "next")
     run = playbook(collections, lab, tmp_path, nxt)
     assert run.returncode != 0
     # canary keeps the new release; box2 took it and went back with its batch; box3
     # refused it; box4 (the next batch) was never asked
-    assert [live(h) for h in lab.hosts] == [nxt, good, good, good]
+    assert [live(h) for h in lab.hosts] == [nxt, *before[1:]]
     assert "servegate release promote exited 15" in run.stdout
     assert "rolled back in this batch: ['box2']" in run.stdout
     assert stats(run.stdout) == {
@@ -267,29 +301,27 @@ def test_a_failing_second_batch_is_rolled_back_and_the_rest_untouched(
 
 
 def test_an_unreachable_host_stops_the_rollout_before_anything_changes(
-    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+    collections: Path, lab: sshlab.Lab, rolled_out: Rollout, tmp_path: Path
 ) -> None:
-    good = stack.commit("ok", "good")
-    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    before = [live(h) for h in lab.hosts]
     lab.stop(lab.hosts[3])
-    nxt = stack.commit("ok", "next")
+    nxt = rolled_out.stack.commit("ok", "next")
     run = playbook(collections, lab, tmp_path, nxt)
     assert run.returncode != 0
     assert "UNREACHABLE" in run.stdout
-    assert [live(h) for h in lab.hosts] == [good] * 4  # the survey stopped it
+    assert [live(h) for h in lab.hosts] == before  # the survey stopped it
     assert "Promote the release on this host" not in run.stdout
 
 
 def test_a_connection_lost_mid_promote_still_rolls_the_batch_back(
-    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+    collections: Path, lab: sshlab.Lab, rolled_out: Rollout, tmp_path: Path
 ) -> None:
     """box3's SSH session dies right after its promote switched and released (its sshd
     session process is killed, as a network drop would): Ansible sees it unreachable,
     which a rescue would not catch; the role still fails it into the rescue, and the
     rescue rolls back both hosts of the batch that serve the release, box3 included
     over a new connection."""
-    good = stack.commit("ok", "good")
-    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    before = [live(h) for h in lab.hosts]
     drop = tmp_path / "drop-after-promote.sh"
     drop.write_text(
         "#!/bin/bash\n"
@@ -303,12 +335,12 @@ def test_a_connection_lost_mid_promote_still_rolls_the_batch_back(
         "fi\nexit $code\n"
     )
     drop.chmod(0o755)
-    nxt = stack.commit("ok", "next")
+    nxt = rolled_out.stack.commit("ok", "next")
     run = playbook(collections, lab, tmp_path, nxt, bins={3: str(drop)})
     assert (tmp_path / "dropped").exists()
     assert run.returncode != 0
     assert "was lost during its promote" in run.stdout
-    assert [live(h) for h in lab.hosts] == [nxt, good, good, good]
+    assert [live(h) for h in lab.hosts] == [nxt, *before[1:]]
     found = stats(run.stdout)
     assert found["box3"] == "connection lost during its promote"
     assert found["box2"] == "released, then rolled back with its batch"
@@ -316,19 +348,18 @@ def test_a_connection_lost_mid_promote_still_rolls_the_batch_back(
 
 
 def test_a_promote_past_its_timeout_is_recovered_by_the_rescue(
-    collections: Path, lab: sshlab.Lab, stack: Stack, tmp_path: Path
+    collections: Path, lab: sshlab.Lab, rolled_out: Rollout, tmp_path: Path
 ) -> None:
     """The canary's promote runs past `servegate_timeout` after its switch (a long
     start-up) and servegate is killed at once (`servegate_interrupt_grace: 0`): the host
     is left half switched, the task fails as changed, and the rescue recovers it (the
     last proven release back, the attempt recorded), so no ungated release serves."""
-    good = stack.commit("ok", "good")
-    assert playbook(collections, lab, tmp_path, good).returncode == 0
+    before = [live(h) for h in lab.hosts]
     canary = lab.hosts[0]
     canary.config.write_text(
         canary.config.read_text().replace("startup_timeout = 8", "startup_timeout = 90")
     )
-    slow = stack.commit("slow-start", "a start-up longer than the timeout")
+    slow = rolled_out.stack.commit("slow-start", "a start-up longer than the timeout")
     run = playbook(
         collections, lab, tmp_path, slow,
         hostvars={1: "servegate_timeout=12 servegate_interrupt_grace=0"},
@@ -342,7 +373,7 @@ def test_a_promote_past_its_timeout_is_recovered_by_the_rescue(
     assert state.history[-1].sha == slow
     assert state.history[-1].verdict == "rolled_back"
     assert "interrupted after the switch" in state.history[-1].reason
-    assert [live(h) for h in lab.hosts] == [good] * 4
+    assert [live(h) for h in lab.hosts] == before
 
 
 def test_the_module_interrupts_a_promote_past_its_timeout(stack: Stack, host: Host) -> None:
