@@ -84,3 +84,23 @@ def test_the_packages_import_one_way() -> None:
             for name in _imports(path) - allowed - BASE - {package}:
                 wrong.append(f"{path.relative_to(SRC)} imports servegate.{name}")
     assert not wrong, wrong
+
+
+def test_a_command_that_runs_no_gate_math_imports_none_of_its_libraries() -> None:
+    """`release promote` with a smoke gate, `status`, `verify`, `rollback` over SSH: each
+    is a new process, and the suite and a fleet start hundreds. NumPy, SciPy and aiohttp
+    (about 0.6 s of CPU together) are imported where the bench, the statistics or a
+    load sweep run, never by importing a command."""
+    import subprocess
+    import sys
+
+    heavy = ("numpy", "scipy", "aiohttp")
+    probe = (
+        "import sys\n"
+        "import servegate.cli, servegate.commands.release, servegate.release.promote\n"
+        "import servegate.release.rollback, servegate.commands.status\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -46,9 +46,7 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from servegate.bench import cases, client, driver, fixtures, measure, prom, sse, telemetry
 from servegate.bench.driver import Bench
@@ -69,6 +67,9 @@ from servegate.errors import BenchFailed
 from servegate.pipeline.atomic import write_text
 from servegate.pipeline.stages import QuietReporter, Reporter
 
+if TYPE_CHECKING:  # imported where a sweep runs: a promote with no load check never pays it
+    import aiohttp
+
 
 @dataclass
 class _Sent:
@@ -85,6 +86,8 @@ class _Sent:
 async def _send(http: aiohttp.ClientSession, bench: Bench, payload: bytes, sent: _Sent) -> None:
     """One streamed chat completion on the event loop. The body is encoded before the
     request is due; the clock starts as it is sent."""
+    import aiohttp
+
     endpoint = bench.spec.endpoint
     stream = sent.stream
     stream.started = sse.now()
@@ -163,6 +166,8 @@ def _payload(body: dict[str, Any]) -> bytes:
 def _session(bench: Bench) -> aiohttp.ClientSession:
     """Connections unbounded (an arrival never waits for a free one), the request's
     whole time bounded by the bench's timeout."""
+    import aiohttp
+
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0),
         timeout=aiohttp.ClientTimeout(total=bench.spec.timeout),

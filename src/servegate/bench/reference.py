@@ -32,9 +32,6 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-from threadpoolctl import threadpool_limits
-
 SIZE = 320
 #: seconds of work in one reading: longer than an engine's spin after a request
 WINDOW = 1.2
@@ -63,6 +60,10 @@ def rate(window: float = WINDOW) -> float:
     count; a load that stays (a neighbour on a core) slows every slice. Each core's
     thread runs on its own, never waiting for another: a thread that shares its core
     loses its share and no more."""
+    # imported here: every command that imports the bench would pay NumPy's import
+    import numpy as np
+    from threadpoolctl import threadpool_limits
+
     n = cores()
     rng = np.random.default_rng(20261203)
     mats = [(rng.standard_normal((SIZE, SIZE)), rng.standard_normal((SIZE, SIZE)))

@@ -34,9 +34,11 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # imported in the functions that compute: see change_points
+    import numpy as np
+    import numpy.typing as npt
 
 #: releases on each side of a change point (a shift at the newest release alone is the
 #: trend check's to judge, not a change point yet)
@@ -69,6 +71,10 @@ def change_points(
     release-by-release geometric means) shifted: circular binary segmentation (the
     module's docstring says how). [] for a series too short to hold a change point
     (fewer than ``2 * min_segment`` points) or not all positive."""
+    # NumPy is imported where it computes, not with the module: every command that
+    # imports the gate would pay its import to draw no trend at all
+    import numpy as np
+
     if len(series) < 2 * min_segment or not all(math.isfinite(v) and v > 0 for v in series):
         return []
     logs = np.log(np.asarray(series, dtype=np.float64))
@@ -96,6 +102,8 @@ def change_points(
 def _arcs(n: int, min_segment: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Every arc ``[i, j)`` of a series of ``n`` that leaves pieces of at least
     ``min_segment`` points: the arc, and what lies before and after it (unless empty)."""
+    import numpy as np
+
     pairs = [
         (i, j)
         for i in range(0, n - min_segment + 1)
@@ -113,6 +121,8 @@ def _arcs(n: int, min_segment: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[n
 def _abs_t(x: npt.NDArray[np.float64], min_segment: int) -> npt.NDArray[np.float64]:
     """Pooled two-sample ``|t|`` of every arc of each row of ``x`` against the rest of
     the row (columns: the arcs of :func:`_arcs`)."""
+    import numpy as np
+
     n = x.shape[-1]
     i, j = _arcs(n, min_segment)
     x = x - x.mean(axis=-1, keepdims=True)
@@ -130,6 +140,8 @@ def _abs_t(x: npt.NDArray[np.float64], min_segment: int) -> npt.NDArray[np.float
 
 
 def _best_arc(x: npt.NDArray[np.float64], min_segment: int) -> tuple[tuple[int, int], float]:
+    import numpy as np
+
     t = _abs_t(x[np.newaxis, :], min_segment)[0]
     best = int(np.argmax(t))
     i, j = _arcs(len(x), min_segment)
@@ -137,6 +149,8 @@ def _best_arc(x: npt.NDArray[np.float64], min_segment: int) -> tuple[tuple[int, 
 
 
 def _pvalue(stat: float, n: int, min_segment: int) -> float:
+    import numpy as np
+
     null = _null(n, min_segment)
     beyond = len(null) - int(np.searchsorted(null, stat, side="left"))
     return (1 + beyond) / (1 + len(null))
@@ -146,6 +160,8 @@ def _pvalue(stat: float, n: int, min_segment: int) -> float:
 def _null(n: int, min_segment: int) -> npt.NDArray[np.float64]:
     """The maximum ``|t|`` over the arcs of i.i.d. normal series of length ``n``, sorted
     (simulated with a fixed seed: the same answer every time)."""
+    import numpy as np
+
     rng = np.random.default_rng(20_250_000 + 1_000 * n + min_segment)
     per = max(1, 1_000_000 // max(len(_arcs(n, min_segment)[0]), 1))
     chunks = []

@@ -34,8 +34,10 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # imported where a boundary is computed: see _boundaries
+    import numpy as np
 
 #: the spending function's shape: -4 spends like O'Brien-Fleming, 1 like Pocock
 GAMMA = -4.0
@@ -67,6 +69,10 @@ def boundaries(info: Sequence[float], level: float, gamma: float = GAMMA) -> lis
 
 @lru_cache(maxsize=4096)
 def _boundaries(info: tuple[float, ...], level: float, gamma: float) -> tuple[float, ...]:
+    # NumPy is imported here, not with the module: every command that imports the gate
+    # would pay its import (a few hundred ms of CPU) to run no gate at all
+    import numpy as np
+
     if not info:
         return ()
     total = info[-1]
@@ -90,6 +96,8 @@ def _boundaries(info: tuple[float, ...], level: float, gamma: float) -> tuple[fl
 
 def _step(dens: np.ndarray, grid: np.ndarray, c_prev: float, i0: float, i1: float) -> np.ndarray:
     """Density of Z at information ``i1`` for paths that stayed below ``c_prev`` at ``i0``."""
+    import numpy as np
+
     keep = grid <= c_prev
     if i1 <= i0:  # no new information: the same statistic
         return np.where(keep, dens, 0.0)
@@ -103,10 +111,14 @@ def _step(dens: np.ndarray, grid: np.ndarray, c_prev: float, i0: float, i1: floa
 
 def _tails(dens: np.ndarray) -> np.ndarray:
     """``tails[k]``: the mass at and beyond ``grid[k]`` (trapezoid rule)."""
+    import numpy as np
+
     return np.asarray((np.cumsum(dens[::-1])[::-1] - dens / 2) * _STEP)
 
 
 def _upper_mass(dens: np.ndarray, grid: np.ndarray, c: float) -> float:
+    import numpy as np
+
     tail = _tails(dens)
     k = int(np.searchsorted(grid, c))
     if k <= 0:
@@ -120,6 +132,8 @@ def _upper_mass(dens: np.ndarray, grid: np.ndarray, c: float) -> float:
 def _critical(dens: np.ndarray, grid: np.ndarray, target: float) -> float:
     """The ``c`` whose upper tail mass under ``dens`` is ``target`` (linear between grid
     points); a look that may spend nothing gets a boundary no path crosses."""
+    import numpy as np
+
     if target <= 0:
         return math.inf
     tail = _tails(dens)

@@ -46,7 +46,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from scipy.special import fdtrc, stdtrit  # type: ignore[import-untyped]
+
+def stdtrit(df: float, p: float) -> float:
+    """Student's t quantile (scipy.special's, imported on first use: every command that
+    imports the gate would otherwise pay scipy's import, about a second of CPU)."""
+    from scipy.special import stdtrit as quantile  # type: ignore[import-untyped]
+
+    return float(quantile(df, p))
+
+
+def fdtrc(df_num: float, df_den: float, f: float) -> float:
+    """The F distribution's upper tail (scipy.special's, imported on first use)."""
+    from scipy.special import fdtrc as tail
+
+    return float(tail(df_num, df_den, f))
+
+
+def chdtri(df: float, p: float) -> float:
+    """The chi-squared quantile of upper tail ``p`` (scipy.special's, imported on first use)."""
+    from scipy.special import chdtri as quantile
+
+    return float(quantile(df, p))
 
 
 @dataclass(frozen=True)
