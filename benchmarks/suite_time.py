@@ -8,8 +8,12 @@ process or spread over several.
         --rev SHA --seconds S   (a run already made: its log read, its wall time given)
 
 ``--busy`` keeps one core busy the whole time (a shared CI box's neighbour). Writes one
-JSON file: the commit, the processes, the wall seconds of the whole run, each pytest
-phase's summary line and seconds, and the slowest tests pytest listed. The vLLM CPU
+JSON file: the commit, the processes, the wall seconds of the whole run, the CPU seconds
+the box spent in it (``/proc/stat``) and those of the busy loop, each pytest phase's
+summary line and seconds, and the slowest tests pytest listed. The box's CPU seconds less
+the busy loop's are the suite's (and anything else the box ran meanwhile): near the wall
+seconds times the free cores, the suite is bound by CPU, and more test processes cannot
+make it faster. The vLLM CPU
 environment in ``~/.cache/servegate`` is built on first use and kept: a first run on a
 new machine includes those two minutes.
 """
@@ -43,6 +47,21 @@ def read_log(text: str) -> dict[str, Any]:
     return {"phases": phases, "slowest": slowest, "failed": failed}
 
 
+def box_cpu_seconds() -> float:
+    """CPU seconds the box has spent since boot, all cores (``/proc/stat``'s cpu line
+    less idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+CPU: dict[str, float] = {}
+
+
 def run(rev: str, processes: int, busy: bool) -> tuple[str, float]:
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         clone = Path(tmp) / "clone"
@@ -50,13 +69,15 @@ def run(rev: str, processes: int, busy: bool) -> tuple[str, float]:
         subprocess.run(["git", "-C", str(clone), "checkout", "-q", rev], check=True)
         env = {**os.environ, "CI": "true", "SERVEGATE_TEST_PROCESSES": str(processes)}
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
-        started = time.monotonic()
+        started, cpu = time.monotonic(), box_cpu_seconds()
         try:
             done = subprocess.run(
                 ["bash", ".ci/run"], cwd=clone, env=env, capture_output=True, text=True
             )
         finally:
+            CPU["box_cpu_seconds"] = round(box_cpu_seconds() - cpu, 1)
             if hog:
+                CPU["busy_loop_cpu_seconds"] = round(process_cpu_seconds(hog.pid), 1)
                 hog.kill()
         return done.stdout + done.stderr, time.monotonic() - started
 
@@ -69,6 +90,7 @@ def main() -> int:
     p.add_argument("--busy", action="store_true", help="keep one core busy throughout")
     p.add_argument("--log", type=Path, help="read this CI log instead of running")
     p.add_argument("--seconds", type=float, help="with --log: the run's wall seconds")
+    p.add_argument("--save-log", type=Path, help="also write the run's whole output here")
     args = p.parse_args()
     sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", args.rev], check=True,
                          capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -76,6 +98,8 @@ def main() -> int:
         text, seconds = args.log.read_text(errors="replace"), args.seconds
     else:
         text, seconds = run(sha, args.processes, args.busy)
+        if args.save_log:
+            args.save_log.write_text(text)
     doc = {
         "command": " ".join(["benchmarks/suite_time.py", *sys.argv[1:]]),
         "commit": sha,
@@ -83,6 +107,7 @@ def main() -> int:
         "busy": args.busy,
         "cpus": os.cpu_count(),
         "wall_seconds": round(seconds, 1) if seconds is not None else None,
+        **CPU,
         **read_log(text),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
