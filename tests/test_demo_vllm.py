@@ -86,9 +86,8 @@ def _check_demo(
     assert mapping["sha256"] == first["record"]["artifacts"]["build/libdemo_kernels.so"]
     assert proof["modules"]["demo_stack"].startswith(str(release_dir.resolve()))
     # observed: py-spy read the frames of the API server, EngineCore and Worker (titles
-    # rewritten by setproctitle); torch's and vLLM's libraries are runtime code, nothing
-    # is foreign (the demo runs eager; tests/test_walkthrough.py's launch compiles, and its
-    # compile cache's kernels pass as runtime code there)
+    # rewritten by setproctitle); torch's and vLLM's libraries and the compile cache's
+    # kernels are runtime code, nothing is foreign
     observed = [p["cmdline"] for p in proof["processes"] if p["evidence"] == "observed"]
     for title in ("demo_stack", "VLLM::EngineCore", "VLLM::Worker"):
         assert any(title in c for c in observed), (title, observed)

@@ -165,12 +165,6 @@ def _suite_busy() -> str:
     )
 
 
-def _eager() -> str:
-    doc = _load("benchmarks/cpu/vllm-eager.json")
-    return (f"a compile made each release's start {doc['compiled']['start_s']:.0f} s instead of "
-            f"{doc['eager']['start_s']:.0f}, `benchmarks/cpu/vllm-eager.json`")  # fmt: skip
-
-
 def _suite_now() -> str:
     busy = _load("benchmarks/suite/ci-parallel-busy-d72f13c.json")
     three = _load("benchmarks/suite/ci-parallel3-f62fdd9.json")
@@ -1167,7 +1161,6 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("README.md", _t16_readme),
     ("README.md", _t16_readme_row),
     ("docs/bench.md", _gpu_tests),
-    ("docs/profiles.md", _eager),
 ]  # fmt: skip
 
 

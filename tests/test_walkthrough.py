@@ -69,8 +69,8 @@ def test_the_walkthrough_promotes_the_demo_stack_from_a_fresh_home(tmp_path: Pat
         assert "released " in out
         assert "provenance OK" in out
         assert (home / "servegate" / "bin" / "release").exists()  # where the docs say
-        # the team's launch compiles (vLLM's default; the demo's own profile runs eager):
-        # the code torch.compile wrote to the release's compile cache passed provenance
+        # the team's launch compiles (vLLM's default): the code torch.compile wrote to
+        # the release's compile cache passed provenance
         cache = home / "try" / "host" / "compile-cache"
         assert any(p.is_file() for p in cache.rglob("*")), sorted(cache.rglob("*"))[:20]
     finally:
