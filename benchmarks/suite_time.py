@@ -59,27 +59,27 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
-CPU: dict[str, float] = {}
-
-
-def run(rev: str, processes: int, busy: bool) -> tuple[str, float]:
+def run(rev: str, processes: int, busy: bool) -> tuple[str, float, dict[str, float]]:
+    """The run's output, its wall seconds and the CPU seconds the box and the busy loop
+    spent in it."""
     with tempfile.TemporaryDirectory(prefix="suite-time-") as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
         subprocess.run(["git", "-C", str(clone), "checkout", "-q", rev], check=True)
         env = {**os.environ, "CI": "true", "SERVEGATE_TEST_PROCESSES": str(processes)}
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        spent: dict[str, float] = {}
         started, cpu = time.monotonic(), box_cpu_seconds()
         try:
             done = subprocess.run(
                 ["bash", ".ci/run"], cwd=clone, env=env, capture_output=True, text=True
             )
         finally:
-            CPU["box_cpu_seconds"] = round(box_cpu_seconds() - cpu, 1)
+            spent["box_cpu_seconds"] = round(box_cpu_seconds() - cpu, 1)
             if hog:
-                CPU["busy_loop_cpu_seconds"] = round(process_cpu_seconds(hog.pid), 1)
+                spent["busy_loop_cpu_seconds"] = round(process_cpu_seconds(hog.pid), 1)
                 hog.kill()
-        return done.stdout + done.stderr, time.monotonic() - started
+        return done.stdout + done.stderr, time.monotonic() - started, spent
 
 
 def main() -> int:
@@ -95,9 +95,10 @@ def main() -> int:
     sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", args.rev], check=True,
                          capture_output=True, text=True).stdout.strip()  # fmt: skip
     if args.log:
+        spent: dict[str, float] = {}
         text, seconds = args.log.read_text(errors="replace"), args.seconds
     else:
-        text, seconds = run(sha, args.processes, args.busy)
+        text, seconds, spent = run(sha, args.processes, args.busy)
         if args.save_log:
             args.save_log.write_text(text)
     doc = {
@@ -107,7 +108,7 @@ def main() -> int:
         "busy": args.busy,
         "cpus": os.cpu_count(),
         "wall_seconds": round(seconds, 1) if seconds is not None else None,
-        **CPU,
+        **spent,
         **read_log(text),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -86,7 +86,7 @@ class Noise:
         within = self.cv**2 / (self.samples / self.starts)
         if self.offset_estimate:
             return df, self.offset_estimate**2 + within, within
-        return df, (self.offset**2 + within) * float(stats.chdtri(df, CONFIDENCE)) / df, within
+        return df, (self.offset**2 + within) * stats.chdtri(df, CONFIDENCE) / df, within
 
     def problem(self) -> str:
         """Why the gate may not use this row ("" when it may): out of range, a bound
@@ -137,7 +137,7 @@ def estimate(groups: Sequence[Sequence[float]]) -> Noise | None:
     between = stats.log_sd([math.exp(m) for m in means]) ** 2
     point = math.sqrt(max(0.0, between - cv**2 / n_bar))
     df = len(logs) - 1
-    upper = df * between / float(stats.chdtri(df, CONFIDENCE))  # >= between: the quantile < df
+    upper = df * between / stats.chdtri(df, CONFIDENCE)  # >= between: the quantile < df
     offset = math.sqrt(max(0.0, upper - cv**2 / n_bar))
     return Noise(cv, offset, len(logs), sum(len(g) for g in logs), point)
 

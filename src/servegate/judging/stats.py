@@ -108,7 +108,7 @@ class Comparison:
 def t_quantile(p: float, df: float) -> float:
     if math.isinf(df):
         return float(statistics.NormalDist().inv_cdf(p))
-    return float(stdtrit(df, p))
+    return stdtrit(df, p)
 
 
 def _logs(values: Sequence[float]) -> list[float]:
@@ -215,7 +215,7 @@ def offset_differs(
     expected = within + offset**2
     if expected <= 0:
         return 0.0 if between > 0 else 1.0
-    return float(fdtrc(df_own, df_others, between / expected))
+    return fdtrc(df_own, df_others, between / expected)
 
 
 def compare(
@@ -379,7 +379,7 @@ def more_scattered(c: Comparison, alpha: float, at_least: float = 2.0) -> float 
     if ratio < at_least:
         return None
     df_b, df_c = (d or n - 1 for d, n in zip(c.sd_df, (c.n_base, c.n_cand), strict=True))
-    p = float(fdtrc(df_c, df_b, ratio**2))
+    p = fdtrc(df_c, df_b, ratio**2)
     return ratio if p < alpha else None
 
 
