@@ -398,6 +398,55 @@ def test_an_erratic_release_is_no_pass_at_the_cap() -> None:
     assert "not a pass" in row["why"]
 
 
+#: a demo release's prefill and the reference workload beside it, in two runs of one
+#: unchanged release on the 2-CPU box (the second run in a minute the box itself
+#: scattered: the reference moved from 98 to 73 GFLOP/s between two trials)
+DEMO_STEADY = ([12730.0, 12903.0, 13008.0, 12908.0], [80.3, 92.2, 96.7, 91.3])
+DEMO_NOISY = ([8029.0, 12063.0, 11833.0, 9997.0], [82.8, 98.3, 73.5, 92.2])
+
+
+def test_an_unchanged_release_measured_while_the_box_scattered_is_no_erratic_release() -> None:
+    """A real box's scatter changes from one run to the next. The candidate's samples
+    scattering twenty times a steady baseline's, while the reference workload beside
+    them scattered as much, is the box: with a loss of 50 % excluded it passes."""
+    base = _with_reference(samples({"prefill_tps": DEMO_STEADY[0]}), DEMO_STEADY[1])
+    cand = _with_reference(samples({"prefill_tps": DEMO_NOISY[0]}), DEMO_NOISY[1])
+    rules = [verdict.Rule("prefill_tps", "higher", 0.50)]
+    d = verdict.evaluate(base, cand, rules, QUIET)
+    assert d["verdict"] == "PASS", d["rows"]
+    # without the box's readings the same samples read as an erratic release
+    bare = verdict.evaluate(samples({"prefill_tps": DEMO_STEADY[0]}),
+                            samples({"prefill_tps": DEMO_NOISY[0]}), rules, QUIET)  # fmt: skip
+    assert bare["verdict"] == "INCONCLUSIVE", bare["rows"]
+    assert "scatter" in bare["rows"][0]["why"]
+
+
+def test_an_erratic_release_on_a_steady_box_is_still_no_pass() -> None:
+    """The box's credit is what the reference workload saw, no more: a release that
+    serves every other request 1.6 times slower than the rest while the box
+    holds steady (its reference within 2 %) is held back, though its samples exclude a
+    loss of 50 %; the reason names the box's scatter too."""
+    steady = [96.0, 97.1, 95.8, 96.6, 97.0, 96.2]
+    base = _with_reference(samples({"generation_tps": [63.0, 64.1, 62.7, 63.5]}), steady[:4])
+    erratic = _with_reference(
+        samples({"generation_tps": [50.0, 80.0, 50.5, 79.0, 49.8, 80.5]}), steady
+    )
+    rules = [verdict.Rule("generation_tps", "higher", 0.50)]
+    row = verdict.evaluate(base, erratic, rules, QUIET)["rows"][0]
+    assert row["verdict"] == "INCONCLUSIVE", row
+    assert "the box's 0.00" in row["why"], row["why"]
+
+
+def test_the_box_credit_needs_the_baselines_workload() -> None:
+    """Readings of another reference workload measure another thing: no credit."""
+    base = _with_reference(samples({"prefill_tps": DEMO_STEADY[0]}), DEMO_STEADY[1])
+    cand = _with_reference(samples({"prefill_tps": DEMO_NOISY[0]}), DEMO_NOISY[1])
+    (cs,) = cand.cases.values()
+    cs.reference_workload = "another"
+    rules = [verdict.Rule("prefill_tps", "higher", 0.50)]
+    assert verdict.evaluate(base, cand, rules, QUIET)["verdict"] == "INCONCLUSIVE"
+
+
 def test_samples_that_resolve_nothing_are_no_pass_at_the_cap() -> None:
     """Two scattered baseline trials leave an interval of [0.08, 12]: the samples could
     not have seen a loss of 90 %, so "no evidence of a loss" is no evidence at all: the

@@ -148,25 +148,29 @@ seed = -1  # vLLM's CPU backend crashes on per-request seeds with chunked prefil
 # quote or a comma) can pass the field's 20 % now and then
 max_dominant_ratio = 0.35
 
-# prefill and decode against the live release's recorded samples, by the engine's own
-# clock (vLLM's request prefill/decode time histograms): on a shared 2-CPU box a busy
-# neighbour can starve vLLM's frontend, and the stream then reaches the client in bursts
-# whose timings measure the box, not the release. A tolerance is the smallest loss the
-# gate must catch: here a halving (on a serving box with GPUs use 5 %; `servegate bench
-# noise` says what a box resolves). A neighbour slowing the box between the baseline and
-# the candidate is seen by the reference workload and is not a verdict on the release.
+# prefill against the live release measured afresh, by the engine's own clock (vLLM's
+# request prefill time histogram): on a shared 2-CPU box a busy neighbour can starve
+# vLLM's frontend, and the stream then reaches the client in bursts whose timings
+# measure the box, not the release. A tolerance is the smallest loss the gate must
+# catch, and no smaller than the box resolves: `servegate bench noise` on this demo
+# (7 service starts, benchmarks/cpu/demo-noise.json) put prefill's scatter at 5.8 %
+# within a start and 7.4 % from one start to the next (10.7 %, its 80 % bound), so with
+# one start a side the box resolves a loss of about 55 %; decode's starts differ by 22 %
+# (32 %): no tolerance under 100 % is resolved within 10 starts, so decode is shown in
+# the result, not gated (on a serving box with GPUs gate both at 5 %). A neighbour
+# slowing the box between the baseline and the candidate is seen by the reference
+# workload and is not a verdict on the release.
 [gate]
 checks = ["smoke", "bench"]
 # the first release has nothing to compare with: it passes on validity alone
 no_baseline = "first-release"
+# the box's restart offset as `bench noise` bounds it (the gate's own single starts a
+# side cannot measure it; the default 2 % is a serving box's)
+restart_offset = 0.11
 
 [[gate.rules]]
 metric = "engine_prefill_tps"
-tolerance = 0.50
-
-[[gate.rules]]
-metric = "engine_generation_tps"
-tolerance = 0.50
+tolerance = 0.60
 
 {RELEASE}
 """ + STACK_TOML.read_text()

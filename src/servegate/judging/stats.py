@@ -363,16 +363,23 @@ def _logs_all(values: Sequence[float]) -> list[float]:
     return [math.log(v) if v > 0 and math.isfinite(v) else math.nan for v in values]
 
 
-def more_scattered(c: Comparison, alpha: float, at_least: float = 2.0) -> float | None:
+def more_scattered(
+    c: Comparison, alpha: float, at_least: float = 2.0, box: float = 0.0
+) -> float | None:
     """The candidate's scatter over the baseline's (a ratio of log SDs) when it is both
     at least ``at_least`` and significant (a one-sided F test of the variances at level
     ``alpha``); None otherwise. An unchanged release on an unchanged box scatters like its
     baseline; one that serves some requests far slower and others faster scatters more,
     whatever its mean. A candidate spread over several service starts may add the
-    restart offset's variance (``spread``) to the baseline's."""
+    restart offset's variance (``spread``) to the baseline's, and one measured while the
+    box itself scattered may add that (``box``: the log variance of the reference
+    workload beside its groups). A real box's scatter changes from one run to the next
+    (log SD 0.009 in one run of an unchanged demo release, 0.19 in the next, its
+    reference scattering 0.13): without ``box`` an unchanged release measured in a noisy
+    minute reads as erratic. An erratic release scatters while the box stays steady."""
     if c.n_base < 2 or c.n_cand < 2 or c.sd_cand == 0:
         return None
-    allowed = c.sd_base**2 + c.spread
+    allowed = c.sd_base**2 + c.spread + box
     if allowed == 0:
         return math.inf
     ratio = c.sd_cand / math.sqrt(allowed)

@@ -390,14 +390,17 @@ def _measured(
             f"{why}; but the release's samples scatter far beyond the baseline's (log SD "
             f"{c.sd_cand:.3f} against {c.sd_base:.3f}): measuring again before a verdict"
         )
-    if verdict == PASS and (scatter := stats.more_scattered(c, levels.alpha)) is not None:
+    # the box's own scatter is credited here only: before a FAIL, scatter measures again
+    box = _box_scatter(cs, bcs)
+    if verdict == PASS and (scatter := stats.more_scattered(c, levels.alpha, box=box)):
         times = "any" if math.isinf(scatter) else f"{scatter:.1f} times"
+        steady = f", the box's {math.sqrt(box):.3f}" if box else ""
         verdict, why = (
             INCONCLUSIVE,
             (
                 f"{why}; but the release's samples scatter {times} the baseline's (log SD "
-                f"{c.sd_cand:.3f} against {c.sd_base:.3f}): an erratic release (or a box that "
-                "changed during the run) is not a pass"
+                f"{c.sd_cand:.3f} against {c.sd_base:.3f}{steady}): an erratic release (or "
+                "a box that changed during the run) is not a pass"
             ),
         )
     if verdict != INCONCLUSIVE or not final:
@@ -816,6 +819,18 @@ def _no_baseline(
         why = f"{what}: nothing to compare with (never a pass on missing data)"
         row.update(verdict=undecided or FAIL, why=why)
     return row
+
+
+def _box_scatter(cs: CaseSamples, bcs: CaseSamples) -> float:
+    """The box's own scatter during the candidate's run: the log variance of the
+    reference workload beside its groups (0 where it was not measured, or measured by
+    another workload than the baseline's)."""
+    readings = cs.reference
+    if len(readings) < 2 or cs.reference_workload != bcs.reference_workload:
+        return 0.0
+    if not all(math.isfinite(r) and r > 0 for r in readings):
+        return 0.0
+    return stats.log_sd(readings) ** 2
 
 
 def box_change(cs: CaseSamples, bcs: CaseSamples, drift: float) -> dict[str, Any]:
