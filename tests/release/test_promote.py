@@ -484,23 +484,46 @@ def test_verify_notices_an_edit_on_the_box(
     assert "tracked tree clean" in capsys.readouterr().err
 
 
-def test_compile_caches_are_keyed_per_release_and_pruned_with_it(host: Host, stack: Stack) -> None:
-    keys = []
+def test_compile_caches_are_keyed_per_release_seeded_from_the_live_one_and_pruned(
+    host: Host, stack: Stack, tmp_path: Path
+) -> None:
+    """Each release compiles into caches of its own key, which start as a copy of the
+    live release's (the engine's own keys decide what is reused): the copy is the
+    candidate's, so what it compiles never reaches the live release's cache, and a
+    link in the live cache is not followed into it."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "planted.so").write_bytes(b"code from outside the caches")
+    keys: list[str] = []
+    caches: list[Path] = []
+    shas: list[str] = []
     for i in range(5):
-        outcome = promote(host.context(), stack.commit("ok", f"release {i}"))
+        sha = stack.commit("ok", f"release {i}")
+        outcome = promote(host.context(), sha)
         assert outcome.verdict == "released", outcome.reason
         launch = outcome.record["launch"]
         key = launch["compile_cache_key"]
         cache = Path(launch["env"]["TORCHINDUCTOR_CACHE_DIR"])
         assert cache == host.cfg.host_root / "compile-cache" / key / "inductor"
-        cache.mkdir(parents=True)  # what the engine would write there
-        (cache / "graph.bin").write_bytes(b"compiled")
+        if i:
+            assert launch["compile_cache_seeded_from"] == shas[-1]
+            assert sorted(p.name for p in cache.iterdir()) == [f"graph-{j}.bin" for j in range(i)]
+        else:
+            assert "compile_cache_seeded_from" not in launch  # nothing live to seed from
+        cache.mkdir(parents=True, exist_ok=True)  # what the engine would write there
+        (cache / f"graph-{i}.bin").write_bytes(b"compiled")
+        (cache / "linked").symlink_to(outside, target_is_directory=True)
         keys.append(key)
-    assert len(set(keys)) == 5  # a new release never reuses another's graphs
+        caches.append(cache)
+        shas.append(sha)
+    assert len(set(keys)) == 5  # a new release never writes into another's caches
+    # the live release's cache holds what it compiled, none of its successor's graphs
+    assert not (caches[-2] / "graph-4.bin").exists()
     kept = {p.name for p in (host.cfg.host_root / "compile-cache").iterdir()}
     releases = {p.name for p in (host.cfg.host_root / "releases").iterdir()}
     assert len(releases) == 3  # keep_releases
     assert kept == set(keys[-3:])  # the kept releases' warm caches stay, the rest go
+    assert (outside / "planted.so").exists()
 
 
 def test_pruning_compile_caches_never_deletes_outside_the_host_roots_cache(
