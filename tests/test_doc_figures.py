@@ -191,6 +191,17 @@ def _suite_cpu() -> str:
     return f"used {after['box_cpu_seconds'] - after['busy_loop_cpu_seconds']:.0f} CPU-seconds"
 
 
+def _suite_latest() -> str:
+    run = _load("benchmarks/suite/ci-parallel-busy-ee38e5b.json")
+    assert (run["busy"], run["processes"], len(run["failed"])) == (True, 2, 2)
+    (demo,) = [t for t in run["slowest"] if t["test"].startswith("tests/test_demo_vllm.py")]
+    cpu = run["box_cpu_seconds"] - run["busy_loop_cpu_seconds"]
+    return (f"At ee38e5b it took {run['wall_seconds']:.0f} s "
+            f"(`benchmarks/suite/ci-parallel-busy-ee38e5b.json`, the suite's processes {cpu:.0f} "
+            f"CPU-seconds; two timing tests failed there on the busy box and were given room): "
+            f"the vLLM demo took {demo['seconds']:.0f} s")  # fmt: skip
+
+
 def _sim_readme() -> str:
     known = _sim_known()
     unchanged = [c["rolled_back"] for c in known if c["name"].startswith("unchanged")]
@@ -1026,6 +1037,19 @@ def _demo_noise() -> str:
     )
 
 
+def _demo_pairs() -> str:
+    settings = list(_load("benchmarks/cpu/demo-pairs.json")["settings"].values())
+    old, credit, now = (s["unchanged_pairs"] for s in settings)
+    total = sum(now.values())
+    slow = settings[2]["slow_against_each"]
+    return (
+        f"{old['PASS']} of {total} unchanged pairs passed ({old['FAIL']} FAILed); with the "
+        f"scatter check's credit for the box's own scatter, {credit['PASS']}; with the config "
+        f"now (prefill at 60 %, restart offset 10.7 %), {now['PASS']} of {total}, and the slow "
+        f"release FAILed against each ({slow['FAIL']} of {sum(slow.values())})"
+    )
+
+
 def _demo_restart_offset() -> str:
     """The demo config's restart offset is the noise record's bound."""
     p, _ = _demo_noise_rows()
@@ -1200,9 +1224,11 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("README.md", _t16_readme_row),
     ("docs/bench.md", _gpu_tests),
     ("README.md", _demo_noise),
+    ("README.md", _demo_pairs),
     ("src/servegate/demo/sandbox.py", _demo_restart_offset),
     ("README.md", _suite_cut),
     ("README.md", _suite_cpu),
+    ("README.md", _suite_latest),
 ]  # fmt: skip
 
 

@@ -119,6 +119,11 @@ class Service:
     #: point the Inductor/Triton/vLLM compile caches at a directory keyed by the
     #: compilation config and the release (a rollback reuses its warm cache)
     compile_cache: bool = True
+    #: start a new release's empty compile caches as a copy of the live release's: the
+    #: engines' own keys then decide what is reused. Off by default: a vLLM fork whose
+    #: release changes a kernel path the engine's key leaves out would load the live
+    #: release's graphs; on for stacks that add to an unchanged engine
+    compile_cache_seed: bool = False
     #: ``supervisor`` (works anywhere) or ``systemd-user`` (a user unit)
     manager: Manager = "supervisor"
     unit: str = "servegate-stack"

@@ -114,9 +114,10 @@ def test_a_candidate_that_streams_forever_is_rolled_back_and_frees_the_host(
     host: Host, stack: Stack, tmp_path: Path
 ) -> None:
     benched = _with_bench(host, tmp_path)
-    # 5 s: the live release's own trials (measured afresh first) end well within it on
-    # a box busy with two other test processes
-    text = benched.path.read_text().replace("[bench]\n", "[bench]\ntimeout = 5\n", 1)
+    # 10 s: the live release's own trials (measured afresh first, while the candidate
+    # builds) end well within it on a box busy with two other test processes and a busy
+    # core (its warm-up once took more than 5 s there)
+    text = benched.path.read_text().replace("[bench]\n", "[bench]\ntimeout = 10\n", 1)
     benched.path.write_text(text)
     benched = Host(config.load(benched.path, {}), benched.path)
     good = stack.commit("ok")
@@ -131,7 +132,7 @@ def test_a_candidate_that_streams_forever_is_rolled_back_and_frees_the_host(
     assert check["verdict"] == "FAIL", check["reason"]
     # the warm-up's request, or each measured trial, says why it ended
     kept = check["reason"] + Path(check["evidence"]["result_file"]).read_text()
-    assert "took longer than 5s in all" in kept, check["reason"]
+    assert "took longer than 10s in all" in kept, check["reason"]
     assert benched.live_root() == benched.release_dir(good)
     # the host lock was released: the next promote runs
     assert promote(host.context(), good).verdict == "released"

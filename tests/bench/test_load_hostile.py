@@ -173,8 +173,8 @@ def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     p = point(server(answer(gap=0.002)), loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO),
               8.0)  # fmt: skip
     assert p["requests"] > 0
-    assert p["completed"] == p["requests"] == p["good_requests"]
-    assert p["failed"] == p["short"] == p["bursts"] == 0
+    assert p["completed"] == p["requests"] == p["good_requests"], p
+    assert p["failed"] == p["short"] == p["bursts"] == 0, p
     assert p["tpot_ms"]["p50"] >= 2.0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -487,10 +488,13 @@ def test_verify_notices_an_edit_on_the_box(
 def test_compile_caches_are_keyed_per_release_seeded_from_the_live_one_and_pruned(
     host: Host, stack: Stack, tmp_path: Path
 ) -> None:
-    """Each release compiles into caches of its own key, which start as a copy of the
-    live release's (the engine's own keys decide what is reused): the copy is the
-    candidate's, so what it compiles never reaches the live release's cache, and a
-    link in the live cache is not followed into it."""
+    """Each release compiles into caches of its own key. With ``compile_cache_seed``
+    they start as a copy of the live release's (the engine's own keys decide what is
+    reused): the copy is the candidate's, so what it compiles never reaches the live
+    release's cache, and a link in the live cache is not followed into it. Without it
+    (the default) a new release's caches start empty."""
+    service = dataclasses.replace(host.cfg.service, compile_cache_seed=True)
+    seeding = Host(dataclasses.replace(host.cfg, service=service), host.path)
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "planted.so").write_bytes(b"code from outside the caches")
@@ -499,17 +503,19 @@ def test_compile_caches_are_keyed_per_release_seeded_from_the_live_one_and_prune
     shas: list[str] = []
     for i in range(5):
         sha = stack.commit("ok", f"release {i}")
-        outcome = promote(host.context(), sha)
+        outcome = promote((seeding if i >= 2 else host).context(), sha)
         assert outcome.verdict == "released", outcome.reason
         launch = outcome.record["launch"]
         key = launch["compile_cache_key"]
         cache = Path(launch["env"]["TORCHINDUCTOR_CACHE_DIR"])
         assert cache == host.cfg.host_root / "compile-cache" / key / "inductor"
-        if i:
+        if i >= 2:
             assert launch["compile_cache_seeded_from"] == shas[-1]
-            assert sorted(p.name for p in cache.iterdir()) == [f"graph-{j}.bin" for j in range(i)]
-        else:
-            assert "compile_cache_seeded_from" not in launch  # nothing live to seed from
+            copied = sorted(p.name for p in cache.iterdir())
+            assert copied == [f"graph-{j}.bin" for j in range(1, i)]
+        else:  # nothing live to seed from; then seeding off
+            assert "compile_cache_seeded_from" not in launch
+            assert not cache.exists()
         cache.mkdir(parents=True, exist_ok=True)  # what the engine would write there
         (cache / f"graph-{i}.bin").write_bytes(b"compiled")
         (cache / "linked").symlink_to(outside, target_is_directory=True)

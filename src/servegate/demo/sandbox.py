@@ -119,6 +119,9 @@ unit = "demo-stack"
 port = {sb.port}
 startup_timeout = 600
 stop_timeout = 60
+# the demo's releases change the stack, never the engine: a new release's compile caches
+# start as a copy of the live one's, and vLLM's own keys decide what is compiled again
+compile_cache_seed = true
 """
 
 

@@ -142,7 +142,7 @@ def switch(ctx: Context, sha: str, release_dir: Path, evidence: Evidence) -> Non
 
 def seed_compile_caches(ctx: Context, spec: LaunchSpec) -> str:
     """Start a release's empty compile caches as a copy of the live release's, and say
-    from which release ("": not seeded).
+    from which release ("": not seeded). Only with ``service.compile_cache_seed``.
 
     Each release compiles into caches of its own key (:func:`keyed_caches`), so a new
     release started from empty caches compiles every graph again: about 20 of a 35 s
@@ -150,13 +150,17 @@ def seed_compile_caches(ctx: Context, spec: LaunchSpec) -> str:
     caches are keyed by what they compile, and vLLM's by its config and the code it
     traced (file paths included), which is how vLLM shares one cache across runs by
     default: an entry the candidate's code no longer matches is never used, only
-    compiled again beside it. The copy is the candidate's own (its key's directory;
-    provenance counts it as the launch's compile cache), so the live release's cache
-    stays as it was for a rollback. Links are not copied. A cache the candidate
+    compiled again beside it — unless a release changes what the engine's key leaves
+    out (a fork's kernel-path switch: such a fork once reloaded a graph compiled for
+    another kernel path), hence off by default. The copy is the candidate's own (its
+    key's directory; provenance counts it as the launch's compile cache), so the live
+    release's cache stays as it was for a rollback. Links are not copied. A cache the candidate
     already has, or a copy that fails (a full disk), is left alone: the release then
     compiles as before."""
     live = ctx.state.current
-    if not spec.cache_key or live is None or live.sha == spec.sha:
+    if not ctx.cfg.service.compile_cache_seed or not spec.cache_key:
+        return ""
+    if live is None or live.sha == spec.sha:
         return ""
     live_dir = Path(live.release_dir)
     source, _ = kept_launch(ctx, live.sha, live_dir)
