@@ -11,10 +11,19 @@ left to the caller); the wrapper is the smallest place to put one for every call
 It also caps a response's size (:data:`MAX_RESPONSE_BYTES`, :class:`ResponseTooLarge`): a
 server that sends a 50 MB event or a 27 MB ``/metrics`` page must not take the gate's
 memory with it.
+
+Its clients share one TLS context per process and certificate setting
+(:func:`tls_context`): httpx builds one for every transport, loading the CA bundle again
+(about 22 ms of CPU), and a start-up's health polls every 50-500 ms each made one — a
+few CPU-seconds a vLLM start on a two-core box where the engine starting is what the
+CPUs are for.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -62,10 +71,22 @@ class Endpoint:
         """A client whose every request ends within ``timeout`` seconds, whole: each read
         and the request as a whole (:class:`Deadline`)."""
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        inner = httpx.HTTPTransport(verify=tls_context(), limits=limits)
         return httpx.Client(
             base_url=self.base_url, timeout=timeout, headers=self.headers, limits=limits,
-            transport=Deadline(httpx.HTTPTransport(limits=limits), timeout),
+            transport=Deadline(inner, timeout),
         )  # fmt: skip
+
+
+def tls_context() -> ssl.SSLContext:
+    """The TLS context of every client: httpx's default (certifi's CA bundle, or
+    ``SSL_CERT_FILE``/``SSL_CERT_DIR`` where set), made once per process and setting."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.lru_cache(maxsize=4)
+def _tls_context(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    return httpx.create_ssl_context()
 
 
 #: the largest response read: a 8k-token stream is about 1.5 MB of events, vLLM's

@@ -134,6 +134,39 @@ def _git_lines(release_dir: Path, *args: str) -> list[str] | None:
 CODE_DIRS = ("python3*", "python3*/*-packages", "lib/python3*", "lib/python3*/*-packages")
 
 
+def code_dirs(root: Path) -> list[Path]:
+    """What :data:`CODE_DIRS` match below ``root``, in their order: each directory listed
+    once with ``os.scandir`` (pathlib's glob listed ``/usr/lib`` twice a pattern, in
+    Python, about 30 ms each provenance check)."""
+
+    def entries(where: Path) -> list[os.DirEntry[str]]:
+        try:
+            with os.scandir(where) as it:
+                return list(it)
+        except OSError:
+            return []
+
+    out: list[Path] = []
+    for base in (root, root / "lib"):
+        pythons = [e for e in entries(base) if e.name.startswith("python3")]
+        out += [base / e.name for e in pythons]
+        out += [
+            base / e.name / p.name
+            for e in pythons
+            if _is_dir(e)
+            for p in entries(base / e.name)
+            if p.name.endswith("-packages")
+        ]
+    return out
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def writable_roots(exp: Expectation, roots: list[Path] | None = None) -> list[Finding]:
     """A runtime root — configured, a compile cache, or a default one (the venv, its
     base's lib and bin, the system library directories) — that group or others may
@@ -144,7 +177,7 @@ def writable_roots(exp: Expectation, roots: list[Path] | None = None) -> list[Fi
     defaults: list[Path] = []
     for root in [*exp.runtime_roots, *(roots or [])]:
         # a venv's or a prefix's own code directories, below the root itself
-        found = [Path(root), *(p for pattern in CODE_DIRS for p in Path(root).glob(pattern))]
+        found = [Path(root), *code_dirs(Path(root))]
         candidates += found
         if root not in exp.runtime_roots:
             defaults += found
