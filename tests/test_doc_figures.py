@@ -202,6 +202,15 @@ def _suite_latest() -> str:
             f"the vLLM demo took {demo['seconds']:.0f} s")  # fmt: skip
 
 
+def _suite_f2314b8() -> str:
+    run = _load("benchmarks/suite/ci-parallel-busy-f2314b8.json")
+    assert (run["busy"], run["processes"], len(run["failed"])) == (True, 2, 1)
+    cpu = run["box_cpu_seconds"] - run["busy_loop_cpu_seconds"]
+    return (f"At f2314b8 it took {run['wall_seconds']:.0f} s "
+            f"(`benchmarks/suite/ci-parallel-busy-f2314b8.json`, the suite's processes {cpu:.0f} "
+            "CPU-seconds; one stream-fault test failed there")  # fmt: skip
+
+
 def _sim_readme() -> str:
     known = _sim_known()
     unchanged = [c["rolled_back"] for c in known if c["name"].startswith("unchanged")]
@@ -1050,6 +1059,12 @@ def _demo_pairs() -> str:
     )
 
 
+def _demo_pairs_docs() -> str:
+    old = next(iter(_load("benchmarks/cpu/demo-pairs.json")["settings"].values()))
+    pairs = old["unchanged_pairs"]
+    return f"under the old rules the same pairs FAILed one time in {WORDS[round(sum(pairs.values()) / pairs['FAIL'])]}"
+
+
 def _demo_restart_offset() -> str:
     """The demo config's restart offset is the noise record's bound."""
     p, _ = _demo_noise_rows()
@@ -1225,10 +1240,12 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("docs/bench.md", _gpu_tests),
     ("README.md", _demo_noise),
     ("README.md", _demo_pairs),
+    ("docs/bench.md", _demo_pairs_docs),
     ("src/servegate/demo/sandbox.py", _demo_restart_offset),
     ("README.md", _suite_cut),
     ("README.md", _suite_cpu),
     ("README.md", _suite_latest),
+    ("README.md", _suite_f2314b8),
 ]  # fmt: skip
 
 

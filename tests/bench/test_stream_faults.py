@@ -544,8 +544,11 @@ def test_a_start_held_back_behind_a_space_drops_the_clients_timings(
     timings measure what held it back, not the model, and are dropped."""
     url, handler = engine
     handler.mode = "hold"
-    t = once(url, tmp_path)[0]
-    assert t["client_timing"].startswith("burst: the stream's start came at"), t
+    start = "burst: the stream's start came at"
+    # a run whose client waited for a CPU drops its timings for that reason first (seen
+    # once beside a busy core): measured again, as the module's other starved runs
+    (t,) = judged(url, tmp_path, 1, lambda ts: ts[0]["client_timing"].startswith(start))
+    assert t["client_timing"].startswith(start), t
     assert t["ttft_s"] is None
     assert t["prefill_tps"] is None
     assert t["generation_tps"] is None
