@@ -14,7 +14,6 @@ answers without importing the rest of servegate.
 from __future__ import annotations
 
 import json
-from importlib import metadata
 from pathlib import Path
 
 from servegate import __version__
@@ -23,6 +22,8 @@ from servegate import __version__
 def installed_from() -> dict[str, str]:
     """``{"commit", "source", "how"}`` as the installer recorded them (empty values when
     it recorded nothing)."""
+    from importlib import metadata  # 28 ms: only a record or --version asks
+
     try:
         text = metadata.distribution("servegate").read_text("direct_url.json")
     except metadata.PackageNotFoundError:

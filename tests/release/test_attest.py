@@ -25,6 +25,7 @@ from servegate.engine.managers.supervisor import Supervisor
 from servegate.pipeline.git import ATTEST_REF, commit_all, init_repo, push_branch
 from servegate.release import attest
 from servegate.release import record as rec
+from servegate.release.sshsig import SshSigner
 from tests.conftest import DEV, STACK_TEMPLATE, Stack, config_text, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +129,7 @@ def resigned(env: dict[str, Any], st: dict[str, Any], key: Path, principal: str)
     from securesystemslib import dsse
 
     new = dsse.Envelope(attest.canonical(st), attest.PAYLOAD_TYPE, {})
-    new.sign(attest.SshSigner(key, principal))
+    new.sign(SshSigner(key, principal))
     return json.dumps(new.to_dict())
 
 
@@ -523,7 +524,7 @@ def test_a_later_rollback_stays_found_when_origins_notes_are_rewritten(
         git.Repo(a.stack.origin).git.notes("--ref", "refs/notes/servegate", "show", a.good)
     )
     record.update(verdict="rolled_back", at="2998-01-01T00:00:00Z", reason="rolled back later")
-    later, _ = attest.envelopes(a.cfg, record, attest.SshSigner(a.key, PRINCIPAL))
+    later, _ = attest.envelopes(a.cfg, record, SshSigner(a.key, PRINCIPAL))
     rec._keep(a.cfg, "\n".join(later), a.cfg.host_root / "attestations.jsonl")
     clone = tmp_path / "clone"
     with git.Repo.clone_from(str(a.stack.origin), clone) as repo:

@@ -42,16 +42,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from securesystemslib import dsse
-from securesystemslib.exceptions import UnverifiedSignatureError
-from securesystemslib.signer import Key, SecretsHandler, Signature, Signer
+from typing import TYPE_CHECKING, Any
 
 from servegate import hostpaths
 from servegate.config import Config
 from servegate.errors import AttestationFailed, ConfigError
 from servegate.pipeline.git import ATTEST_REF, Identity, StackRepo
+
+if TYPE_CHECKING:  # securesystemslib (45 ms to import) loads where a record is signed
+    from servegate.release.sshsig import SshSigner
 
 STATEMENT = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
@@ -115,78 +114,6 @@ def _said(done: subprocess.CompletedProcess[bytes]) -> str:
     return lines[-1] if lines else f"exit {done.returncode}"
 
 
-class SshKey(Key):
-    """An SSH public key as securesystemslib's Key: keyid is its SHA256 fingerprint."""
-
-    def __init__(self, keyid: str, public: str, principal: str) -> None:
-        keytype = public.split()[0]
-        super().__init__(keyid, keytype, "sshsig", {"public": public, "principal": principal})
-
-    @property
-    def public(self) -> str:
-        return str(self.keyval["public"])
-
-    @classmethod
-    def from_dict(cls, keyid: str, key_dict: dict[str, Any]) -> SshKey:
-        keyval = key_dict.get("keyval", {})
-        return cls(keyid, str(keyval.get("public", "")), str(keyval.get("principal", "")))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"keytype": self.keytype, "scheme": self.scheme, "keyval": dict(self.keyval)}
-
-    def verify_signature(self, signature: Signature, data: bytes) -> None:
-        principal = str(self.keyval["principal"])
-        line = f'{principal} namespaces="{NAMESPACE}" {self.public}\n'
-        if not verify_ssh(line, principal, signature.signature, data):
-            raise UnverifiedSignatureError(f"not signed by {principal} ({self.keyid})")
-
-
-class SshSigner(Signer):
-    """Signs with the host's SSH private key through ``ssh-keygen -Y sign``."""
-
-    def __init__(self, key: Path, principal: str) -> None:
-        self.key = key
-        self.principal = principal
-        public = _keygen(["-y", "-P", "", "-f", str(key)])
-        if public.returncode:
-            raise ConfigError(
-                f"attest.key {key} is not an SSH private key ssh-keygen can read without a "
-                f"passphrase ({_said(public)})",
-                hint="give a key made with `ssh-keygen -t ed25519 -N ''`, or set attest.key = "
-                '"" to write the attestations unsigned',
-            )
-        text = " ".join(public.stdout.decode().split()[:2])
-        with tempfile.NamedTemporaryFile("w", suffix=".pub") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            listed = _keygen(["-l", "-E", "sha256", "-f", handle.name])
-        fingerprint = listed.stdout.decode().split()[1] if listed.returncode == 0 else ""
-        self._key = SshKey(fingerprint or f"SHA256:{sha256(text.encode())}", text, principal)
-
-    @classmethod
-    def from_priv_key_uri(
-        cls,
-        priv_key_uri: str,
-        public_key: Key,
-        secrets_handler: SecretsHandler | None = None,
-    ) -> SshSigner:
-        if not priv_key_uri.startswith("ssh:") or not isinstance(public_key, SshKey):
-            raise ValueError(f"not an SSH key URI: {priv_key_uri}")
-        return cls(Path(priv_key_uri[4:]), str(public_key.keyval["principal"]))
-
-    @property
-    def public_key(self) -> SshKey:
-        return self._key
-
-    def sign(self, payload: bytes) -> Signature:
-        done = _keygen(["-Y", "sign", "-f", str(self.key), "-n", NAMESPACE], payload)
-        if done.returncode or b"BEGIN SSH SIGNATURE" not in done.stdout:
-            raise ConfigError(
-                f"ssh-keygen could not sign with attest.key {self.key}: {_said(done)}"
-            )
-        return Signature(self._key.keyid, done.stdout.hex())  # DSSE's sig is its base64
-
-
 def check_key(path: Path) -> None:
     """The signing key must be this user's own regular file that no one else can read
     (ConfigError, exit 2, before anything changes)."""
@@ -220,6 +147,8 @@ def signer_of(cfg: Config, host_id: str) -> SshSigner | None:
         return None
     path = Path(cfg.attest.key).expanduser()
     check_key(path)
+    from servegate.release.sshsig import SshSigner
+
     return SshSigner(path, cfg.attest.principal or f"servegate@{host_id}")
 
 
@@ -452,8 +381,10 @@ def envelopes(
     """The envelope lines of a record and their summary. A signing failure leaves every
     one of them unsigned, and says why (the release is live by then: it is not undone)."""
     written = Written(unsigned=signer.why if isinstance(signer, Unsigned) else "")
+    from securesystemslib import dsse
+
     made = [(st, dsse.Envelope(canonical(st), PAYLOAD_TYPE, {})) for st in statements(cfg, doc)]
-    if isinstance(signer, SshSigner):
+    if not isinstance(signer, Unsigned):
         try:
             for _, env in made:
                 env.sign(signer)
@@ -534,6 +465,8 @@ def _trusted(
     """(statement, signer, "") for an envelope signed by ``principal`` with a key the
     allowed-signers text allows it; else (None, "", why not). Anything malformed is
     untrusted with the reason, never an error."""
+    from securesystemslib import dsse
+
     try:
         env = dsse.Envelope.from_dict(dict(env_doc))
         payload_type = str(env.payload_type)

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servegate import __version__, about, documents, hostpaths
 from servegate.config import Config
@@ -22,6 +22,9 @@ from servegate.pipeline import atomic
 from servegate.pipeline.git import ATTEST_REF, NOTES_REF, Identity, StackRepo
 from servegate.pipeline.redact import Scrubber, host_salt
 from servegate.release import attest
+
+if TYPE_CHECKING:
+    from servegate.release.sshsig import SshSigner
 
 SCHEMA = 1
 
@@ -320,7 +323,7 @@ def publish(
     return doc
 
 
-def _signer(cfg: Config) -> attest.SshSigner | attest.Unsigned:
+def _signer(cfg: Config) -> SshSigner | attest.Unsigned:
     """The host's signer; a key that cannot sign now (checked before the promote changed
     anything, so removed or changed since) leaves the attestations unsigned, with why."""
     try:
