@@ -186,45 +186,48 @@ def _suite_cut() -> str:
             "passing (`benchmarks/suite/ci-parallel-busy-e208f73.json`)")  # fmt: skip
 
 
+def _busy_run(commit: str, failed: int) -> dict[str, Any]:
+    """A suite run beside a busy core in two processes, with ``failed`` tests failed."""
+    run: dict[str, Any] = _load(f"benchmarks/suite/ci-parallel-busy-{commit}.json")
+    assert (run["busy"], run["processes"], len(run["failed"])) == (True, 2, failed)
+    return run
+
+
+def _suite_cpu_of(run: dict[str, Any]) -> float:
+    """The CPU-seconds of the suite's processes: the box's less the busy loop's."""
+    return float(run["box_cpu_seconds"] - run["busy_loop_cpu_seconds"])
+
+
+def _demo_seconds(run: dict[str, Any]) -> float:
+    (t,) = [t for t in run["slowest"] if t["test"].startswith("tests/test_demo_vllm.py")]
+    return float(t["seconds"])
+
+
+def _suite_ran(commit: str, run: dict[str, Any]) -> str:
+    return (f"it took {run['wall_seconds']:.0f} s "
+            f"(`benchmarks/suite/ci-parallel-busy-{commit}.json`, the suite's processes "
+            f"{_suite_cpu_of(run):.0f} CPU-seconds")  # fmt: skip
+
+
 def _suite_cpu() -> str:
-    after = _load("benchmarks/suite/ci-parallel-busy-e208f73.json")
-    return f"used {after['box_cpu_seconds'] - after['busy_loop_cpu_seconds']:.0f} CPU-seconds"
+    return f"used {_suite_cpu_of(_busy_run('e208f73', 0)):.0f} CPU-seconds"
 
 
 def _suite_latest() -> str:
-    run = _load("benchmarks/suite/ci-parallel-busy-ee38e5b.json")
-    assert (run["busy"], run["processes"], len(run["failed"])) == (True, 2, 2)
-    (demo,) = [t for t in run["slowest"] if t["test"].startswith("tests/test_demo_vllm.py")]
-    cpu = run["box_cpu_seconds"] - run["busy_loop_cpu_seconds"]
-    return (f"At ee38e5b it took {run['wall_seconds']:.0f} s "
-            f"(`benchmarks/suite/ci-parallel-busy-ee38e5b.json`, the suite's processes {cpu:.0f} "
-            f"CPU-seconds; two timing tests failed there on the busy box and were given room): "
-            f"the vLLM demo took {demo['seconds']:.0f} s")  # fmt: skip
+    run = _busy_run("ee38e5b", 2)
+    return (f"At ee38e5b {_suite_ran('ee38e5b', run)}; two timing tests failed there on the "
+            f"busy box and were given room): the vLLM demo took {_demo_seconds(run):.0f} s")  # fmt: skip
 
 
 def _suite_f2314b8() -> str:
-    run = _load("benchmarks/suite/ci-parallel-busy-f2314b8.json")
-    assert (run["busy"], run["processes"], len(run["failed"])) == (True, 2, 1)
-    cpu = run["box_cpu_seconds"] - run["busy_loop_cpu_seconds"]
-    return (f"At f2314b8 it took {run['wall_seconds']:.0f} s "
-            f"(`benchmarks/suite/ci-parallel-busy-f2314b8.json`, the suite's processes {cpu:.0f} "
-            "CPU-seconds; one stream-fault test failed there")  # fmt: skip
+    return f"At f2314b8 {_suite_ran('f2314b8', _busy_run('f2314b8', 1))}; one stream-fault test failed there"
 
 
 def _suite_de71dea() -> str:
-    run = _load("benchmarks/suite/ci-parallel-busy-de71dea.json")
-    before = _load("benchmarks/suite/ci-parallel-busy-f2314b8.json")
-    assert (run["busy"], run["processes"], run["failed"]) == (True, 2, [])
-
-    def demo(r: dict[str, Any]) -> float:
-        (t,) = [t for t in r["slowest"] if t["test"].startswith("tests/test_demo_vllm.py")]
-        return float(t["seconds"])
-
-    cpu = run["box_cpu_seconds"] - run["busy_loop_cpu_seconds"]
-    return (f"At de71dea, all passing, it took {run['wall_seconds']:.0f} s "
-            f"(`benchmarks/suite/ci-parallel-busy-de71dea.json`, the suite's processes {cpu:.0f} "
-            f"CPU-seconds): the same tests took about 10 % more CPU-seconds each than in the "
-            f"run before (the vLLM demo {demo(run):.0f} s against {demo(before):.0f} s)")  # fmt: skip
+    run, before = _busy_run("de71dea", 0), _busy_run("f2314b8", 1)
+    return (f"At de71dea, all passing, {_suite_ran('de71dea', run)}): the same tests took about "
+            f"10 % more CPU-seconds each than in the run before (the vLLM demo "
+            f"{_demo_seconds(run):.0f} s against {_demo_seconds(before):.0f} s)")  # fmt: skip
 
 
 def _sim_readme() -> str:
